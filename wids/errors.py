@@ -1,0 +1,154 @@
+"""The exceptions wids raises.
+
+Every error derives from :class:`WidsError` and also from the builtin exception a caller would
+naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both work::
+
+    WidsError(Exception)
+    ├── TarFormatError(ValueError)            the bytes are not a valid tar
+    │   ├── TruncatedTarError                 the archive ends inside a header or a member
+    │   └── HeaderChecksumError               a header's checksum does not match
+    ├── SampleLayoutError(ValueError)         members do not group into samples cleanly
+    ├── IndexFormatError(ValueError)          an index or dataset description is malformed
+    ├── IndexMismatchError(ValueError)        a shard changed since it was indexed
+    ├── ShardNotFoundError(FileNotFoundError) a shard (or index) does not exist
+    ├── RemoteError(OSError)                  reading from storage failed
+    │   ├── PermanentRemoteError              retrying cannot help (403, 416, no bucket ...)
+    │   ├── RetriesExhaustedError             transient failures outlasted the retry policy
+    │   └── ShortReadError                    fewer bytes arrived than were asked for
+    ├── CacheError(OSError)                   the local shard cache cannot serve a request
+    │   ├── CacheBudgetError                  an entry is larger than the cache's byte budget
+    │   └── OfflineError                      offline mode, and the data is not local
+    ├── LockTimeoutError(TimeoutError)        a file lock was not acquired in time
+    └── DecodeError(ValueError)               a field could not be decoded
+        └── UnsafeDecodeError                 decoding would unpickle; not enabled
+
+Errors that concern one shard carry its URL (with credentials removed) in ``.shard``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CacheBudgetError",
+    "CacheError",
+    "DecodeError",
+    "HeaderChecksumError",
+    "IndexFormatError",
+    "IndexMismatchError",
+    "LockTimeoutError",
+    "OfflineError",
+    "PermanentRemoteError",
+    "RemoteError",
+    "RetriesExhaustedError",
+    "SampleLayoutError",
+    "ShardNotFoundError",
+    "ShortReadError",
+    "TarFormatError",
+    "TruncatedTarError",
+    "UnsafeDecodeError",
+    "WidsError",
+]
+
+
+class WidsError(Exception):
+    """Root of every error raised by wids.
+
+    Args:
+        message: What went wrong, in one line.
+        shard: The shard (or index) URL concerned, credentials removed; ``None`` if none.
+    """
+
+    def __init__(self, message: str, *, shard: str | None = None) -> None:
+        self.shard = shard
+        self.message = message
+        super().__init__(f"{shard}: {message}" if shard else message)
+
+    def __reduce__(self):  # keep errors picklable across DataLoader workers
+        return (_rebuild, (type(self), self.message, self.shard, self.__dict__))
+
+
+def _rebuild(cls: type[WidsError], message: str, shard: str | None, state: dict) -> WidsError:
+    err = cls.__new__(cls)
+    WidsError.__init__(err, message, shard=shard)
+    err.__dict__.update(state)
+    return err
+
+
+class TarFormatError(WidsError, ValueError):
+    """The bytes of a shard are not a valid tar archive.
+
+    Attributes:
+        offset: Byte offset in the shard where the problem was found, if known.
+    """
+
+    def __init__(self, message: str, *, shard: str | None = None, offset: int | None = None):
+        self.offset = offset
+        where = f" at byte {offset}" if offset is not None else ""
+        super().__init__(f"{message}{where}", shard=shard)
+
+
+class TruncatedTarError(TarFormatError):
+    """The archive ends inside a header or inside a member's data."""
+
+
+class HeaderChecksumError(TarFormatError):
+    """A tar header's stored checksum does not match its bytes."""
+
+
+class SampleLayoutError(WidsError, ValueError):
+    """Members of a shard do not group into samples cleanly.
+
+    Raised for a key that reappears after other keys, or a field that appears twice in one
+    sample, unless a different ``duplicates`` policy was chosen.
+    """
+
+
+class IndexFormatError(WidsError, ValueError):
+    """An index file or dataset description is malformed or of an unknown version."""
+
+
+class IndexMismatchError(WidsError, ValueError):
+    """A shard differs (size, etag, checksum) from what the index recorded."""
+
+
+class ShardNotFoundError(WidsError, FileNotFoundError):
+    """A shard or index file does not exist."""
+
+
+class RemoteError(WidsError, OSError):
+    """Reading from storage failed."""
+
+
+class PermanentRemoteError(RemoteError):
+    """A failure that retrying cannot fix (access denied, bad range, no such bucket)."""
+
+
+class RetriesExhaustedError(RemoteError):
+    """Transient failures went on past the retry policy's count or time budget."""
+
+
+class ShortReadError(RemoteError):
+    """Storage returned fewer bytes than were requested."""
+
+
+class CacheError(WidsError, OSError):
+    """The local shard cache cannot serve a request."""
+
+
+class CacheBudgetError(CacheError):
+    """A shard is larger than the cache's whole byte budget."""
+
+
+class OfflineError(CacheError):
+    """Offline mode is on and the requested data is not available locally."""
+
+
+class LockTimeoutError(WidsError, TimeoutError):
+    """A file lock was not acquired within its timeout."""
+
+
+class DecodeError(WidsError, ValueError):
+    """A field's bytes could not be decoded."""
+
+
+class UnsafeDecodeError(DecodeError):
+    """Decoding the field would unpickle data (which can run code), and that is not enabled."""
