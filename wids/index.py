@@ -1,0 +1,266 @@
+"""The index model: what is known about each shard and where every member of it lies.
+
+- :class:`ShardInfo` — one shard: URL, sample count, and what identifies its bytes (size, etag
+  or mtime, md5) so a changed shard is detected later.
+- :class:`ShardMembers` — the member table of one shard in compact CSR form (numpy arrays,
+  a few dozen bytes per sample): for each sample its key and its members' field, data offset
+  and size, and so its byte span, which one range request fetches.
+- :class:`IndexReader` — what every storage backend (JSON, SQLite) offers; :func:`open_index`
+  picks the backend for a file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from .errors import IndexFormatError
+
+if TYPE_CHECKING:
+    from .spec import Component
+
+__all__ = ["IndexReader", "ShardInfo", "ShardMembers", "open_index"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """One shard as the index records it.
+
+    Attributes:
+        url: Where the shard is; readers return it resolved (absolute path or full URL).
+        nsamples: Number of samples in the shard.
+        size: Size in bytes, if known (``filesize`` in the JSON description).
+        etag: The storage's etag when the shard was indexed, if it reports one.
+        mtime: Modification time (seconds since the epoch) when indexed, if known.
+        md5sum: Hex MD5 of the whole shard, if known.
+    """
+
+    url: str
+    nsamples: int
+    size: int | None = None
+    etag: str | None = None
+    mtime: float | None = None
+    md5sum: str | None = None
+
+
+class ShardMembers:
+    """The member table of one shard.
+
+    Sample ``i`` has key ``key_blob[key_offsets[i]:key_offsets[i + 1]]`` (UTF-8) and members
+    ``sample_start[i] .. sample_start[i + 1] - 1``; member ``j`` is field
+    ``fields[member_field[j]]`` with data at ``member_offset[j]`` of ``member_size[j]`` bytes.
+    Members of a sample are consecutive in the tar, so the sample's bytes are one span.
+    """
+
+    __slots__ = (
+        "fields",
+        "key_blob",
+        "key_offsets",
+        "member_field",
+        "member_offset",
+        "member_size",
+        "sample_start",
+    )
+
+    def __init__(
+        self,
+        fields: Sequence[str],
+        key_blob: bytes,
+        key_offsets: np.ndarray,
+        sample_start: np.ndarray,
+        member_field: np.ndarray,
+        member_offset: np.ndarray,
+        member_size: np.ndarray,
+    ) -> None:
+        self.fields = tuple(fields)
+        self.key_blob = key_blob
+        self.key_offsets = np.asarray(key_offsets, dtype=np.int64)
+        self.sample_start = np.asarray(sample_start, dtype=np.int64)
+        self.member_field = np.asarray(member_field, dtype=np.uint16)
+        self.member_offset = np.asarray(member_offset, dtype=np.int64)
+        self.member_size = np.asarray(member_size, dtype=np.int64)
+        self._check()
+
+    def _check(self) -> None:
+        n, m = len(self.sample_start) - 1, len(self.member_offset)
+        ok = (
+            n >= 0
+            and len(self.key_offsets) == n + 1
+            and len(self.member_field) == m
+            and len(self.member_size) == m
+            and (n == 0 or (self.sample_start[0] == 0 and self.sample_start[-1] == m))
+            and bool(np.all(np.diff(self.sample_start) > 0))
+            and (m == 0 or int(self.member_field.max()) < len(self.fields))
+            and bool(np.all(self.member_offset >= 0))
+            and bool(np.all(self.member_size >= 0))
+            and (n == 0 or int(self.key_offsets[-1]) == len(self.key_blob))
+        )
+        if not ok:
+            raise IndexFormatError("inconsistent member table")
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[tuple[str, Sequence[tuple[str, int, int]]]]):
+        """Build from ``[(key, [(field, offset, size), ...]), ...]`` in tar order."""
+        field_ids: dict[str, int] = {}
+        keys = [k.encode("utf-8", "surrogateescape") for k, _ in samples]
+        key_offsets = np.zeros(len(samples) + 1, dtype=np.int64)
+        np.cumsum([len(k) for k in keys], out=key_offsets[1:])
+        sample_start = np.zeros(len(samples) + 1, dtype=np.int64)
+        np.cumsum([len(ms) for _, ms in samples], out=sample_start[1:])
+        flat = [m for _, ms in samples for m in ms]
+        fids = [field_ids.setdefault(f, len(field_ids)) for f, _, _ in flat]
+        return cls(
+            fields=list(field_ids),
+            key_blob=b"".join(keys),
+            key_offsets=key_offsets,
+            sample_start=sample_start,
+            member_field=np.array(fids, dtype=np.uint16),
+            member_offset=np.array([o for _, o, _ in flat], dtype=np.int64),
+            member_size=np.array([s for _, _, s in flat], dtype=np.int64),
+        )
+
+    def to_columns(self) -> dict[str, Any]:
+        """Plain lists, for storage: fields, keys, sample_start, member_field/offset/size."""
+        return {
+            "fields": list(self.fields),
+            "keys": [self.key(i) for i in range(len(self))],
+            "sample_start": self.sample_start.tolist(),
+            "member_field": self.member_field.tolist(),
+            "member_offset": self.member_offset.tolist(),
+            "member_size": self.member_size.tolist(),
+        }
+
+    @classmethod
+    def from_columns(cls, cols: Mapping[str, Any]) -> ShardMembers:
+        """Inverse of :meth:`to_columns`.
+
+        Raises:
+            IndexFormatError: If a column is missing or the columns disagree.
+        """
+        try:
+            keys = [k.encode("utf-8", "surrogateescape") for k in cols["keys"]]
+            key_offsets = np.zeros(len(keys) + 1, dtype=np.int64)
+            np.cumsum([len(k) for k in keys], out=key_offsets[1:])
+            return cls(
+                fields=cols["fields"],
+                key_blob=b"".join(keys),
+                key_offsets=key_offsets,
+                sample_start=np.asarray(cols["sample_start"], dtype=np.int64),
+                member_field=np.asarray(cols["member_field"], dtype=np.uint16),
+                member_offset=np.asarray(cols["member_offset"], dtype=np.int64),
+                member_size=np.asarray(cols["member_size"], dtype=np.int64),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            if isinstance(e, IndexFormatError):
+                raise
+            raise IndexFormatError(f"malformed member table: {e!r}") from None
+
+    def __len__(self) -> int:
+        return len(self.sample_start) - 1
+
+    @property
+    def nmembers(self) -> int:
+        """Number of members (fields of all samples)."""
+        return len(self.member_offset)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the table's arrays and keys."""
+        arrays = (self.key_offsets, self.sample_start, self.member_field)
+        return len(self.key_blob) + sum(a.nbytes for a in arrays) + 16 * self.nmembers
+
+    def key(self, i: int) -> str:
+        """The key of sample ``i``."""
+        a, b = int(self.key_offsets[i]), int(self.key_offsets[i + 1])
+        return self.key_blob[a:b].decode("utf-8", "surrogateescape")
+
+    def span(self, i: int) -> tuple[int, int]:
+        """Byte range ``(start, end)`` of sample ``i``: first member's data to last one's end."""
+        first, last = int(self.sample_start[i]), int(self.sample_start[i + 1]) - 1
+        return int(self.member_offset[first]), int(
+            self.member_offset[last] + self.member_size[last]
+        )
+
+    def spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """All sample spans at once: arrays ``starts`` and ``ends``."""
+        if len(self) == 0:
+            empty = np.zeros(0, dtype=np.int64)
+            return empty, empty
+        first = self.sample_start[:-1]
+        last = self.sample_start[1:] - 1
+        return self.member_offset[first], self.member_offset[last] + self.member_size[last]
+
+    def members(self, i: int) -> list[tuple[str, int, int]]:
+        """Members of sample ``i`` as ``(field, offset, size)``."""
+        a, b = int(self.sample_start[i]), int(self.sample_start[i + 1])
+        fields = self.fields
+        return [
+            (fields[f], int(o), int(s))
+            for f, o, s in zip(
+                self.member_field[a:b].tolist(),
+                self.member_offset[a:b].tolist(),
+                self.member_size[a:b].tolist(),
+            )
+        ]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ShardMembers):
+            return NotImplemented
+        return self.to_columns() == other.to_columns()
+
+    def __repr__(self) -> str:
+        return f"ShardMembers({len(self)} samples, {self.nmembers} members, fields={self.fields})"
+
+
+class IndexReader(Protocol):
+    """What an opened index offers, whatever its storage."""
+
+    @property
+    def name(self) -> str | None:
+        """The dataset's name, if the index records one."""
+
+    @property
+    def shards(self) -> list[ShardInfo]:
+        """All shards, with resolved URLs, in dataset order."""
+
+    @property
+    def components(self) -> list[Component]:
+        """The (sub-)datasets and their shard ranges."""
+
+    def members(self, shard: int) -> ShardMembers | None:
+        """The member table of one shard, loaded lazily; ``None`` if not recorded."""
+
+    def close(self) -> None:
+        """Release files held open."""
+
+
+def open_index(
+    url: str, storage_options: Mapping[str, Any] | None = None, **kwargs: Any
+) -> IndexReader:
+    """Open an index or dataset description, choosing the backend from its content.
+
+    SQLite files are recognised by their magic bytes; anything else is read as a JSON
+    description (ours, or the reference ``wids-shard-index-v1``).
+
+    Args:
+        url: Path or URL of the index.
+        storage_options: fsspec options for remote URLs.
+        **kwargs: Passed to the backend.
+
+    Returns:
+        The opened index.
+    """
+    from .remote import Source
+
+    src = Source(url, storage_options)
+    head = src.read_range(0, 16) if src.info().size >= 16 else b""
+    if head == b"SQLite format 3\x00":
+        from .index_sqlite import SqliteIndex
+
+        return SqliteIndex(url, storage_options, **kwargs)
+    from .index_json import JsonIndex
+
+    return JsonIndex(url, storage_options, **kwargs)
