@@ -1,0 +1,465 @@
+"""Building member-offset indexes: scan shards once, record every member's offset and size.
+
+- Local shards: headers only (``tar.scan_local``), member data is never read; several
+  shards are scanned at once in worker processes.
+- Remote shards: one sequential streaming pass each (``Source.open_stream``), never a request
+  per member and nothing written to local disk; shards are scanned in threads.
+- Incremental: an existing index at the output path is reused for shards whose size and
+  etag (or mtime) are unchanged.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import IndexFormatError, WidsError
+from .index import IndexReader, ShardInfo, ShardMembers, open_index
+from .remote import FileStat, IOStats, Source, redact_url
+from .samples import DuplicatePolicy, group_members
+from .tar import iter_members_stream, scan_local
+
+__all__ = [
+    "BuildReport",
+    "build_index",
+    "expand_shard_args",
+    "index_backend",
+    "scan_cached",
+    "scan_shard",
+]
+
+logger = logging.getLogger(__name__)
+
+_SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+
+
+@dataclass
+class BuildReport:
+    """What a build did.
+
+    Attributes:
+        output: The index written.
+        shards: Shards in the index.
+        samples: Samples in the index.
+        bytes: Total size of the indexed shards.
+        scanned: Shards scanned in this run.
+        reused: Shards taken unchanged from the existing index.
+        bad: ``(url, error)`` of shards skipped with ``skip_bad``.
+        skipped_members: Regular members that belong to no sample (no ``key.field`` name).
+        bytes_read: Bytes read from remote shards while scanning.
+        requests: Requests made to remote storage while scanning.
+        seconds: Wall time of the build.
+    """
+
+    output: str
+    shards: int = 0
+    samples: int = 0
+    bytes: int = 0
+    scanned: int = 0
+    reused: int = 0
+    bad: list[tuple[str, str]] = field(default_factory=list)
+    skipped_members: int = 0
+    bytes_read: int = 0
+    requests: int = 0
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as stored in the index (``report`` key)."""
+        return {
+            "shards": self.shards,
+            "samples": self.samples,
+            "bytes": self.bytes,
+            "bad": [{"url": u, "error": e} for u, e in self.bad],
+            "skipped_members": self.skipped_members,
+        }
+
+
+def index_backend(path: str) -> str:
+    """``"sqlite"`` or ``"json"`` from an index file name.
+
+    Raises:
+        ValueError: If the suffix names neither.
+    """
+    lower = path.lower()
+    if lower.endswith(_SQLITE_SUFFIXES):
+        return "sqlite"
+    if lower.endswith(".json"):
+        return "json"
+    raise ValueError(f"index file must end in .json or .sqlite/.db, not {path!r}")
+
+
+def expand_shard_args(args: Iterable[str]) -> list[str]:
+    """Expand shard arguments: brace patterns, and ``@listfile`` (one shard per line).
+
+    Example:
+        >>> expand_shard_args(["s3://b/train-{000000..000002}.tar"])
+        ['s3://b/train-000000.tar', 's3://b/train-000001.tar', 's3://b/train-000002.tar']
+    """
+    from .spec import expand_braces
+
+    out: list[str] = []
+    for arg in args:
+        if arg.startswith("@"):
+            with open(arg[1:], encoding="utf-8") as f:
+                lines = [ln.strip() for ln in f]
+            out += expand_shard_args(ln for ln in lines if ln and not ln.startswith("#"))
+        else:
+            out += expand_braces(arg)
+    return out
+
+
+def scan_shard(
+    source: Source, *, duplicates: DuplicatePolicy = "error", stats: IOStats | None = None
+) -> tuple[FileStat, ShardMembers, int]:
+    """Scan one shard's headers and group its members into samples.
+
+    Args:
+        source: The shard.
+        duplicates: Policy for repeated keys or fields (see ``samples.group_members``).
+        stats: Counters for remote bytes and requests.
+
+    Returns:
+        ``(stat, members, skipped)``: the shard's size/etag/mtime, its member table, and the
+        number of regular members that belong to no sample.
+
+    Raises:
+        TarFormatError: The shard is not a valid tar.
+        SampleLayoutError: Duplicates, with ``duplicates="error"``.
+        ShardNotFoundError: The shard does not exist.
+    """
+    name = redact_url(source.url)
+    stat = source.info(stats)
+    if source.local_path is not None:
+        members = scan_local(source.local_path, shard=name)
+    else:
+        with source.open_stream(stats) as stream:
+            members = list(iter_members_stream(stream, shard=name))
+    grouped = group_members(members, duplicates=duplicates, shard=name)
+    return stat, ShardMembers.from_samples(grouped), len(grouped.skipped)
+
+
+def _scan_job(
+    url: str, storage_options: Mapping[str, Any] | None, duplicates: DuplicatePolicy
+) -> tuple[FileStat, ShardMembers, int, int, int]:
+    stats = IOStats()
+    stat, members, skipped = scan_shard(
+        Source(url, storage_options), duplicates=duplicates, stats=stats
+    )
+    return stat, members, skipped, stats.bytes_read, stats.requests
+
+
+def _stored_url(url: str, out_dir: str) -> str:
+    """Shards inside the index's directory are stored relative to it, others as given."""
+    if "://" in url and not url.startswith("file://"):
+        return url
+    path = os.path.abspath(url.removeprefix("file://"))
+    rel = os.path.relpath(path, out_dir)
+    return path if rel.startswith("..") else rel
+
+
+def _unchanged(old: ShardInfo, stat: FileStat) -> bool:
+    if old.size != stat.size:
+        return False
+    if old.etag is not None or stat.etag is not None:
+        return old.etag == stat.etag
+    return old.mtime is not None and old.mtime == stat.mtime
+
+
+def _open_existing(output: str) -> IndexReader | None:
+    if not os.path.exists(output):
+        return None
+    try:
+        return open_index(output)
+    except (WidsError, OSError) as e:
+        logger.warning("existing index %s is unreadable (%s); rebuilding it", output, e)
+        return None
+
+
+def _executor(local: bool, jobs: int) -> cf.Executor:
+    if local and jobs > 1 and sys.platform.startswith("linux"):
+        # Header scans are CPU-bound Python: processes use both cores. fork starts in
+        # milliseconds, which matters when a whole local build takes a fraction of a second.
+        return cf.ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork"))
+    return cf.ThreadPoolExecutor(jobs)
+
+
+def build_index(
+    shards: Sequence[str] | str,
+    output: str,
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    jobs: int | None = None,
+    skip_bad: bool = False,
+    duplicates: DuplicatePolicy = "error",
+    incremental: bool = True,
+    name: str | None = None,
+    progress: bool | Callable[[int, int], None] = False,
+) -> BuildReport:
+    """Scan shards and write a member-offset index (JSON or SQLite, by ``output``'s suffix).
+
+    Args:
+        shards: Shard paths/URLs, brace patterns, or ``@listfile`` arguments.
+        output: ``*.json`` or ``*.sqlite`` (also ``.sqlite3``, ``.db``), a local path.
+        storage_options: fsspec options for remote shards (e.g. ``{"anon": True}``).
+        jobs: Shards scanned at once (default: CPU count for local, 16 for remote).
+        skip_bad: Record unreadable shards in the index's report and go on, instead of failing.
+        duplicates: Policy for repeated keys or fields (``"error"``, ``"split"``,
+            ``"keep_first"``).
+        incremental: Reuse entries of an existing ``output`` whose shard is unchanged.
+        name: Dataset name stored in the index.
+        progress: ``True`` for a progress bar on stderr, or a callback ``(done, total)``.
+
+    Returns:
+        What was done.
+
+    Raises:
+        WidsError: The first bad shard, unless ``skip_bad`` (the error names the shard).
+        ValueError: Unknown output suffix, or no shards given.
+
+    Example:
+        >>> build_index("data/train-{000000..000031}.tar", "data/train.json")  # doctest: +SKIP
+    """
+    t0 = time.monotonic()
+    backend = index_backend(output)
+    urls = expand_shard_args([shards] if isinstance(shards, str) else shards)
+    if not urls:
+        raise ValueError("no shards given")
+    out_dir = os.path.dirname(os.path.abspath(output))
+    report = BuildReport(output=output)
+
+    previous: dict[str, tuple[ShardInfo, ShardMembers]] = {}
+    old = _open_existing(output) if incremental else None
+    local = all(Source(u).local_path is not None for u in urls)
+    if old is not None:
+        try:
+            for i, info in enumerate(old.shards):
+                members = old.members(i)
+                if members is not None:
+                    previous[info.url] = (info, members)
+        finally:
+            old.close()
+
+    results: list[tuple[FileStat, ShardMembers] | None] = [None] * len(urls)
+    todo = list(range(len(urls)))
+    if previous:
+        todo = _reuse(urls, storage_options, previous, results, report)
+
+    bar = _progress(progress, len(urls), done=len(urls) - len(todo))
+    njobs = jobs or (os.cpu_count() or 1 if local else 16)
+    with _executor(local, min(njobs, max(1, len(todo)))) as pool:
+        futures = {pool.submit(_scan_job, urls[i], storage_options, duplicates): i for i in todo}
+        for fut in cf.as_completed(futures):
+            i = futures[fut]
+            try:
+                stat, members, skipped, nread, nreq = fut.result()
+            except WidsError as e:
+                if not skip_bad:
+                    for f in futures:
+                        f.cancel()
+                    raise
+                logger.warning("skipping bad shard: %s", e)
+                report.bad.append((redact_url(urls[i]), str(e)))
+            else:
+                results[i] = (stat, members)
+                report.scanned += 1
+                report.skipped_members += skipped
+                report.bytes_read += nread
+                report.requests += nreq
+            bar(len(members) if results[i] is not None else 0)
+
+    _write(output, backend, urls, results, out_dir, name, report)
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def _reuse(
+    urls: Sequence[str],
+    storage_options: Mapping[str, Any] | None,
+    previous: Mapping[str, tuple[ShardInfo, ShardMembers]],
+    results: list[tuple[FileStat, ShardMembers] | None],
+    report: BuildReport,
+) -> list[int]:
+    """Fill ``results`` from the old index where the shard is unchanged; return the rest."""
+    todo = []
+    for i, url in enumerate(urls):
+        key = os.path.abspath(url) if "://" not in url else url
+        prev = previous.get(key)
+        if prev is not None:
+            stat = Source(url, storage_options).info()
+            if _unchanged(prev[0], stat):
+                results[i] = (stat, prev[1])
+                report.reused += 1
+                continue
+        todo.append(i)
+    return todo
+
+
+def _write(
+    output: str,
+    backend: str,
+    urls: Sequence[str],
+    results: Sequence[tuple[FileStat, ShardMembers] | None],
+    out_dir: str,
+    name: str | None,
+    report: BuildReport,
+) -> None:
+    if backend == "sqlite":
+        from .index_sqlite import SqliteIndexWriter as Writer
+    else:
+        from .index_json import JsonIndexWriter as Writer  # type: ignore[assignment]
+    writer = Writer(output, name=name)
+    try:
+        for url, result in zip(urls, results):
+            if result is None:
+                continue
+            stat, members = result
+            info = ShardInfo(
+                url=_stored_url(url, out_dir),
+                nsamples=len(members),
+                size=stat.size,
+                etag=stat.etag,
+                mtime=stat.mtime,
+            )
+            writer.add(info, members)
+            report.shards += 1
+            report.samples += len(members)
+            report.bytes += stat.size
+        writer.set_report(report.as_dict())
+    except BaseException:
+        _abort(writer)
+        raise
+    writer.close()
+
+
+def _abort(writer: Any) -> None:
+    abort = getattr(writer, "abort", None)
+    if abort is not None:
+        abort()
+
+
+def _progress(progress: bool | Callable[[int, int], None], total: int, done: int):
+    """A ``step(nsamples)`` callback driving a tqdm bar or the caller's callback."""
+    if callable(progress):
+        state = [done]
+
+        def step(_n: int) -> None:
+            state[0] += 1
+            progress(state[0], total)
+
+        return step
+    if not progress:
+        return lambda _n: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, initial=done, unit="shard", desc="indexing", leave=True)
+    t0, samples = time.monotonic(), [0]
+
+    def step(n: int) -> None:
+        samples[0] += n
+        bar.update(1)
+        bar.set_postfix(samples=samples[0], rate=f"{samples[0] / (time.monotonic() - t0):.0f}/s")
+        if bar.n >= total:
+            bar.close()
+
+    return step
+
+
+def _scan_path(cache_dir: str, url: str) -> str:
+    digest = hashlib.sha1(url.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    base = "".join(c if c.isalnum() or c in "-_." else "_" for c in url.rsplit("/", 1)[-1])
+    return os.path.join(cache_dir, "scans", f"{digest}-{base[:80]}.json")
+
+
+def scan_cached(
+    source: Source,
+    *,
+    cache_dir: str,
+    expected: ShardInfo | None = None,
+    duplicates: DuplicatePolicy = "error",
+    stats: IOStats | None = None,
+    lock_timeout: float = 600.0,
+) -> ShardMembers:
+    """Member table of a shard whose index has no offsets, scanned once per machine.
+
+    The first process to ask scans the shard and saves the table under
+    ``cache_dir/scans/``; other processes and workers wait on a file lock and load it. A saved
+    table is used only while the shard's size and etag/mtime still match.
+
+    Args:
+        source: The shard.
+        cache_dir: Root of the local cache.
+        expected: What the index says of the shard; its ``size`` (when known) must match.
+        duplicates: Policy for repeated keys or fields.
+        stats: I/O counters.
+        lock_timeout: Seconds to wait for another process's scan.
+
+    Returns:
+        The shard's member table.
+
+    Raises:
+        IndexMismatchError: The shard's size differs from ``expected``.
+    """
+    from .errors import IndexMismatchError
+    from .lock import FileLock, atomic_write
+
+    path = _scan_path(cache_dir, source.url)
+    stat = source.info(stats)
+    if expected is not None and expected.size is not None and expected.size != stat.size:
+        raise IndexMismatchError(
+            f"size is {stat.size} bytes but the index says {expected.size}",
+            shard=redact_url(source.url),
+        )
+    cached = _load_scan(path, stat)
+    if cached is not None:
+        return cached
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with FileLock(path + ".lock", timeout=lock_timeout):
+        cached = _load_scan(path, stat)
+        if cached is not None:
+            return cached
+        stat, members, _ = scan_shard(source, duplicates=duplicates, stats=stats)
+        record = {
+            "format": "wids-scan",
+            "version": 1,
+            "url": source.url,
+            "size": stat.size,
+            "etag": stat.etag,
+            "mtime": stat.mtime,
+            "members": members.to_columns(),
+        }
+        atomic_write(path, json.dumps(record, separators=(",", ":")).encode())
+    return members
+
+
+def _load_scan(path: str, stat: FileStat) -> ShardMembers | None:
+    try:
+        with open(path, encoding="utf-8") as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        logger.warning("ignoring unreadable scan record %s: %s", path, e)
+        return None
+    same = (
+        record.get("format") == "wids-scan"
+        and record.get("version") == 1
+        and record.get("size") == stat.size
+        and record.get("etag") == stat.etag
+        and (stat.etag is not None or record.get("mtime") == stat.mtime)
+    )
+    if not same:
+        return None
+    try:
+        return ShardMembers.from_columns(record["members"])
+    except IndexFormatError as e:
+        logger.warning("ignoring malformed scan record %s: %s", path, e)
+        return None

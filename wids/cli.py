@@ -1,0 +1,295 @@
+"""The ``wids`` command.
+
+Each subcommand is an ``_add_<name>(subparsers)`` function that registers its parser and sets
+``func``; errors reach the user as one line (``--debug`` shows the traceback). Environment
+variables only supply defaults here, and every one is named in ``--help``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["main"]
+
+EPILOG_ENV = """environment (defaults only; flags win):
+  WIDS_CACHE_DIR   default --cache-dir (else the per-user cache directory, ~/.cache/wids)
+"""
+
+
+def default_cache_dir() -> str:
+    """``$WIDS_CACHE_DIR``, else the per-user cache directory (``$XDG_CACHE_HOME/wids``)."""
+    env = os.environ.get("WIDS_CACHE_DIR")
+    if env:
+        return env
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "wids")
+
+
+def parse_storage_options(items: Sequence[str] | None) -> dict[str, Any]:
+    """``key=value`` pairs to a dict; values are parsed as JSON when they parse, else strings.
+
+    Dotted keys nest: ``client_kwargs.endpoint_url=http://...``.
+    """
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"--storage-option wants key=value, not {item!r}")
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def _storage_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-s",
+        "--storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="fsspec storage option (repeatable; dotted keys nest, values parse as JSON)",
+    )
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+# ---------------------------------------------------------------------------------- index
+
+
+def _add_index(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("index", help="build, inspect, verify and convert member-offset indexes")
+    isub = p.add_subparsers(dest="index_command", required=True, metavar="COMMAND")
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    c = isub.add_parser(
+        "create",
+        help="scan shards once and write an index (JSON or SQLite)",
+        formatter_class=fmt,
+        epilog="examples:\n"
+        "  wids index create data/train-{000000..000031}.tar -o data/train.json\n"
+        "  wids index create s3://bucket/train-{000000..000999}.tar -o train.sqlite -j 32\n"
+        "  wids index create @shards.txt -o train.json --skip-bad\n",
+    )
+    c.add_argument("shards", nargs="+", help="paths/URLs, brace patterns, or @listfile")
+    c.add_argument("-o", "--output", required=True, help="OUT.json or OUT.sqlite")
+    c.add_argument("-j", "--jobs", type=int, default=None, help="shards scanned at once")
+    c.add_argument("--skip-bad", action="store_true", help="record bad shards and go on")
+    c.add_argument(
+        "--duplicates",
+        choices=["error", "split", "keep_first"],
+        default="error",
+        help="what to do with a repeated key or field (default: error)",
+    )
+    c.add_argument("--full", action="store_true", help="rescan every shard (not incremental)")
+    c.add_argument("--name", help="dataset name stored in the index")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _storage_flag(c)
+    c.set_defaults(func=_cmd_index_create)
+
+    i = isub.add_parser(
+        "info",
+        help="shards, samples, bytes and fields of an index",
+        formatter_class=fmt,
+        epilog="example:\n  wids index info data/train.json\n",
+    )
+    i.add_argument("index")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    _storage_flag(i)
+    i.set_defaults(func=_cmd_index_info)
+
+    v = isub.add_parser(
+        "verify",
+        help="check every shard still has the recorded size/etag (--deep: rescan)",
+        formatter_class=fmt,
+        epilog="example:\n  wids index verify data/train.json --deep\n",
+    )
+    v.add_argument("index")
+    v.add_argument("--deep", action="store_true", help="rescan shards and compare offsets")
+    _storage_flag(v)
+    v.set_defaults(func=_cmd_index_verify)
+
+    cv = isub.add_parser(
+        "convert",
+        help="convert an index between JSON and SQLite",
+        formatter_class=fmt,
+        epilog="example:\n  wids index convert train.json train.sqlite\n",
+    )
+    cv.add_argument("source")
+    cv.add_argument("dest")
+    cv.set_defaults(func=_cmd_index_convert)
+
+
+def _cmd_index_create(args: argparse.Namespace) -> int:
+    from .build import build_index
+
+    report = build_index(
+        args.shards,
+        args.output,
+        storage_options=parse_storage_options(args.storage_option),
+        jobs=args.jobs,
+        skip_bad=args.skip_bad,
+        duplicates=args.duplicates,
+        incremental=not args.full,
+        name=args.name,
+        progress=not args.quiet and sys.stderr.isatty(),
+    )
+    rate = report.samples / report.seconds if report.seconds else 0.0
+    print(
+        f"{report.output}: {report.shards} shards, {report.samples} samples, "
+        f"{_human(report.bytes)} ({report.scanned} scanned, {report.reused} unchanged) "
+        f"in {report.seconds:.2f} s ({rate:.0f} samples/s)"
+    )
+    for url, err in report.bad:
+        print(f"  skipped bad shard {url}: {err}")
+    return 1 if report.bad else 0
+
+
+def _cmd_index_info(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .index import open_index
+
+    idx = open_index(args.index, parse_storage_options(args.storage_option))
+    try:
+        fields: dict[str, int] = {}
+        missing = 0
+        for k in range(len(idx.shards)):
+            members = idx.members(k)
+            if members is None:
+                missing += 1
+                continue
+            counts = np.bincount(members.member_field, minlength=len(members.fields))
+            for fname, n in zip(members.fields, counts.tolist()):
+                fields[fname] = fields.get(fname, 0) + n
+        info = {
+            "index": args.index,
+            "name": idx.name,
+            "shards": len(idx.shards),
+            "samples": sum(s.nsamples for s in idx.shards),
+            "bytes": sum(s.size or 0 for s in idx.shards),
+            "fields": dict(sorted(fields.items())),
+            "shards_without_offsets": missing,
+            "components": [c.name for c in idx.components],
+        }
+    finally:
+        idx.close()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"{info['index']}  name={info['name']!r}")
+    print(f"  shards   {info['shards']}")
+    print(f"  samples  {info['samples']}")
+    print(f"  bytes    {info['bytes']} ({_human(info['bytes'])})")
+    for f, n in info["fields"].items():
+        print(f"  field    {f:<16} {n}")
+    if missing:
+        print(f"  {missing} shard(s) have no member offsets (reference index): scanned on use")
+    return 0
+
+
+def _cmd_index_verify(args: argparse.Namespace) -> int:
+    from .build import scan_shard
+    from .index import open_index
+    from .remote import Source, redact_url
+
+    options = parse_storage_options(args.storage_option)
+    idx = open_index(args.index, options)
+    bad = 0
+    try:
+        for k, info in enumerate(idx.shards):
+            src = Source(info.url, options)
+            problem = _verify_shard(src, info, idx.members(k) if args.deep else None, scan_shard)
+            if problem:
+                bad += 1
+                print(f"CHANGED {redact_url(info.url)}: {problem}")
+    finally:
+        idx.close()
+    print(f"{len(idx.shards) - bad} of {len(idx.shards)} shards match the index")
+    return 1 if bad else 0
+
+
+def _verify_shard(src: Any, info: Any, members: Any, scan: Any) -> str | None:
+    from .errors import WidsError
+
+    try:
+        stat = src.info()
+    except WidsError as e:
+        return str(e)
+    if info.size is not None and stat.size != info.size:
+        return f"size {stat.size}, index says {info.size}"
+    if info.etag is not None and stat.etag is not None and stat.etag != info.etag:
+        return f"etag {stat.etag}, index says {info.etag}"
+    if members is not None:
+        try:
+            _, now, _ = scan(src)
+        except WidsError as e:
+            return str(e)
+        if now != members:
+            return "member offsets differ from the index (rebuild it)"
+    return None
+
+
+def _cmd_index_convert(args: argparse.Namespace) -> int:
+    from .index_convert import convert_index
+
+    convert_index(args.source, args.dest)
+    print(f"wrote {args.dest}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------- main
+
+_SUBCOMMANDS = (_add_index,)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``wids`` argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="wids",
+        description="Random access to WebDataset tar shards on any fsspec filesystem.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG_ENV,
+    )
+    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in _SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``wids`` command; returns the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.debug else logging.WARNING,
+        format="wids: %(levelname)s: %(message)s",
+    )
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("wids: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one clear line unless --debug
+        if args.debug:
+            raise
+        print(f"wids: error: {e}", file=sys.stderr)
+        return 2
