@@ -1,0 +1,845 @@
+"""All fsspec I/O: stat, exact range reads, sequential streams, downloads, retries, timeouts.
+
+A :class:`Source` is one file reachable through fsspec (or a plain local path). It keeps only
+``(url, storage_options, retry)``; its filesystem (or, for local files, a file descriptor read
+with ``os.pread``) is opened lazily in each process and dropped when pickled.
+
+Failures are sorted into three kinds:
+
+- *not found* (404, no such key) raises :class:`~wids.errors.ShardNotFoundError` at once;
+- *permanent* (403, 416, no bucket, bad credentials) raises
+  :class:`~wids.errors.PermanentRemoteError` at once;
+- *transient* (connection reset or refused, timeouts, HTTP 5xx and 429, short reads) is
+  retried with exponential backoff and full jitter, bounded by :class:`RetryPolicy`'s
+  ``attempts`` and ``max_time``; then :class:`~wids.errors.RetriesExhaustedError` (or
+  :class:`~wids.errors.ShortReadError` when the last failure was a short read).
+
+Exceptions that are none of these (programming errors) propagate unchanged. Error messages
+never contain credentials: URLs are passed through :func:`redact_url` and secret values of the
+storage options are masked; the backend's exception is described, not chained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import importlib
+import io
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+from typing import Any, BinaryIO, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import fsspec
+import fsspec.asyn
+
+from .errors import (
+    IndexMismatchError,
+    PermanentRemoteError,
+    RetriesExhaustedError,
+    ShardNotFoundError,
+    ShortReadError,
+)
+
+__all__ = [
+    "FileStat",
+    "IOStats",
+    "RetryPolicy",
+    "Source",
+    "is_local",
+    "read_ranges",
+    "redact_url",
+]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_LOCAL_BLOCK = 1 << 20
+_REMOTE_BLOCK = 16 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How hard to try one request.
+
+    Args:
+        attempts: Total tries per request (1 means no retry).
+        max_time: Total seconds for one request, retries and backoff included.
+        backoff: Base delay in seconds; the n-th retry waits a uniformly random time in
+            ``[0, min(max_backoff, backoff * 2**n)]`` ("full jitter").
+        max_backoff: Upper bound of one delay.
+        timeout: Seconds after which a stalled attempt is abandoned (a transient failure).
+    """
+
+    attempts: int = 5
+    max_time: float = 60.0
+    backoff: float = 0.05
+    max_backoff: float = 2.0
+    timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be >= 1, not {self.attempts}")
+        for name in ("max_time", "timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, not {getattr(self, name)}")
+        if self.backoff < 0 or self.max_backoff < 0:
+            raise ValueError("backoff and max_backoff must be >= 0")
+
+
+@dataclass
+class IOStats:
+    """Mutable I/O counters; keep one per dataset per process.
+
+    Attributes:
+        requests: Attempts made (every retry is one more request).
+        bytes_read: Payload bytes received and accepted.
+        retries: Attempts repeated after a transient failure.
+        errors: Operations that ended by raising an error to the caller.
+    """
+
+    requests: int = 0
+    bytes_read: int = 0
+    retries: int = 0
+    errors: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FileStat:
+    """What one stat of a file says.
+
+    Attributes:
+        size: Size in bytes.
+        etag: The storage's entity tag (quotes removed), if it has one.
+        mtime: Modification time as a POSIX timestamp, if known.
+    """
+
+    size: int
+    etag: str | None
+    mtime: float | None
+
+
+# ---------------------------------------------------------------------------------------------
+# URLs and secrets
+
+_SECRET_PARAM = re.compile(r"^(x-amz-|x-goog-)|sig|token|key|secret|passw|credential|auth|session")
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>)]+")
+_SECRET_OPTION = re.compile(r"key|secret|token|passw|credential|session", re.IGNORECASE)
+
+
+def redact_url(url: str) -> str:
+    """Return ``url`` without credentials: no ``user:password@``, no secret query parameters.
+
+    Query parameters that look like signatures or tokens (``X-Amz-*``, ``X-Goog-*``, ``sig``,
+    ``token``, ``key`` ...) are removed; others are kept. Chained URLs (``a::b``) are redacted
+    part by part; plain paths are returned unchanged.
+
+    Example:
+        >>> redact_url("https://u:pw@host/a.tar?X-Amz-Signature=abc&v=1")
+        'https://host/a.tar?v=1'
+    """
+    if "::" in url:
+        return "::".join(redact_url(part) for part in url.split("::"))
+    if "://" not in url:
+        return url
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url.split("://", 1)[0] + "://<unparsable>"
+    netloc = parts.netloc.rpartition("@")[2]
+    query = parts.query
+    if query:
+        kept = [
+            (k, v)
+            for k, v in parse_qsl(query, keep_blank_values=True)
+            if not _SECRET_PARAM.search(k.lower())
+        ]
+        query = urlencode(kept)
+    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+
+
+def is_local(url: str) -> bool:
+    """Whether ``url`` is a plain local path or a ``file://`` URL."""
+    if url.startswith("file://"):
+        return True
+    return "://" not in url and "::" not in url
+
+
+def _local_path(url: str) -> str:
+    path = url[len("file://") :] if url.startswith("file://") else url
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _secret_values(options: Any) -> list[str]:
+    """Collect string values of ``options`` stored under secret-looking keys (recursively)."""
+    found: list[str] = []
+    if isinstance(options, Mapping):
+        for k, v in options.items():
+            if isinstance(v, str) and _SECRET_OPTION.search(str(k)) and len(v) >= 4:
+                found.append(v)
+            elif isinstance(v, Mapping):
+                found.extend(_secret_values(v))
+    return found
+
+
+def _scrub(text: str, secrets: Sequence[str]) -> str:
+    text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+    for s in secrets:
+        text = text.replace(s, "***")
+    return text[:500]
+
+
+# ---------------------------------------------------------------------------------------------
+# Classifying failures
+
+_NOT_FOUND, _PERMANENT, _TRANSIENT, _UNKNOWN = "not found", "permanent", "transient", "unknown"
+
+_TRANSIENT_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNRESET",
+        "ECONNREFUSED",
+        "ECONNABORTED",
+        "ETIMEDOUT",
+        "EPIPE",
+        "EIO",
+        "EBUSY",
+        "EAGAIN",
+        "EHOSTUNREACH",
+        "ENETUNREACH",
+        "ENETDOWN",
+        "EREMOTEIO",
+    )
+    if hasattr(errno, name)
+)
+
+# Connection-level failures of aiohttp, botocore, urllib3/requests and fsspec, matched by class
+# name so that no optional backend has to be imported here.
+_TRANSIENT_NAMES = frozenset(
+    {
+        "TimeoutError",
+        "FSTimeoutError",
+        "ConnectionError",
+        "ClientConnectionError",
+        "ClientPayloadError",
+        "ServerTimeoutError",
+        "ServerDisconnectedError",
+        "ClientOSError",
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "ResponseStreamingError",
+        "IncompleteReadError",
+        "HTTPClientError",
+        "IncompleteRead",
+        "ChunkedEncodingError",
+        "ProtocolError",
+        "ShortReadError",
+    }
+)
+
+
+def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status carried by a backend exception, if any."""
+    for attr in ("status", "code", "status_code"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int) and 100 <= value < 600:
+            return value
+    response = getattr(exc, "response", None)  # botocore ClientError
+    if isinstance(response, Mapping):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(status, int):
+            return status
+    return None
+
+
+def _classify_status(status: int) -> str:
+    if status == 404 or status == 410:
+        return _NOT_FOUND
+    if status in (408, 429) or (status >= 500 and status not in (501, 505)):
+        return _TRANSIENT
+    return _PERMANENT
+
+
+def _classify(exc: BaseException) -> str:
+    """Sort a failure into not found / permanent / transient / unknown."""
+    if isinstance(exc, ShortReadError):
+        return _TRANSIENT
+    if isinstance(exc, (ShardNotFoundError, PermanentRemoteError)):
+        return _NOT_FOUND if isinstance(exc, ShardNotFoundError) else _PERMANENT
+    status = _status_of(exc)
+    if status is not None and status >= 400:
+        return _classify_status(status)
+    if isinstance(exc, FileNotFoundError):
+        # fsspec's HTTP info() turns *any* failure into FileNotFoundError; trust the cause.
+        cause = exc.__cause__
+        if cause is not None and not isinstance(cause, FileNotFoundError):
+            kind = _classify(cause)
+            return _NOT_FOUND if kind == _UNKNOWN else kind
+        return _NOT_FOUND
+    if isinstance(exc, PermissionError):
+        return _PERMANENT
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & _TRANSIENT_NAMES:
+        return _TRANSIENT
+    if isinstance(exc, OSError):
+        if exc.errno in _TRANSIENT_ERRNOS:
+            return _TRANSIENT
+        return _PERMANENT
+    return _UNKNOWN
+
+
+def _describe(exc: BaseException, secrets: Sequence[str]) -> str:
+    status = _status_of(exc)
+    text = str(exc) or repr(exc)
+    head = f"{type(exc).__name__}" + (f" (HTTP {status})" if status else "")
+    if isinstance(exc, FileNotFoundError) and exc.__cause__ is not None:
+        return f"{head} caused by {_describe(exc.__cause__, secrets)}"
+    return _scrub(f"{head}: {text}", secrets)
+
+
+def _jitter() -> float:
+    # os.urandom, not the random module: retries must not perturb a user's seeded RNG.
+    return int.from_bytes(os.urandom(4), "little") / 2**32
+
+
+class _Attempts:
+    """Book-keeping for one request under a retry policy (shared by the sync and async loops)."""
+
+    def __init__(self, source: Source, what: str, stats: IOStats | None) -> None:
+        self.source = source
+        self.what = what
+        self.stats = stats
+        self.policy = source.retry
+        self.start = time.monotonic()
+        self.count = 0
+
+    def begin(self) -> float:
+        """Count one attempt and return its timeout."""
+        self.count += 1
+        if self.stats is not None:
+            self.stats.requests += 1
+        remaining = self.policy.max_time - (time.monotonic() - self.start)
+        return max(0.001, min(self.policy.timeout, remaining))
+
+    def done(self, nbytes: int) -> None:
+        if self.stats is not None:
+            self.stats.bytes_read += nbytes
+
+    def failed(self, exc: BaseException) -> float:
+        """Raise the final error for ``exc``, or return the delay before the next attempt."""
+        kind = _classify(exc)
+        if kind == _UNKNOWN:
+            self._count_error()
+            raise exc
+        src = self.source
+        desc = _describe(exc, src._secrets())
+        shard = redact_url(src.url)
+        if kind == _NOT_FOUND:
+            self._count_error()
+            raise ShardNotFoundError(f"{self.what}: not found ({desc})", shard=shard) from None
+        if kind == _PERMANENT:
+            self._count_error()
+            err = PermanentRemoteError(f"{self.what}: {desc}", shard=shard)
+            vars(err).update(attempts=self.count, status=_status_of(exc))
+            raise err from None
+        elapsed = time.monotonic() - self.start
+        delay = _jitter() * min(
+            self.policy.max_backoff, self.policy.backoff * 2 ** (self.count - 1)
+        )
+        if self.count >= self.policy.attempts or elapsed + delay >= self.policy.max_time:
+            self._count_error()
+            msg = (
+                f"{self.what}: gave up after {self.count} attempts in {elapsed:.1f}s; last: {desc}"
+            )
+            cls = ShortReadError if isinstance(exc, ShortReadError) else RetriesExhaustedError
+            final = cls(msg, shard=shard)
+            vars(final).update(attempts=self.count, status=_status_of(exc))
+            raise final from None
+        if self.stats is not None:
+            self.stats.retries += 1
+        logger.debug("retrying %s of %s in %.3fs after %s", self.what, shard, delay, desc)
+        return delay
+
+    def _count_error(self) -> None:
+        if self.stats is not None:
+            self.stats.errors += 1
+
+
+def _retry_sync(attempts: _Attempts, fn: Callable[[], T], size: Callable[[T], int]) -> T:
+    while True:
+        attempts.begin()
+        try:
+            result = fn()
+        except Exception as exc:
+            time.sleep(attempts.failed(exc))
+            continue
+        attempts.done(size(result))
+        return result
+
+
+async def _retry_async(
+    attempts: _Attempts, fn: Callable[[], Awaitable[T]], size: Callable[[T], int]
+) -> T:
+    while True:
+        timeout = attempts.begin()
+        try:
+            result = await asyncio.wait_for(fn(), timeout)
+        except Exception as exc:
+            await asyncio.sleep(attempts.failed(exc))
+            continue
+        attempts.done(size(result))
+        return result
+
+
+def _nbytes(data: bytes) -> int:
+    return len(data)
+
+
+def _zero(_: object) -> int:
+    return 0
+
+
+def _check_length(source: Source, data: bytes, start: int, end: int) -> bytes:
+    n = end - start
+    if len(data) < n:
+        raise ShortReadError(
+            f"range {start}-{end}: got {len(data)} of {n} bytes", shard=redact_url(source.url)
+        )
+    if len(data) > n:
+        raise PermanentRemoteError(
+            f"range {start}-{end}: got {len(data)} bytes for {n}; the server ignores Range",
+            shard=redact_url(source.url),
+        )
+    return data
+
+
+def _check_range(start: int, end: int) -> None:
+    if not (isinstance(start, int) and isinstance(end, int)):
+        raise TypeError(f"start and end must be int, not {type(start)} and {type(end)}")
+    if start < 0 or end < start:
+        raise ValueError(f"bad range {start}-{end}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Default storage options that make the backends honour our timeouts and leave retries to us
+
+
+def _with_defaults(url: str, options: dict[str, Any], policy: RetryPolicy) -> dict[str, Any]:
+    if "::" in url:
+        return options
+    protocol = url.split("://", 1)[0].lower()
+    opts = dict(options)
+    if protocol in ("s3", "s3a"):
+        config = dict(opts.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", policy.timeout)
+        config.setdefault("read_timeout", policy.timeout)
+        config.setdefault("retries", {"total_max_attempts": 1})  # our loop retries, not botocore
+        opts["config_kwargs"] = config
+    elif protocol in ("http", "https"):
+        client = dict(opts.get("client_kwargs") or {})
+        if "timeout" not in client:
+            aiohttp = importlib.import_module("aiohttp")  # what fsspec's HTTP filesystem needs
+            client["timeout"] = aiohttp.ClientTimeout(
+                total=None, sock_connect=policy.timeout, sock_read=policy.timeout
+            )
+        opts["client_kwargs"] = client
+    elif protocol in ("gs", "gcs"):
+        opts.setdefault("requests_timeout", policy.timeout)
+    return opts
+
+
+def _mtime(info: Mapping[str, Any]) -> float | None:
+    for key in ("mtime", "LastModified", "Last-Modified", "updated", "last_modified", "created"):
+        value = info.get(key)
+        if value is None:
+            continue
+        try:
+            if isinstance(value, (int, float)):
+                return float(value)
+            if isinstance(value, datetime):
+                return value.timestamp()
+            if isinstance(value, str):
+                if value[:1].isdigit():
+                    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+                return parsedate_to_datetime(value).timestamp()
+        except (ValueError, TypeError, OverflowError):
+            continue
+    return None
+
+
+def _etag(info: Mapping[str, Any]) -> str | None:
+    for key in ("ETag", "etag", "Etag", "generation", "md5Hash"):
+        value = info.get(key)
+        if value:
+            return str(value).strip('"')
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Source
+
+
+class Source:
+    """One file reachable through fsspec, or a local path.
+
+    Args:
+        url: A local path, ``file://`` URL, or any fsspec URL (``s3://``, ``https://``,
+            ``gs://``, ``memory://``, chained ``a::b`` ...).
+        storage_options: Passed to ``fsspec.url_to_fs``; ignored for local files.
+        retry: The retry policy; the default when ``None``.
+
+    Example:
+        >>> src = Source("s3://bucket/shard-000.tar", {"anon": True})  # doctest: +SKIP
+        >>> src.read_range(512, 1024)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+    ) -> None:
+        if not isinstance(url, str) or not url:
+            raise ValueError(f"url must be a non-empty str, not {url!r}")
+        self.url = url
+        self.storage_options: dict[str, Any] = dict(storage_options or {})
+        self.retry = retry if retry is not None else RetryPolicy()
+        self.is_local = is_local(url)
+        self.local_path: str | None = _local_path(url) if self.is_local else None
+        self._fs: Any = None
+        self._path: str | None = None
+        self._fd: int | None = None
+        self._pid: int | None = None
+
+    def __repr__(self) -> str:
+        return f"Source({redact_url(self.url)!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_fs=None, _path=None, _fd=None, _pid=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: S110 - interpreter shutdown
+            pass
+
+    def close(self) -> None:
+        """Close the local file descriptor, if this process opened one."""
+        fd, self._fd = self._fd, None
+        if fd is not None and self._pid == os.getpid():
+            os.close(fd)
+
+    # -- lazily opened, per process -----------------------------------------------------------
+
+    def _secrets(self) -> list[str]:
+        return _secret_values(self.storage_options)
+
+    def _filesystem(self) -> tuple[Any, str]:
+        pid = os.getpid()
+        if self._fs is None or self._pid != pid:
+            if self._pid != pid:
+                self._fd = None  # the parent's descriptor; the parent closes it
+            options = _with_defaults(self.url, self.storage_options, self.retry)
+            self._fs, self._path = fsspec.core.url_to_fs(self.url, **options)
+            self._pid = pid
+        assert self._path is not None  # for mypy; set together with _fs
+        return self._fs, self._path
+
+    def _local_fd(self) -> int:
+        pid = os.getpid()
+        if self._fd is None or self._pid != pid:
+            assert self.local_path is not None  # for mypy; set for every local Source
+            try:
+                self._fd = os.open(self.local_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                raise ShardNotFoundError("no such file", shard=self.local_path) from None
+            except PermissionError as exc:
+                raise PermanentRemoteError(str(exc), shard=self.local_path) from None
+            self._pid = pid
+        return self._fd
+
+    def _pread(self, start: int, end: int) -> bytes:
+        n = end - start
+        try:
+            fd = self._local_fd()
+        except OSError as exc:
+            if exc.errno != errno.EMFILE:
+                raise
+            with open(self.local_path or "", "rb") as f:  # out of descriptors: don't keep one
+                f.seek(start)
+                data = f.read(n)
+        else:
+            data = os.pread(fd, n, start)
+            while 0 < len(data) < n:
+                more = os.pread(fd, n - len(data), start + len(data))
+                if not more:
+                    break
+                data += more
+        if len(data) != n:
+            raise ShortReadError(
+                f"range {start}-{end}: file has only {len(data)} of {n} bytes there",
+                shard=self.local_path,
+            )
+        return data
+
+    # -- operations ---------------------------------------------------------------------------
+
+    def info(self, stats: IOStats | None = None) -> FileStat:
+        """Stat the file with one cheap request.
+
+        Raises:
+            ShardNotFoundError: The file does not exist (or is a directory).
+            PermanentRemoteError: Access denied or similar.
+            RetriesExhaustedError: Transient failures outlasted the retry policy.
+        """
+        if self.is_local:
+            if stats is not None:
+                stats.requests += 1
+            try:
+                st = os.stat(self.local_path or "")
+            except FileNotFoundError:
+                if stats is not None:
+                    stats.errors += 1
+                raise ShardNotFoundError("no such file", shard=self.local_path) from None
+            return FileStat(size=st.st_size, etag=None, mtime=st.st_mtime)
+        fs, path = self._filesystem()
+        attempts = _Attempts(self, "stat", stats)
+        if fs.async_impl:
+
+            async def op() -> dict[str, Any]:
+                return await fs._info(path)
+
+            info = fsspec.asyn.sync(fs.loop, _retry_async, attempts, op, _zero)
+        else:
+            info = _retry_sync(attempts, lambda: fs.info(path), _zero)
+        if info.get("type") == "directory":
+            raise ShardNotFoundError("is a directory", shard=redact_url(self.url))
+        size = info.get("size")
+        if size is None:
+            raise PermanentRemoteError("storage reports no size", shard=redact_url(self.url))
+        return FileStat(size=int(size), etag=_etag(info), mtime=_mtime(info))
+
+    def read_range(self, start: int, end: int, stats: IOStats | None = None) -> bytes:
+        """Read bytes ``[start, end)`` with one request (plus retries).
+
+        Returns:
+            Exactly ``end - start`` bytes.
+
+        Raises:
+            ShortReadError: Fewer bytes kept arriving (e.g. the range passes the end).
+            ShardNotFoundError, PermanentRemoteError, RetriesExhaustedError: See the module.
+        """
+        _check_range(start, end)
+        if start == end:
+            return b""
+        if self.is_local:
+            if stats is not None:
+                stats.requests += 1
+            try:
+                data = self._pread(start, end)
+            except Exception:
+                if stats is not None:
+                    stats.errors += 1
+                raise
+            if stats is not None:
+                stats.bytes_read += len(data)
+            return data
+        fs, path = self._filesystem()
+        attempts = _Attempts(self, f"read {start}-{end}", stats)
+        if fs.async_impl:
+            return fsspec.asyn.sync(
+                fs.loop, _retry_async, attempts, self._aread_op(fs, path, start, end), _nbytes
+            )
+
+        def op() -> bytes:
+            return _check_length(self, fs.cat_file(path, start=start, end=end), start, end)
+
+        return _retry_sync(attempts, op, _nbytes)
+
+    def _aread_op(self, fs: Any, path: str, start: int, end: int) -> Callable[[], Awaitable[bytes]]:
+        async def op() -> bytes:
+            return _check_length(self, await fs._cat_file(path, start=start, end=end), start, end)
+
+        return op
+
+    def open_stream(self, stats: IOStats | None = None) -> BinaryIO:
+        """Open a sequential reader for one pass over the file.
+
+        The file is stat'ed once (the result is the reader's ``.stat`` attribute) and then read
+        in large blocks (16 MiB remote, 1 MiB local), each one request with its own retries; a
+        failure mid-stream resumes at the current offset.
+        """
+        stat = self.info(stats)
+        block = _LOCAL_BLOCK if self.is_local else _REMOTE_BLOCK
+        return _Stream(_BlockStream(self, stat, stats, block))  # type: ignore[return-value]
+
+    def download(
+        self, dest: str, stats: IOStats | None = None, expected_size: int | None = None
+    ) -> FileStat:
+        """Copy the whole file to local path ``dest`` and verify its size.
+
+        ``dest`` is removed again if anything fails; publishing it atomically is the caller's job.
+
+        Raises:
+            IndexMismatchError: The file's size differs from ``expected_size``.
+            ShortReadError: Fewer bytes arrived than the stat announced.
+        """
+        try:
+            with self.open_stream(stats) as stream, open(dest, "wb") as out:
+                stat: FileStat = stream.stat  # type: ignore[attr-defined]
+                if expected_size is not None and stat.size != expected_size:
+                    raise IndexMismatchError(
+                        f"size is {stat.size}, the index says {expected_size}",
+                        shard=redact_url(self.url),
+                    )
+                shutil.copyfileobj(stream, out, 1 << 20)
+                written = out.tell()
+            if written != stat.size:
+                raise ShortReadError(
+                    f"downloaded {written} of {stat.size} bytes", shard=redact_url(self.url)
+                )
+        except BaseException:
+            try:
+                os.unlink(dest)
+            except FileNotFoundError:
+                pass
+            raise
+        return stat
+
+
+class _BlockStream(io.RawIOBase):
+    """A seekable read-only view of a Source that fetches ``block`` bytes per request."""
+
+    def __init__(self, source: Source, stat: FileStat, stats: IOStats | None, block: int):
+        super().__init__()
+        self.source = source
+        self.stat = stat
+        self.stats = stats
+        self.block = block
+        self.pos = 0
+        self.buf = b""
+        self.buf_start = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.stat.size}[whence]
+        if base + offset < 0:
+            raise ValueError("negative seek position")
+        self.pos = base + offset
+        return self.pos
+
+    def readinto(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        if self.pos >= self.stat.size or len(view) == 0:
+            return 0
+        offset = self.pos - self.buf_start
+        if not (0 <= offset < len(self.buf)):
+            end = min(self.pos + max(self.block, len(view)), self.stat.size)
+            self.buf = self.source.read_range(self.pos, end, self.stats)
+            self.buf_start, offset = self.pos, 0
+        n = min(len(view), len(self.buf) - offset)
+        view[:n] = self.buf[offset : offset + n]
+        self.pos += n
+        return n
+
+    def close(self) -> None:
+        self.buf = b""
+        super().close()
+
+
+class _Stream(io.BufferedReader):
+    """A buffered :class:`_BlockStream` (``read(n)`` returns ``n`` bytes unless at the end)."""
+
+    def __init__(self, raw: _BlockStream) -> None:
+        super().__init__(raw, buffer_size=64 << 10)
+
+    @property
+    def stat(self) -> FileStat:
+        """The stat taken when the stream was opened."""
+        return self.raw.stat  # type: ignore[no-any-return,attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------
+# Many ranges at once
+
+
+def read_ranges(
+    requests: Sequence[tuple[Source, int, int]],
+    stats: IOStats | None = None,
+    max_concurrency: int = 32,
+) -> list[bytes]:
+    """Read many byte ranges, concurrently where the filesystem is asynchronous.
+
+    Ranges are grouped by filesystem; each remote range is one request with its own retries (so
+    only failed ones are repeated), at most ``max_concurrency`` in flight; local ranges are read
+    with ``os.pread``.
+
+    Returns:
+        One ``bytes`` per request, in order, each exactly ``end - start`` long.
+
+    Raises:
+        The first error (in request order) of a range that failed for good; see the module.
+    """
+    if max_concurrency < 1:
+        raise ValueError("max_concurrency must be >= 1")
+    out: list[bytes | None] = [None] * len(requests)
+    groups: dict[int, tuple[Any, list[int]]] = {}
+    for i, (src, start, end) in enumerate(requests):
+        _check_range(start, end)
+        if src.is_local or start == end:
+            out[i] = src.read_range(start, end, stats)
+            continue
+        fs, _ = src._filesystem()
+        groups.setdefault(id(fs), (fs, []))[1].append(i)
+    for fs, idxs in groups.values():
+        if fs.async_impl:
+            jobs = [requests[i] for i in idxs]
+            results = fsspec.asyn.sync(fs.loop, _gather, jobs, stats, max_concurrency)
+            for i, data in zip(idxs, results, strict=True):
+                out[i] = data
+        else:
+            for i in idxs:
+                src, start, end = requests[i]
+                out[i] = src.read_range(start, end, stats)
+    return out  # type: ignore[return-value]  # every slot was filled
+
+
+async def _gather(
+    jobs: list[tuple[Source, int, int]], stats: IOStats | None, max_concurrency: int
+) -> list[bytes]:
+    gate = asyncio.Semaphore(max_concurrency)
+
+    async def one(src: Source, start: int, end: int) -> bytes:
+        fs, path = src._filesystem()
+        attempts = _Attempts(src, f"read {start}-{end}", stats)
+        async with gate:
+            return await _retry_async(attempts, src._aread_op(fs, path, start, end), _nbytes)
+
+    results = await asyncio.gather(*(one(*job) for job in jobs), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return results  # type: ignore[return-value]
