@@ -4,3 +4,5 @@ Each fixture module is owned by one piece of work; this file only gathers them.
 """
 
 from __future__ import annotations
+
+from serverfixtures import *  # noqa: E402, F403
