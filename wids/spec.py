@@ -1,0 +1,458 @@
+"""The dataset description (``wids-shard-index-v1``): loading, validation, URLs, sub-datasets.
+
+A description is a JSON object (see ``COMPAT.md``)::
+
+    {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "train",
+     "shardlist": [{"url": "train-000000.tar", "nsamples": 100, "filesize": 24371200}],
+     "datasets": [{"source_url": "other.json", "weight": 0.5},
+                  {"name": "extra", "base": "s3://b/p", "shardlist": [...]}]}
+
+Rules, the reference's where it had them, ours where it was silent or wrong:
+
+- ``wids_version`` must be 1 in the top-level file; ``__kind__``, when present, must be
+  ``wids-shard-index-v1``. Each shard needs a string ``url`` and a non-negative integer
+  ``nsamples``; ``filesize`` (integer), ``md5sum``, ``etag`` (strings) and ``mtime``
+  (number) are checked when present. Unknown keys are ignored and kept: every shard's raw
+  entry is returned in :attr:`Spec.extras`.
+- Relative shard URLs resolve against, in this order: the ``base`` argument of
+  :func:`load_spec`, the file's top-level ``base`` (itself relative to the file's directory;
+  the reference ignored it), the file's directory, and for a list or stream without either the
+  current directory. A sub-dataset's ``base`` resolves against its parent's.
+- ``datasets`` entries are appended after ``shardlist``, in order, recursively: a
+  ``source_url`` (relative to the containing file's directory) loads another description, an
+  inline entry carries its own ``shardlist``. Each becomes a :class:`Component`; so does the
+  main ``shardlist`` when it has shards or when there are no sub-datasets. Component names are
+  the entry's ``name``, else the loaded file's ``name``, else ``""`` (never ``None``: torch's
+  ``default_collate`` rejects it). A cycle of ``source_url`` references is an error.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import product
+from typing import Any
+
+from .errors import IndexFormatError
+from .index import ShardInfo
+
+__all__ = ["KIND", "Component", "Spec", "expand_braces", "load_spec", "resolve_url", "url_dir"]
+
+KIND = "wids-shard-index-v1"
+"""The ``__kind__`` of a dataset description."""
+
+_MAX_DEPTH = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Component:
+    """One (sub-)dataset of a description and its range of shards.
+
+    Attributes:
+        name: The component's name (``""`` when it has none).
+        weight: Its mixing weight, if the description gives one.
+        first_shard: Index of its first shard in the description's shard list.
+        stop_shard: One past its last shard.
+    """
+
+    name: str
+    weight: float | None
+    first_shard: int
+    stop_shard: int
+
+    @property
+    def nshards(self) -> int:
+        """Number of shards in the component."""
+        return self.stop_shard - self.first_shard
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A loaded and validated dataset description.
+
+    Attributes:
+        name: The top-level ``name`` (``""`` when none).
+        shards: All shards in order, URLs resolved (absolute URL or absolute local path).
+        components: The main shard list and the sub-datasets, as shard ranges.
+        extras: Each shard's raw entry as stored (all keys, URL unresolved); our extension
+            keys (``members``, ...) are read from here.
+        origins: For each shard, the description file its entry came from (``None`` for an
+            inline list or a stream), against whose directory its relative pointers resolve.
+        top: The top-level object without ``shardlist`` and ``datasets``.
+        url: Where the description was loaded from, if from a path or URL.
+    """
+
+    name: str
+    shards: list[ShardInfo]
+    components: list[Component]
+    extras: list[dict[str, Any]] = field(repr=False)
+    origins: list[str | None] = field(repr=False)
+    top: dict[str, Any] = field(repr=False)
+    url: str | None = None
+
+
+# -------------------------------------------------------------------------------------------
+# URLs
+
+
+def _is_absolute(url: str) -> bool:
+    return "://" in url or "::" in url or url.startswith(("/", "~"))
+
+
+def resolve_url(url: str, base: str | None) -> str:
+    """Resolve a shard URL against a base directory.
+
+    Absolute URLs (with a scheme) and absolute paths are returned as they are (``~`` is
+    expanded); a path-absolute ``/x`` under a remote base keeps the base's scheme and host,
+    as in the reference. Without a base, relative paths resolve against the current directory.
+
+    Args:
+        url: The URL or path as stored.
+        base: A directory path or URL (``s3://bucket/prefix``), or ``None``.
+
+    Returns:
+        An absolute URL or an absolute, normalised local path.
+
+    Example:
+        >>> resolve_url("../b/x.tar", "s3://bucket/a")
+        's3://bucket/b/x.tar'
+    """
+    if "://" in url or "::" in url:
+        return url
+    if base and "::" in base:
+        prefix, _, last = base.rpartition("::")
+        return f"{prefix}::{resolve_url(url, last)}"
+    if base and base.startswith("file://"):
+        base = base[len("file://") :]
+    if base and "://" in base:
+        scheme, rest = base.split("://", 1)
+        netloc, _, path = rest.partition("/")
+        joined = posixpath.normpath(posixpath.join("/" + path, url))
+        return f"{scheme}://{netloc}{'/' + joined.lstrip('/') if joined != '/' else '/'}"
+    if url.startswith("~"):
+        return os.path.expanduser(url)
+    if url.startswith("/"):
+        return os.path.normpath(url)
+    root = os.path.abspath(os.path.expanduser(base)) if base else os.getcwd()
+    return os.path.normpath(os.path.join(root, url))
+
+
+def url_dir(url: str) -> str:
+    """The directory containing a file given by path or URL (absolute for local paths)."""
+    if "://" in url or "::" in url:
+        head, _, _ = url.rpartition("/")
+        return head if "://" in head or "::" in head else url
+    return os.path.dirname(os.path.abspath(os.path.expanduser(url)))
+
+
+# -------------------------------------------------------------------------------------------
+# Brace patterns
+
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+
+
+def _alternatives(body: str) -> list[str] | None:
+    m = _RANGE.match(body)
+    if m:
+        a, b = m.group(1), m.group(2)
+        lo, hi = int(a), int(b)
+        padded = any(len(s.lstrip("-")) > 1 and s.lstrip("-").startswith("0") for s in (a, b))
+        width = max(len(a), len(b)) if padded else 0
+        step = 1 if hi >= lo else -1
+        return [str(i).zfill(width) for i in range(lo, hi + step, step)]
+    if "," in body:
+        return body.split(",")
+    return None
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Expand shell-style brace groups: ranges ``{000..099}`` and lists ``{a,b,c}``.
+
+    Ranges are zero-padded to the wider bound when either bound has a leading zero, and may
+    count down. Several groups give their product, leftmost varying slowest. A group that is
+    neither a range nor a list (``{x}``) stays literal, as in the shell. Nested groups are not
+    supported.
+
+    Example:
+        >>> expand_braces("train-{000..002}.tar")
+        ['train-000.tar', 'train-001.tar', 'train-002.tar']
+        >>> expand_braces("{a,b}-{1..2}")
+        ['a-1', 'a-2', 'b-1', 'b-2']
+    """
+    pieces: list[list[str]] = []
+    pos = 0
+    for m in _BRACE.finditer(pattern):
+        alts = _alternatives(m.group(1))
+        if alts is None:
+            continue
+        pieces.append([pattern[pos : m.start()]])
+        pieces.append(alts)
+        pos = m.end()
+    pieces.append([pattern[pos:]])
+    return ["".join(parts) for parts in product(*pieces)]
+
+
+# -------------------------------------------------------------------------------------------
+# Loading
+
+
+def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
+    """Read a whole (small) file from a path or any fsspec URL."""
+    from .remote import Source
+
+    src = Source(url, storage_options)
+    try:
+        return src.read_range(0, src.info().size)
+    finally:
+        src.close()
+
+
+def _parse_json(data: bytes | str, where: str) -> Any:
+    try:
+        return json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise IndexFormatError(f"not valid JSON: {e}", shard=where) from None
+
+
+def _redact(url: str) -> str:
+    from .remote import redact_url
+
+    return redact_url(url)
+
+
+class _Loader:
+    """Walks a description and its sub-datasets, accumulating shards and components."""
+
+    def __init__(self, storage_options: Mapping[str, Any] | None) -> None:
+        self.storage_options = storage_options
+        self.shards: list[ShardInfo] = []
+        self.extras: list[dict[str, Any]] = []
+        self.origins: list[str | None] = []
+        self.components: list[Component] = []
+        self.visiting: list[str] = []
+
+    def load_file(self, url: str) -> Any:
+        where = _redact(url)
+        if url in self.visiting:
+            raise IndexFormatError("source_url cycle: " + " -> ".join(self.visiting), shard=where)
+        if len(self.visiting) >= _MAX_DEPTH:
+            raise IndexFormatError("source_url nesting too deep", shard=where)
+        return _parse_json(read_bytes(url, self.storage_options), where)
+
+    def description(
+        self,
+        desc: Any,
+        *,
+        where: str,
+        origin: str | None,
+        base: str | None,
+        name: str | None,
+        weight: Any,
+        top: bool,
+        own_base: bool = True,
+    ) -> None:
+        """Add one description (a file or an inline entry) and, recursively, its datasets."""
+        if not isinstance(desc, dict):
+            raise IndexFormatError(
+                f"expected a JSON object, got {type(desc).__name__}", shard=where
+            )
+        _check_version(desc, where, required=top)
+        if own_base and desc.get("base") is not None:
+            if not isinstance(desc["base"], str):
+                raise IndexFormatError("'base' must be a string", shard=where)
+            base = resolve_url(desc["base"], base)
+        shardlist = desc.get("shardlist", [])
+        datasets = desc.get("datasets", [])
+        if not isinstance(shardlist, list):
+            raise IndexFormatError("'shardlist' must be a list", shard=where)
+        if not isinstance(datasets, list):
+            raise IndexFormatError("'datasets' must be a list", shard=where)
+        own_name = desc.get("name")
+        label = name if name is not None else own_name
+        first = len(self.shards)
+        self.add_shards(shardlist, where=where, origin=origin, base=base)
+        if len(self.shards) > first or not datasets:
+            self.components.append(
+                Component(_name(label, where), _weight(weight, where), first, len(self.shards))
+            )
+        for j, entry in enumerate(datasets):
+            self.dataset(entry, where=f"{where}: datasets[{j}]", origin=origin, base=base)
+
+    def dataset(self, entry: Any, *, where: str, origin: str | None, base: str | None) -> None:
+        if not isinstance(entry, dict):
+            raise IndexFormatError("expected a JSON object", shard=where)
+        weight = entry.get("weight")
+        if "source_url" not in entry:
+            self.description(
+                entry, where=where, origin=origin, base=base, name=None, weight=weight, top=False
+            )
+            return
+        ref = entry["source_url"]
+        if not isinstance(ref, str) or not ref:
+            raise IndexFormatError("'source_url' must be a non-empty string", shard=where)
+        url = resolve_url(ref, url_dir(origin) if origin else base)
+        sub = self.load_file(url)
+        sub_base = entry.get("base")
+        if sub_base is not None and not isinstance(sub_base, str):
+            raise IndexFormatError("'base' must be a string", shard=where)
+        self.visiting.append(url)
+        try:
+            self.description(
+                sub,
+                where=_redact(url),
+                origin=url,
+                base=resolve_url(sub_base, base) if sub_base else url_dir(url),
+                name=entry.get("name"),
+                weight=weight,
+                top=False,
+            )
+        finally:
+            self.visiting.pop()
+
+    def add_shards(
+        self, shardlist: list[Any], *, where: str, origin: str | None, base: str | None
+    ) -> None:
+        root = base if base else os.getcwd()
+        shards, extras = self.shards, self.extras
+        for k, entry in enumerate(shardlist):
+            if not isinstance(entry, dict):
+                raise IndexFormatError(f"shardlist[{k}]: expected a JSON object", shard=where)
+            url = entry.get("url")
+            nsamples = entry.get("nsamples")
+            if not isinstance(url, str) or not url:
+                raise IndexFormatError(
+                    f"shardlist[{k}]: 'url' missing or not a string", shard=where
+                )
+            if type(nsamples) is not int or nsamples < 0:
+                raise IndexFormatError(
+                    f"shardlist[{k}]: 'nsamples' missing or not a non-negative integer "
+                    f"({nsamples!r})",
+                    shard=where,
+                )
+            size, md5, etag, mtime = (
+                entry.get("filesize"),
+                entry.get("md5sum"),
+                entry.get("etag"),
+                entry.get("mtime"),
+            )
+            if not (
+                (size is None or (type(size) is int and size >= 0))
+                and (md5 is None or isinstance(md5, str))
+                and (etag is None or isinstance(etag, str))
+                and (mtime is None or type(mtime) in (int, float))
+            ):
+                raise IndexFormatError(
+                    f"shardlist[{k}]: bad type in filesize/md5sum/etag/mtime", shard=where
+                )
+            shards.append(
+                ShardInfo(
+                    resolve_url(url, root),
+                    nsamples,
+                    size,
+                    etag,
+                    None if mtime is None else float(mtime),
+                    md5,
+                )
+            )
+            extras.append(entry)
+        self.origins.extend([origin] * len(shardlist))
+
+
+def _check_version(desc: dict[str, Any], where: str, *, required: bool) -> None:
+    kind = desc.get("__kind__")
+    if kind is not None and kind != KIND:
+        raise IndexFormatError(f"__kind__ is {kind!r}, expected {KIND!r}", shard=where)
+    version = desc.get("wids_version")
+    if version is None and not required:
+        return
+    if version != 1 or type(version) is not int:
+        what = "missing" if version is None else f"{version!r}, expected 1"
+        raise IndexFormatError(f"wids_version {what}", shard=where)
+
+
+def _name(value: Any, where: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise IndexFormatError(f"'name' must be a string, got {value!r}", shard=where)
+    return value
+
+
+def _weight(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if type(value) not in (int, float) or value < 0:
+        raise IndexFormatError(
+            f"'weight' must be a non-negative number, got {value!r}", shard=where
+        )
+    return float(value)
+
+
+def load_spec(
+    src: str | os.PathLike[str] | io.IOBase | Sequence[Mapping[str, Any]] | Mapping[str, Any],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+    base: str | None = None,
+) -> Spec:
+    """Load and validate a dataset description.
+
+    Args:
+        src: A path or URL of a description, an open text (or binary) stream of one, a parsed
+            description (a dict), or a list of ``{"url", "nsamples", ...}`` shard dicts.
+        storage_options: fsspec options for reading remote descriptions.
+        base: Directory against which relative shard URLs resolve; overrides the file's own
+            ``base`` and its directory.
+
+    Returns:
+        The description, shard URLs resolved.
+
+    Raises:
+        IndexFormatError: The description is malformed; the message names the file and what
+            is wrong.
+        ShardNotFoundError: The file (or a ``source_url``) does not exist.
+    """
+    loader = _Loader(storage_options)
+    url: str | None = None
+    if isinstance(src, (str, os.PathLike)):
+        url = os.fspath(src)
+        desc = loader.load_file(url)
+        where, origin, default_base = _redact(url), url, url_dir(url)
+    elif hasattr(src, "read"):
+        desc = _parse_json(src.read(), "<stream>")  # type: ignore[union-attr]
+        where, origin, default_base = "<stream>", None, None
+    elif isinstance(src, Mapping):
+        desc = dict(src)
+        where, origin, default_base = "<dict>", None, None
+    elif isinstance(src, Sequence):
+        desc = {"wids_version": 1, "shardlist": list(src)}
+        where, origin, default_base = "<list>", None, None
+    else:
+        raise TypeError(f"cannot load a description from {type(src).__name__}")
+    if url is not None:
+        loader.visiting.append(url)
+    loader.description(
+        desc,
+        where=where,
+        origin=origin,
+        base=base if base is not None else default_base,
+        name=None,
+        weight=desc.get("weight") if isinstance(desc, dict) else None,
+        top=True,
+        own_base=base is None,
+    )
+    top = {k: v for k, v in desc.items() if k not in ("shardlist", "datasets")}
+    return Spec(
+        name=_name(desc.get("name"), where),
+        shards=loader.shards,
+        components=loader.components,
+        extras=loader.extras,
+        origins=loader.origins,
+        top=top,
+        url=url,
+    )
