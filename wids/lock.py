@@ -212,7 +212,19 @@ class FileLock:
             if self._count != 1:
                 raise RuntimeError(f"{self.path}: cannot change mode while held re-entrantly")
             assert self._fd is not None
-            if not _flock_wait(self._fd, op, wait):
+            deadline = None if wait is None else time.monotonic() + wait
+            ok = _flock_wait(self._fd, op, wait)
+            if ok and not _same_file(self._fd, self.path):
+                # Unlinked by an exclusive holder in the gap of the conversion: the lock
+                # now belongs to whatever file the path names.
+                self._close(unlock=True)
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                fd = self._lock_path(op, left)
+                if fd is None:
+                    ok = False
+                else:
+                    self._fd, self._pid, self._count = fd, os.getpid(), 1
+            if not ok:
                 self._close(unlock=True)
                 raise LockTimeoutError(f"lock not converted within {wait:g} s", shard=self.path)
             self._mode_shared = op == fcntl.LOCK_SH
