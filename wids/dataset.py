@@ -1,0 +1,647 @@
+"""``ShardListDataset``: map-style random access to the samples of WebDataset shards.
+
+A global index maps to (shard, sample) by a binary search over the cumulative lengths; the
+sample's byte span comes from the shard's member table (``ShardMembers``, loaded lazily and kept)
+and is read with one range request, then sliced into its fields. A batch
+(``__getitems__``) becomes one request per run of nearby samples of a shard, all in flight at
+once. Readers are opened lazily in each process and never pickled.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import operator
+import os
+import threading
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .access import CachedReader, RangeReader, ShardReader, fetch_blocks, plan_batch
+from .decode import Decoder, interpret_transformations
+from .errors import IndexFormatError, IndexMismatchError, OfflineError
+from .index import ShardInfo, ShardMembers
+from .remote import IOStats, RetryPolicy, Source, redact_url
+from .samples import DUPLICATE_POLICIES, DuplicatePolicy
+
+__all__ = ["DatasetComponent", "DatasetStats", "ShardListDataset"]
+
+ACCESS_MODES = ("auto", "range", "shard")
+Transform = Callable[[dict[str, Any]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetComponent:
+    """One (sub-)dataset as a range of global sample indices ``[start, stop)``."""
+
+    name: str
+    weight: float | None
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetStats:
+    """What this process's copy of a dataset has done so far.
+
+    Attributes:
+        samples: Samples returned.
+        accesses: Shard look-ups, one per sample (the reference's ``get_stats()[0]``).
+        misses: Look-ups that had to open a shard reader (the reference's ``get_stats()[1]``).
+        requests: Storage requests (stats, range reads, retries included).
+        bytes_read: Bytes received from storage or the local cache.
+        cache_hits: Samples served from the local shard cache.
+        retries: Requests repeated after transient failures.
+        errors: Operations that failed for good.
+    """
+
+    samples: int
+    accesses: int
+    misses: int
+    requests: int
+    bytes_read: int
+    cache_hits: int
+    retries: int
+    errors: int
+
+
+class _Loaded:
+    """The dataset's description, loaded once: shard infos, components, where members are."""
+
+    def __init__(
+        self,
+        shards: list[ShardInfo],
+        components: list[Any],
+        name: str,
+        indexed: Callable[[int], ShardMembers | None] | None,
+    ) -> None:
+        self.infos = shards
+        self.name = name
+        self.lengths = [int(s.nsamples) for s in shards]
+        self.cum = np.cumsum(np.asarray(self.lengths, dtype=np.int64))
+        starts = np.concatenate([[0], self.cum]).astype(np.int64)
+        self.components = [
+            DatasetComponent(
+                c.name, c.weight, int(starts[c.first_shard]), int(starts[c.stop_shard])
+            )
+            for c in components
+        ]
+        self.dataset_of = [""] * len(shards)
+        for c in components:
+            for i in range(c.first_shard, c.stop_shard):
+                self.dataset_of[i] = c.name or name or ""
+        self.indexed = indexed
+
+
+def _is_shard_pattern(src: Any) -> bool:
+    if isinstance(src, (list, tuple)):
+        return len(src) > 0 and all(isinstance(s, str) for s in src)
+    if not isinstance(src, (str, os.PathLike)):
+        return False
+    s = os.fspath(src)
+    return ("{" in s and "}" in s) or s.endswith((".tar", ".tgz", ".tar.gz"))
+
+
+class ShardListDataset:
+    """A map-style dataset over WebDataset tar shards, reading only the samples asked for.
+
+    A drop-in for the reference ``wids.ShardListDataset`` (see ``COMPAT.md``), with member
+    offsets: ``ds[i]`` is one range request for that sample's bytes, wherever the shards are.
+
+    Samples are dicts: field keys keep the leading dot and the full extension (``".jpg"``,
+    ``".seg.png"``, ``".txt.gz"``), plus ``__key__``, ``__index__`` (the non-negative index),
+    ``__shard__`` (resolved shard URL), ``__shardindex__`` and ``__dataset__`` (the component's
+    name, ``""`` if none, never ``None`` so ``default_collate`` accepts it).
+
+    **Difference from the reference:** raw field values (``transformations=[]``) are ``bytes``,
+    not ``io.BytesIO``. Decoders here accept both; a transformation of your own that calls
+    ``value.read()`` needs ``io.BytesIO(value)`` instead.
+
+    Args:
+        shards: Our index (JSON or SQLite, path or URL), a reference ``wids-shard-index-v1``
+            JSON (path, URL or open text stream), a list of ``{"url", "nsamples"}`` dicts, or
+            a brace pattern / list of shard URLs (scanned on first use).
+        cache_size: Byte budget of the shard cache (``access="shard"``).
+        cache_dir: Local cache directory: whole shards (``access="shard"``) and member tables of
+            shards whose index has no offsets (scanned once per machine).
+        lru_size: Open shard readers (file descriptors, cached shards) kept per process.
+        localname: Not supported (the cache chooses collision-free names); warns if given.
+        transformations: ``"PIL"``, ``"numpy"``, an image mode (``"rgb8"``, ``"torchrgb"`` ...,
+            see ``wids.decode.IMAGE_MODES``), a callable, or a list of those; ``[]`` for raw.
+        keep: Never evict shards from the cache automatically (``access="shard"``).
+        base: Directory against which relative shard URLs resolve.
+        options: As the reference: top-level keys that override the description's; only
+            ``name`` is supported, others warn.
+        dataset_name: Name of the dataset when ``shards`` is a list (reference parameter).
+        storage_options: fsspec options for every URL (index and shards).
+        access: ``"auto"`` (local files read in place, remote shards by range requests),
+            ``"range"`` (range requests always) or ``"shard"`` (whole shards into ``cache_dir``,
+            then local reads).
+        verify: On first touch of a shard in a process, compare its size and etag with the
+            index (one ``info()``); a mismatch raises ``IndexMismatchError``.
+        retry: Retry and timeout policy for storage requests.
+        merge_gap: In a batch, samples of one shard closer than this many bytes share a request.
+        offline: Never touch the network: remote data that is not cached raises ``OfflineError``.
+        duplicates: Policy for repeated keys or fields when a shard must be scanned
+            (``"error"``, ``"split"``, ``"keep_first"``).
+        allow_pickle: Let the decoders unpickle ``.pyd/.pickle/.pkl/.pt/.pth`` fields.
+
+    Raises:
+        ValueError: An invalid parameter (checked here; all I/O happens lazily).
+    """
+
+    def __init__(
+        self,
+        shards: Any,
+        *,
+        cache_size: int | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
+        lru_size: int = 10,
+        localname: Callable[[str], str] | None = None,
+        transformations: Any = "PIL",
+        keep: bool = False,
+        base: str | None = None,
+        options: Mapping[str, Any] | None = None,
+        dataset_name: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        access: str = "auto",
+        verify: bool = True,
+        retry: RetryPolicy | None = None,
+        merge_gap: int = 1 << 16,
+        offline: bool = False,
+        duplicates: DuplicatePolicy = "error",
+        allow_pickle: bool = False,
+    ) -> None:
+        if access not in ACCESS_MODES:
+            raise ValueError(f"access must be one of {ACCESS_MODES}, not {access!r}")
+        if duplicates not in DUPLICATE_POLICIES:
+            raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}, not {duplicates!r}")
+        if isinstance(lru_size, bool) or not isinstance(lru_size, int) or lru_size < 1:
+            raise ValueError(f"lru_size must be an int >= 1, not {lru_size!r}")
+        if isinstance(merge_gap, bool) or not isinstance(merge_gap, int) or merge_gap < 0:
+            raise ValueError(f"merge_gap must be an int >= 0, not {merge_gap!r}")
+        if cache_size is not None and cache_size < 0:
+            raise ValueError(f"cache_size must be >= 0 or None, not {cache_size!r}")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
+        if access == "shard" and cache_dir is None:
+            raise ValueError("access='shard' needs cache_dir")
+        if localname is not None:
+            warnings.warn(
+                "localname is not supported: the shard cache names its files itself "
+                "(collision-free); pass cache_dir",
+                stacklevel=2,
+            )
+        if access != "shard" and (cache_size is not None or keep):
+            warnings.warn(
+                f"cache_size and keep apply to the shard cache (access='shard'); with "
+                f"access={access!r} no shard is downloaded, so they have no effect",
+                stacklevel=2,
+            )
+        options = dict(options or {})
+        unknown = sorted(set(options) - {"name"})
+        if unknown:
+            warnings.warn(f"options {unknown} are not supported and have no effect", stacklevel=2)
+        self.transformations: list[Transform] = interpret_transformations(
+            transformations, allow_pickle=allow_pickle
+        )
+        if allow_pickle and not any(isinstance(t, Decoder) for t in self.transformations):
+            warnings.warn(
+                "allow_pickle=True has no effect: no built-in decoder among the transformations",
+                stacklevel=2,
+            )
+        self._src = shards
+        self.cache_size = cache_size
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.lru_size = lru_size
+        self.keep = bool(keep)
+        self.base = base
+        self.dataset_name = options.get("name", dataset_name)
+        self.storage_options = dict(storage_options or {})
+        self.access = access
+        self.verify = bool(verify)
+        self.retry = retry
+        self.merge_gap = merge_gap
+        self.offline = bool(offline)
+        self.duplicates: DuplicatePolicy = duplicates
+        self.allow_pickle = bool(allow_pickle)
+        self._loaded: _Loaded | None = None
+        self._members: dict[int, tuple[ShardMembers, np.ndarray, np.ndarray]] = {}
+        self._scanned: set[int] = set()  # member tables that came from scanning (costly)
+        self._counts = {"samples": 0, "accesses": 0, "misses": 0, "cache_hits": 0}
+        self._io = IOStats()
+        self._reset_process_state()
+
+    # -- per-process state --------------------------------------------------------------------
+
+    def _reset_process_state(self) -> None:
+        self._pid = os.getpid()
+        self._readers: OrderedDict[int, ShardReader] = OrderedDict()
+        self._verified: set[int] = set()
+        self._lock = threading.RLock()
+        self._shard_cache: Any = None
+
+    def _check_process(self) -> None:
+        if self._pid != os.getpid():  # forked: the parent's readers are not ours to use
+            self._reset_process_state()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in ("_readers", "_verified", "_lock", "_shard_cache", "_pid"):
+            del state[k]
+        # Tables from an index reload cheaply; scanned ones would cost a pass over the shard.
+        state["_members"] = {i: m for i, m in self._members.items() if i in self._scanned}
+        if self._loaded is not None and self._loaded.indexed is not None:
+            state["_loaded"] = None  # holds an open index; reload in the new process
+            state["_members"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset_process_state()
+
+    # -- the description ----------------------------------------------------------------------
+
+    def _load(self) -> _Loaded:
+        loaded = self._loaded
+        if loaded is None:
+            with self._lock:
+                if self._loaded is None:
+                    self._loaded = self._load_description()
+                loaded = self._loaded
+        return loaded
+
+    def _load_description(self) -> _Loaded:
+        src = self._src
+        if _is_shard_pattern(src):
+            return self._load_pattern(src)
+        if isinstance(src, (str, os.PathLike)):
+            self._check_offline(os.fspath(src))
+            from .index import open_index
+
+            kwargs = {"base": self.base} if self.base is not None else {}
+            reader = open_index(os.fspath(src), self.storage_options, **kwargs)
+            shards, components = list(reader.shards), list(reader.components)
+            name = self.dataset_name or reader.name or ""
+            loaded = _Loaded(shards, components, name, reader.members)
+        else:
+            from .spec import load_spec
+
+            spec = load_spec(src, storage_options=self.storage_options, base=self.base)
+            name = self.dataset_name or spec.name or ""
+            loaded = _Loaded(list(spec.shards), list(spec.components), name, None)
+        if not loaded.infos:
+            raise IndexFormatError("the dataset has no shards", shard=_where(src))
+        return loaded
+
+    def _load_pattern(self, src: Any) -> _Loaded:
+        from .spec import Component, expand_braces
+
+        urls: list[str] = []
+        for s in [src] if isinstance(src, (str, os.PathLike)) else src:
+            urls += expand_braces(os.fspath(s))
+        if self.base is not None:
+            from .spec import resolve_url
+
+            urls = [resolve_url(u, self.base) for u in urls]
+        if not urls:
+            raise IndexFormatError("the shard pattern names no shards", shard=_where(src))
+        with cf.ThreadPoolExecutor(max_workers=min(8, len(urls))) as pool:
+            tables = list(pool.map(lambda u: self._scan(Source(u, self.storage_options)), urls))
+        infos = [ShardInfo(u, len(m)) for u, m in zip(urls, tables, strict=True)]
+        for i, m in enumerate(tables):
+            self._keep_members(i, m, scanned=True)
+        name = self.dataset_name or ""
+        return _Loaded(infos, [Component(name, None, 0, len(infos))], name, None)
+
+    # -- members ------------------------------------------------------------------------------
+
+    def _scan(self, source: Source, expected: ShardInfo | None = None) -> ShardMembers:
+        from .build import scan_cached, scan_shard
+
+        self._check_offline(source.url)
+        if self.cache_dir is not None:
+            return scan_cached(
+                source,
+                cache_dir=self.cache_dir,
+                expected=expected,
+                duplicates=self.duplicates,
+                stats=self._io,
+            )
+        _, members, _ = scan_shard(source, duplicates=self.duplicates, stats=self._io)
+        return members
+
+    def _keep_members(self, shard: int, members: ShardMembers, *, scanned: bool) -> None:
+        starts, ends = members.spans()
+        self._members[shard] = (members, starts, ends)
+        if scanned:
+            self._scanned.add(shard)
+
+    def _shard_members(self, shard: int) -> tuple[ShardMembers, np.ndarray, np.ndarray]:
+        got = self._members.get(shard)
+        if got is not None:
+            return got
+        with self._lock:
+            got = self._members.get(shard)
+            if got is not None:
+                return got
+            loaded = self._load()
+            info = loaded.infos[shard]
+            members = loaded.indexed(shard) if loaded.indexed is not None else None
+            scanned = members is None
+            if members is None:
+                members = self._scan(self._source(info.url), info)
+                self._verified.add(shard)  # the scan just looked at the shard itself
+            if len(members) != info.nsamples:
+                raise IndexMismatchError(
+                    f"has {len(members)} samples but the index says {info.nsamples}",
+                    shard=redact_url(info.url),
+                )
+            self._keep_members(shard, members, scanned=scanned)
+            return self._members[shard]
+
+    # -- readers ------------------------------------------------------------------------------
+
+    def _source(self, url: str) -> Source:
+        return Source(url, self.storage_options, self.retry)
+
+    def _check_offline(self, url: str) -> None:
+        if self.offline and not Source(url).is_local:
+            raise OfflineError("offline, and this is not a local file", shard=redact_url(url))
+
+    def _reader(self, shard: int) -> ShardReader:
+        """The open reader of a shard (opening and verifying it if needed); counts an access."""
+        self._counts["accesses"] += 1
+        reader = self._readers.get(shard)
+        if reader is not None:
+            self._readers.move_to_end(shard)
+            return reader
+        with self._lock:
+            self._counts["misses"] += 1
+            info = self._load().infos[shard]
+            members = self._shard_members(shard)
+            if self.verify and shard not in self._verified:
+                self._verify(shard, info, members[2])
+            reader = self._open_reader(info)
+            self._readers[shard] = reader
+            return reader
+
+    def _evict(self) -> None:
+        """Close the least recently used readers beyond ``lru_size``.
+
+        Called after a read, never during one: a batch may use more shards than that.
+        """
+        with self._lock:
+            while len(self._readers) > self.lru_size:
+                _, old = self._readers.popitem(last=False)
+                old.close()
+
+    def _open_reader(self, info: ShardInfo) -> ShardReader:
+        source = self._source(info.url)
+        if self.access == "shard" and not source.is_local:
+            if self._shard_cache is None:
+                from .cache import ShardCache
+
+                assert self.cache_dir is not None  # checked in __init__
+                self._shard_cache = ShardCache(
+                    self.cache_dir, max_bytes=self.cache_size, keep=self.keep, offline=self.offline
+                )
+            cached = self._shard_cache.open(
+                source, size=info.size, etag=info.etag, md5sum=info.md5sum, stats=self._io
+            )
+            return CachedReader(cached)
+        self._check_offline(info.url)
+        return RangeReader(source)
+
+    def _verify(self, shard: int, info: ShardInfo, ends: np.ndarray) -> None:
+        self._check_offline(info.url)
+        stat = self._source(info.url).info(self._io)
+        name = redact_url(info.url)
+        if info.size is not None and stat.size != info.size:
+            raise IndexMismatchError(
+                f"size is {stat.size} bytes but the index says {info.size}", shard=name
+            )
+        if info.etag is not None and stat.etag is not None and _etag(stat.etag) != _etag(info.etag):
+            raise IndexMismatchError(
+                f"etag is {stat.etag!r} but the index says {info.etag!r}", shard=name
+            )
+        if len(ends) and int(ends.max()) > stat.size:
+            raise IndexMismatchError(
+                f"is {stat.size} bytes but the index has members up to byte {int(ends.max())}",
+                shard=name,
+            )
+        self._verified.add(shard)
+
+    # -- indexing -----------------------------------------------------------------------------
+
+    def _locate(self, index: Any) -> tuple[int, int, int]:
+        """``(global index, shard, index in shard)``, for Python-style (negative) indices."""
+        i = operator.index(index)
+        loaded = self._load()
+        n = int(loaded.cum[-1])
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} out of range for a dataset of {n} samples")
+        shard = int(np.searchsorted(loaded.cum, i, side="right"))
+        local = i - (int(loaded.cum[shard - 1]) if shard else 0)
+        return i, shard, local
+
+    def _assemble(self, i: int, shard: int, local: int, buf: bytes, base: int) -> dict[str, Any]:
+        members = self._members[shard][0]
+        loaded = self._load()
+        sample: dict[str, Any] = {}
+        for field, offset, size in members.members(local):
+            a = offset - base
+            sample[field] = buf[a : a + size]
+        sample["__key__"] = members.key(local)
+        sample["__index__"] = i
+        sample["__shard__"] = loaded.infos[shard].url
+        sample["__shardindex__"] = local
+        sample["__dataset__"] = loaded.dataset_of[shard]
+        return sample
+
+    def _transform(self, sample: dict[str, Any]) -> Any:
+        out: Any = sample
+        for t in self.transformations:
+            out = t(out)
+        return out
+
+    def _raw(self, index: Any) -> dict[str, Any]:
+        self._check_process()
+        i, shard, local = self._locate(index)
+        reader = self._reader(shard)
+        _, starts, ends = self._members[shard]
+        start, end = int(starts[local]), int(ends[local])
+        try:
+            buf = reader.read_span(start, end, self._io)
+        finally:
+            self._evict()
+        self._counts["samples"] += 1
+        self._counts["cache_hits"] += reader.cached
+        return self._assemble(i, shard, local, buf, start)
+
+    def __getitem__(self, index: Any) -> Any:
+        """The sample at ``index`` (negative counts from the end), transformed.
+
+        Raises:
+            IndexError: ``index`` is out of range.
+            TypeError: ``index`` is not an integer.
+        """
+        return self._transform(self._raw(index))
+
+    def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
+        """Many samples at once (torch's DataLoader calls this for a batch).
+
+        Samples of one shard whose spans are adjacent or within ``merge_gap`` bytes are read
+        with one request; all requests are issued concurrently.
+        """
+        self._check_process()
+        located = [self._locate(x) for x in indices]
+        readers = {shard: self._reader(shard) for _, shard, _ in located}
+        spans = []
+        for _, shard, local in located:
+            _, starts, ends = self._members[shard]
+            spans.append((shard, int(starts[local]), int(ends[local])))
+        blocks, where = plan_batch(spans, self.merge_gap)
+        try:
+            data = fetch_blocks(blocks, readers, self._io)
+        finally:
+            self._evict()
+        out: list[Any] = []
+        for (i, shard, local), (b, offset) in zip(located, where, strict=True):
+            start = spans[len(out)][1]
+            raw = self._assemble(i, shard, local, data[b], start - offset)
+            self._counts["samples"] += 1
+            self._counts["cache_hits"] += readers[shard].cached
+            out.append(self._transform(raw))
+        return out
+
+    # -- reference API ------------------------------------------------------------------------
+
+    @property
+    def shards(self) -> list[dict[str, Any]]:
+        """The shards as the reference lists them: dicts with ``url``, ``nsamples`` ..."""
+        loaded = self._load()
+        out = []
+        for info, ds in zip(loaded.infos, loaded.dataset_of, strict=True):
+            d: dict[str, Any] = {"url": info.url, "nsamples": info.nsamples}
+            for k, v in (("filesize", info.size), ("md5sum", info.md5sum), ("etag", info.etag)):
+                if v is not None:
+                    d[k] = v
+            d["dataset"] = ds
+            out.append(d)
+        return out
+
+    @property
+    def lengths(self) -> list[int]:
+        """Samples per shard."""
+        return list(self._load().lengths)
+
+    @property
+    def cum_lengths(self) -> np.ndarray:
+        """Cumulative sample counts (``numpy.cumsum(lengths)``)."""
+        return self._load().cum.copy()
+
+    @property
+    def total_length(self) -> int:
+        """Total number of samples."""
+        return int(self._load().cum[-1])
+
+    @property
+    def name(self) -> str:
+        """The dataset's name (``""`` if none)."""
+        return self._load().name
+
+    @property
+    def components(self) -> list[DatasetComponent]:
+        """The (sub-)datasets as global sample ranges, for mixing samplers."""
+        return list(self._load().components)
+
+    def __len__(self) -> int:
+        return self.total_length
+
+    def add_transform(self, transform: Transform) -> ShardListDataset:
+        """Append a transformation (applied after the others). Returns ``self``."""
+        if not callable(transform):
+            raise TypeError(f"transform must be callable, not {transform!r}")
+        self.transformations.append(transform)
+        return self
+
+    def get_shard(self, index: Any) -> tuple[_ShardView, int, dict[str, Any]]:
+        """As the reference: ``(shard, index in shard, shard dict)`` for a global index.
+
+        The shard object supports ``len()`` and ``shard[j]`` (a raw sample dict).
+        """
+        self._check_process()
+        _, shard, local = self._locate(index)
+        self._reader(shard)
+        return _ShardView(self, shard), local, self.shards[shard]
+
+    def get_stats(self) -> tuple[int, int]:
+        """``(accesses, misses)`` of shard look-ups in this process, as the reference."""
+        return self._counts["accesses"], self._counts["misses"]
+
+    @property
+    def stats(self) -> DatasetStats:
+        """A snapshot of this process's counters."""
+        io = self._io
+        c = self._counts
+        return DatasetStats(
+            samples=c["samples"],
+            accesses=c["accesses"],
+            misses=c["misses"],
+            requests=io.requests,
+            bytes_read=io.bytes_read,
+            cache_hits=c["cache_hits"],
+            retries=io.retries,
+            errors=io.errors,
+        )
+
+    def close(self) -> None:
+        """Close open readers; the dataset stays usable and reopens them when needed."""
+        with self._lock:
+            readers, self._readers = self._readers, OrderedDict()
+            for r in readers.values():
+                r.close()
+
+    def __repr__(self) -> str:
+        what = _where(self._src) if isinstance(self._src, (str, os.PathLike)) else "<list>"
+        n = "?" if self._loaded is None else str(len(self))
+        return f"ShardListDataset({what!r}, samples={n}, access={self.access!r})"
+
+
+class _ShardView:
+    """One shard of a dataset, as ``get_shard`` returns it: ``len()`` and raw ``[j]``."""
+
+    def __init__(self, dataset: ShardListDataset, shard: int) -> None:
+        self.dataset = dataset
+        self.shard = shard
+        self.url = dataset._load().infos[shard].url
+
+    def __len__(self) -> int:
+        return self.dataset._load().lengths[self.shard]
+
+    def __getitem__(self, j: int) -> dict[str, Any]:
+        n = len(self)
+        j = operator.index(j)
+        if j < 0:
+            j += n
+        if not 0 <= j < n:
+            raise IndexError(f"index {j} out of range for a shard of {n} samples")
+        start = int(self.dataset._load().cum[self.shard - 1]) if self.shard else 0
+        return self.dataset._raw(start + j)
+
+
+def _etag(etag: str) -> str:
+    return etag.removeprefix("W/").strip('"')
+
+
+def _where(src: Any) -> str | None:
+    if isinstance(src, (str, os.PathLike)):
+        return redact_url(os.fspath(src))
+    return None
