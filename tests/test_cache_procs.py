@@ -1,0 +1,155 @@
+"""Acceptance tests of the shard cache: many processes, SIGKILL, tampering, against nginx."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+
+import pytest
+
+from wids.cache import ShardCache, entry_key
+from wids.remote import Source
+from wids.synth import write_dataset
+
+pytestmark = pytest.mark.servers
+
+
+def _names(directory: str, sub: str) -> list[str]:
+    try:
+        return sorted(os.listdir(os.path.join(directory, sub)))
+    except FileNotFoundError:
+        return []
+
+
+def _data_bytes(directory: str) -> int:
+    d = os.path.join(directory, "data")
+    return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d))
+
+
+def _random_reader(cache_dir, urls, paths, budget, seed, reads, result) -> None:
+    rng = random.Random(seed)
+    cache = ShardCache(cache_dir, max_bytes=budget, lock_timeout=60)
+    originals = [open(p, "rb").read() for p in paths]
+    bad = 0
+    for _ in range(reads):
+        picks = rng.sample(range(len(urls)), rng.choice([1, 1, 2]))
+        shards = [cache.open(Source(urls[i]), size=len(originals[i])) for i in picks]
+        for i, shard in zip(picks, shards, strict=True):
+            for _ in range(5):
+                a = rng.randrange(len(originals[i]))
+                b = min(len(originals[i]), a + rng.randrange(1, 5000))
+                bad += shard.read_range(a, b) != originals[i][a:b]
+        for shard in shards:
+            shard.close()
+    result.put(bad)
+
+
+def test_four_processes_random_reads_within_budget(http_server, tmp_path):
+    paths = write_dataset(
+        str(tmp_path / "src"),
+        shards=8,
+        samples_per_shard=60,
+        real_images=False,
+        jpg_bytes=3000,
+        prefix="procs",
+    )
+    urls = [http_server.put(p, f"procs/{os.path.basename(p)}") for p in paths]
+    budget = 3 * max(os.path.getsize(p) for p in paths)
+    cache_dir = str(tmp_path / "cache")
+    ctx = mp.get_context("spawn")
+    result = ctx.Queue()
+    http_server.reset_counts()
+    t0 = time.monotonic()
+    procs = [
+        ctx.Process(target=_random_reader, args=(cache_dir, urls, paths, budget, seed, 40, result))
+        for seed in range(4)
+    ]
+    for p in procs:
+        p.start()
+    bad = [result.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    elapsed = time.monotonic() - t0
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    assert bad == [0, 0, 0, 0]
+    assert elapsed < 120
+    assert http_server.request_count() > 8  # entries were evicted and fetched again
+    # Idle now: within budget, nothing half-written left behind.
+    assert _data_bytes(cache_dir) <= budget
+    assert 1 <= len(_names(cache_dir, "data")) <= 3
+    assert _names(cache_dir, "tmp") == []
+    assert [n for n in _names(cache_dir, "meta") if n.endswith(".tmp")] == []
+    assert len(_names(cache_dir, "meta")) == len(_names(cache_dir, "data"))
+    cache = ShardCache(cache_dir)
+    for e in cache.entries():
+        i = urls.index(e.url)
+        assert open(e.path, "rb").read() == open(paths[i], "rb").read()
+
+
+def _read_whole(cache_dir, url, size) -> None:
+    with ShardCache(cache_dir).open(Source(url), size=size) as shard:
+        shard.read_range(0, size)
+
+
+def test_sigkill_mid_download_then_next_reader_refetches(http_server, tmp_path):
+    size = 96 << 20
+    data = random.Random(5).randbytes(size)
+    url = http_server.put_bytes(data, "kill/big.tar")
+    ctx = mp.get_context("spawn")
+    for attempt in range(3):  # the download may (rarely) finish before we catch it
+        cache_dir = str(tmp_path / f"cache{attempt}")
+        tmpdir = os.path.join(cache_dir, "tmp")
+        p = ctx.Process(target=_read_whole, args=(cache_dir, url, size))
+        p.start()
+        killed = False
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and p.exitcode is None:
+            parts = [n for n in _names(cache_dir, "tmp") if n.endswith(".tmp")]
+            if parts and 0 < os.path.getsize(os.path.join(tmpdir, parts[0])) < size:
+                os.kill(p.pid, signal.SIGKILL)
+                killed = True
+                break
+            time.sleep(0.0005)
+        p.join(30)
+        if killed:
+            break
+    assert killed, "never caught the download in progress"
+    assert p.exitcode == -signal.SIGKILL
+    assert len(_names(cache_dir, "tmp")) == 1  # the partial file, abandoned
+    cache = ShardCache(cache_dir)
+    assert not cache.contains(url)
+    http_server.reset_counts()
+    with cache.open(Source(url), size=size) as shard:
+        assert shard.read_range(0, size) == data
+    assert http_server.request_count("kill/big.tar") >= 1
+    assert _names(cache_dir, "tmp") == []
+
+
+@pytest.mark.parametrize("how", ["truncate", "overwrite"])
+def test_tampered_cache_file_is_fetched_again(http_server, tmp_path, how):
+    data = random.Random(6).randbytes(200_000)
+    name = f"tamper/{how}.tar"
+    url = http_server.put_bytes(data, name)
+    cache = ShardCache(tmp_path / "cache")
+    http_server.reset_counts()
+    with cache.open(Source(url), size=len(data)) as shard:
+        assert shard.read_range(0, len(data)) == data
+    first = http_server.request_count(name)
+    assert first >= 1
+    with cache.open(Source(url), size=len(data)) as shard:
+        assert shard.read_range(0, 100) == data[:100]
+    assert http_server.request_count(name) == first  # served from the cache
+    path = cache._data(entry_key(url))
+    time.sleep(0.01)
+    if how == "truncate":
+        os.truncate(path, 1000)
+    else:
+        with open(path, "r+b") as f:
+            f.seek(5000)
+            f.write(b"\0" * 64)
+    with cache.open(Source(url), size=len(data)) as shard:
+        assert shard.read_range(0, len(data)) == data
+    assert http_server.request_count(name) > first
