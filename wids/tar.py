@@ -1,0 +1,582 @@
+"""Tar header parsing: members' names, data offsets and sizes, without reading their data.
+
+Three entry points share one header walker:
+
+- :func:`iter_members_fetch` — random access through a ``fetch(start, end) -> bytes`` callable;
+  reads each 512-byte header (and the data of pax / GNU long-name records) and skips member data.
+- :func:`iter_members_stream` — one sequential pass over a non-seekable stream (remote shards),
+  read in large chunks; it never seeks and reads the stream to its end.
+- :func:`scan_local` (and :func:`scan_local_rows`) — a local file read with ``os.pread``, a small
+  window per header, the fastest path.
+
+Formats: ustar (``prefix`` field), GNU (``L`` long name, ``K`` long link, base-256 numbers), pax
+(``x`` for the next member, ``g`` global; ``path`` and ``size`` override the header), v7.
+Results agree with :mod:`tarfile` (the test oracle): same names, data offsets, sizes and types.
+
+Strictness, where it differs from :mod:`tarfile`:
+
+- The archive must end with an end-of-archive block (a 512-byte zero block; like tarfile we stop
+  at the first one). A file that ends at a member boundary without one is reported as truncated
+  (:class:`~wids.errors.TruncatedTarError`): tarfile accepts such a prefix silently, and an index
+  built from it would be silently short.
+- A bad header checksum anywhere is a :class:`~wids.errors.HeaderChecksumError`; tarfile treats a
+  bad header after the first one as the end of the archive.
+- A pax ``size`` that is not a number is an error (tarfile uses 0).
+- A global (``g``) pax ``size`` applies to the member's size *and* to where its data ends;
+  tarfile reports it as the size but skips by the header's size. Nobody writes such archives.
+- GNU sparse members (type ``S`` or pax ``GNU.sparse.*``) are rejected: their stored bytes are not
+  the file's content, so a byte range could not serve them.
+
+Like tarfile, data is skipped only for regular files and unknown types; for hard and symbolic
+links, directories, devices and fifos the next header follows directly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from typing import BinaryIO
+
+from .errors import HeaderChecksumError, TarFormatError, TruncatedTarError
+
+__all__ = [
+    "TarMember",
+    "iter_members_fetch",
+    "iter_members_stream",
+    "scan_local",
+    "scan_local_rows",
+]
+
+BLOCK = 512
+STREAM_CHUNK = 1 << 20
+# scan_local reads this much per pread: small members' headers then arrive with the one before.
+LOCAL_WINDOW = 2048
+
+_ZERO = bytes(BLOCK)
+_REGULAR = frozenset("07")
+# Types after which tarfile does not skip data blocks (all other types have data).
+_NO_DATA = frozenset("123456")
+_MAGICS = (
+    (b"\x1f\x8b", "gzip"),
+    (b"BZh", "bzip2"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+)
+_PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
+
+_adler32 = zlib.adler32
+Row = tuple[str, int, int, str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class TarMember:
+    r"""One entry of a tar archive.
+
+    Attributes:
+        name: Full path, after the ustar prefix, a GNU long name or a pax ``path`` are applied;
+            UTF-8 with ``surrogateescape`` for invalid bytes; no trailing slash on directories.
+        offset: Byte offset of the member's data in the archive.
+        size: Size of the member's data in bytes.
+        type: The typeflag as one character: ``"0"`` regular (``"\0"`` is normalised to
+            ``"0"``), ``"5"`` directory, ``"2"`` symlink, ``"1"`` hardlink, ...
+        header_offset: Where the member's first header block starts, extension headers
+            (pax ``x``, GNU ``L``/``K``) included.
+    """
+
+    name: str
+    offset: int
+    size: int
+    type: str
+    header_offset: int
+
+    @property
+    def isreg(self) -> bool:
+        r"""Whether this is a regular file (types ``"0"``, ``"7"`` or ``"\0"``)."""
+        return self.type in _REGULAR or self.type == "\0"
+
+
+def iter_members_fetch(
+    fetch: Callable[[int, int], bytes],
+    *,
+    shard: str | None = None,
+    file_size: int | None = None,
+) -> Iterator[TarMember]:
+    """Iterate the members of a tar through random-access reads.
+
+    Reads each 512-byte header with one call, and the data of pax and GNU long-name records;
+    seeks past member data.
+
+    Args:
+        fetch: ``fetch(start, end)`` returns the archive's bytes ``[start, end)``; fewer bytes
+            (or none) at the end of the file.
+        shard: Name used in error messages.
+        file_size: The archive's size, if known. Reads are then clamped to it and truncation is
+            reported before asking ``fetch`` for bytes past the end.
+
+    Yields:
+        Every entry except pax and GNU extension records, in archive order.
+
+    Raises:
+        TarFormatError: The bytes are not a valid tar (or are compressed).
+        TruncatedTarError: The archive ends inside a header or member, or has no end block.
+        HeaderChecksumError: A header's checksum does not match.
+    """
+
+    def read(n: int, off: int) -> bytes:
+        end = off + n
+        if file_size is not None:
+            if off >= file_size:
+                return b""
+            end = min(end, file_size)
+        return fetch(off, end)
+
+    for row in _walk(read, BLOCK, shard, file_size):
+        yield TarMember(*row)
+
+
+def iter_members_stream(stream: BinaryIO, *, shard: str | None = None) -> Iterator[TarMember]:
+    """Iterate the members of a tar in one sequential pass over a stream.
+
+    The stream is read in chunks of about 1 MiB, member data is discarded, and nothing is
+    seeked; after the end-of-archive block the rest of the stream is read and discarded, so the
+    bytes read equal the stream's length.
+
+    Args:
+        stream: A binary file-like object with ``read(n)``; need not be seekable.
+        shard: Name used in error messages.
+
+    Yields:
+        Every entry except pax and GNU extension records, in archive order.
+
+    Raises:
+        TarFormatError: The bytes are not a valid tar (or are compressed).
+        TruncatedTarError: The archive ends inside a header or member, or has no end block.
+        HeaderChecksumError: A header's checksum does not match.
+    """
+    reader = _StreamReader(stream)
+    for row in _walk(reader, BLOCK, shard, None):
+        yield TarMember(*row)
+    reader.drain()
+
+
+def scan_local(path: str | os.PathLike[str], *, shard: str | None = None) -> list[TarMember]:
+    """List the members of a local tar file, reading only around its headers.
+
+    Args:
+        path: A local file path.
+        shard: Name used in error messages (default: ``path``).
+
+    Returns:
+        Every entry except pax and GNU extension records, in archive order.
+
+    Raises:
+        TarFormatError: The bytes are not a valid tar (or are compressed).
+        TruncatedTarError: The archive ends inside a header or member, or has no end block.
+        HeaderChecksumError: A header's checksum does not match.
+    """
+    return [TarMember(*row) for row in scan_local_rows(path, shard=shard)]
+
+
+def scan_local_rows(path: str | os.PathLike[str], *, shard: str | None = None) -> list[Row]:
+    """Like :func:`scan_local`, as plain tuples, for bulk consumers such as the index builder.
+
+    Building a frozen dataclass per member costs about as much as parsing its header; callers
+    that turn members into arrays anyway can take tuples.
+
+    Args:
+        path: A local file path.
+        shard: Name used in error messages (default: ``path``).
+
+    Returns:
+        ``(name, offset, size, type, header_offset)`` per member, the fields of
+        :class:`TarMember` in order (``TarMember(*row)`` builds one).
+
+    Raises:
+        TarFormatError: The bytes are not a valid tar (or are compressed).
+        TruncatedTarError: The archive ends inside a header or member, or has no end block.
+        HeaderChecksumError: A header's checksum does not match.
+    """
+    name = os.fspath(path)
+    fd = os.open(name, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        return list(_walk(partial(os.pread, fd), LOCAL_WINDOW, shard or name, size))
+    finally:
+        os.close(fd)
+
+
+class _StreamReader:
+    """``read(n, off)`` over a forward-only stream: bytes from ``off``, at least ``n`` unless EOF.
+
+    Offsets must not decrease. Returned bytes may run past ``off + n`` (to the end of the
+    current chunk), which lets the walker parse many headers from one buffer.
+    """
+
+    def __init__(self, stream: BinaryIO, chunk: int = STREAM_CHUNK) -> None:
+        self.stream = stream
+        self.chunk = chunk
+        self.buf = b""
+        self.base = 0  # archive offset of buf[0]
+        self.eof = False
+        self.pos = 0  # bytes read from the stream so far
+
+    @property
+    def known_size(self) -> int | None:
+        """The stream's length, once its end has been reached."""
+        return self.pos if self.eof else None
+
+    def _next_chunk(self) -> bytes:
+        if self.eof:
+            return b""
+        data = self.stream.read(self.chunk)
+        if not data:
+            self.eof = True
+            return b""
+        self.pos += len(data)
+        return data
+
+    def __call__(self, n: int, off: int) -> bytes:
+        buf, base = self.buf, self.base
+        if off >= base + len(buf):
+            base += len(buf)
+            buf = b""
+            while base < off:  # discard member data, chunk by chunk
+                data = self._next_chunk()
+                if not data:
+                    break
+                if base + len(data) > off:
+                    buf = data[off - base :]
+                    base = off
+                else:
+                    base += len(data)
+        elif off > base:
+            buf = buf[off - base :]
+            base = off
+        while len(buf) < n:
+            data = self._next_chunk()
+            if not data:
+                break
+            buf += data
+        self.buf, self.base = buf, base
+        return buf if base == off else b""
+
+    def drain(self) -> None:
+        """Read the stream to its end (the padding after the end-of-archive block)."""
+        self.buf = b""
+        while self._next_chunk():
+            pass
+
+
+def _walk(
+    read: Callable[[int, int], bytes], window: int, shard: str | None, file_size: int | None
+) -> Iterator[Row]:
+    """Yield ``(name, offset, size, type, header_offset)`` for every entry of an archive.
+
+    ``read(n, off)`` returns bytes starting at ``off``: at least ``n`` unless the file ends first
+    (more is fine). ``window`` (>= 512) is what to ask for per header. The common case, a regular
+    file with an ASCII header and no extension records, runs inline; the rest in helpers.
+    """
+    off = base = blen = 0
+    buf = b""
+    ext = _Ext()  # pending pax x / GNU L state, and pax g globals
+    while True:
+        p = off - base
+        if p + BLOCK > blen:
+            buf = read(window, off)
+            base, p, blen = off, 0, len(buf)
+            if blen < BLOCK:
+                size = file_size if file_size is not None else getattr(read, "known_size", None)
+                _short_header(buf, off, shard, size, ext)
+        h = buf[p : p + BLOCK]
+        if h.isascii():  # every byte < 128, so the sum < 65521 and adler32 gives it exactly
+            u = (_adler32(h[156:], _adler32(h[:148])) & 0xFFFF) + 255
+        else:
+            u = _unsigned_sum(h)
+        if b"%06o\0 " % u != h[148:156] and _bad_checksum(h, u, off, shard, ext):
+            return  # the end-of-archive block
+        t = h[156]
+        if (t == 48 or t == 0) and not ext.active:  # "0" or "\0": regular file, the hot path
+            if h[124] < 128:
+                try:
+                    size = int(h[124:136].rstrip(b"\0 "), 8)
+                except ValueError:
+                    size = _number(h[124:136], off, shard, "size")
+            else:
+                size = _number(h[124:136], off, shard, "size")
+            i = h.find(0, 0, 100)
+            name = h[:i] if i >= 0 else h[:100]
+            if t == 0 and name.endswith(b"/"):  # v7 directory
+                row = _member(h, off, off, shard, ext)
+                off = row[1]
+                yield row
+                continue
+            if h[345]:
+                j = h.find(0, 345, 500)
+                name = h[345 : j if j >= 0 else 500] + b"/" + name
+            data = off + BLOCK
+            yield (name.decode("utf-8", "surrogateescape"), data, size, "0", off)
+            off = data + ((size + 511) & ~511)
+        elif t in _EXT_TYPES:
+            off = _extension(t, h, off, read, buf, base, shard, file_size, ext)
+        else:
+            row = _member(h, off, ext.hoff if ext.hoff >= 0 else off, shard, ext)
+            data = off + BLOCK
+            size = row[2]
+            off = data + ((size + 511) & ~511) if row[3] not in _NO_DATA else data
+            yield row
+
+
+class _Ext:
+    """Extension-record state between headers: pending (x, L) and global (g) values."""
+
+    __slots__ = ("active", "name", "name_from_gnu", "size", "hoff", "gpath", "gsize")
+
+    def __init__(self) -> None:
+        self.active = False  # anything pending or global: leave the hot path
+        self.name: str | None = None  # pending name from GNU L or pax x path (first one wins)
+        self.name_from_gnu = False
+        self.size: int | None = None  # pending pax x size
+        self.hoff = -1  # header offset of the first pending extension record
+        self.gpath: str | None = None
+        self.gsize: int | None = None
+
+    def pending(self) -> bool:
+        return self.hoff >= 0
+
+    def reset(self) -> None:
+        self.name = None
+        self.name_from_gnu = False
+        self.size = None
+        self.hoff = -1
+        self.active = self.gpath is not None or self.gsize is not None
+
+
+_EXT_TYPES = frozenset(b"LKxXg")
+
+
+def _member(h: bytes, off: int, hoff: int, shard: str | None, ext: _Ext) -> Row:
+    """Parse a non-extension header (general path); applies and clears pending extensions."""
+    t = h[156]
+    if t == 83:  # "S"
+        raise TarFormatError(
+            "GNU sparse member; wids cannot serve sparse files", shard=shard, offset=off
+        )
+    size = _number(h[124:136], off, shard, "size")
+    i = h.find(0, 0, 100)
+    raw = h[:i] if i >= 0 else h[:100]
+    typ = "0" if t == 0 else chr(t)
+    if t == 0 and raw.endswith(b"/"):
+        typ = "5"
+    if typ == "5":
+        raw = raw.rstrip(b"/")
+    if h[345]:
+        j = h.find(0, 345, 500)
+        raw = h[345 : j if j >= 0 else 500] + b"/" + raw
+    name = raw.decode("utf-8", "surrogateescape")
+    from_gnu = False
+    if ext.active:
+        if ext.name is not None:
+            name = ext.name
+            from_gnu = ext.name_from_gnu
+            if typ == "5" and from_gnu:
+                name = name.removesuffix("/")
+        elif ext.gpath is not None:
+            name = ext.gpath.rstrip("/")
+        if ext.size is not None:
+            size = ext.size
+        elif ext.gsize is not None:
+            size = ext.gsize
+        ext.reset()
+    if typ == "5" and not from_gnu:
+        name = name.rstrip("/")
+    if size < 0:
+        raise TarFormatError(f"negative size {size} for {name!r}", shard=shard, offset=off)
+    return (name, off + BLOCK, size, typ, hoff)
+
+
+def _extension(
+    t: int,
+    h: bytes,
+    off: int,
+    read: Callable[[int, int], bytes],
+    buf: bytes,
+    base: int,
+    shard: str | None,
+    file_size: int | None,
+    ext: _Ext,
+) -> int:
+    """Process a pax (x, X, g) or GNU (L, K) record at ``off``; return the next header's offset."""
+    size = _number(h[124:136], off, shard, "size")
+    if size < 0:
+        raise TarFormatError(
+            f"negative size {size} in an extension header", shard=shard, offset=off
+        )
+    data_off = off + BLOCK
+    nxt = data_off + ((size + 511) & ~511)
+    if t != 103 and ext.hoff < 0:  # not "g": belongs to the next member
+        ext.hoff = off
+    if t == 75:  # "K": long link name; wids does not report link targets
+        ext.active = True
+        return nxt
+    p = data_off - base
+    if 0 <= p and p + size <= len(buf):
+        data = buf[p : p + size]
+    else:
+        data = read(size, data_off)[:size] if size else b""
+    if len(data) < size:
+        _truncated(data_off + len(data), shard, file_size, "inside an extension record's data")
+    if t == 76:  # "L": GNU long name
+        if ext.name is None:
+            i = data.find(0)
+            ext.name = (data[:i] if i >= 0 else data).decode("utf-8", "surrogateescape")
+            ext.name_from_gnu = True
+    else:
+        records = _pax_records(data, off, shard)
+        if any(k.startswith("GNU.sparse.") for k in records):
+            raise TarFormatError(
+                "GNU sparse member (pax); wids cannot serve sparse files", shard=shard, offset=off
+            )
+        path = records.get("path")
+        size_value = records.get("size")
+        number = None if size_value is None else _pax_size(size_value, off, shard)
+        if t == 103:  # "g": global, sticks for the rest of the archive
+            if path is not None:
+                ext.gpath = path
+            if number is not None:
+                ext.gsize = number
+        else:
+            if path is not None and ext.name is None:
+                ext.name = path.rstrip("/")
+                ext.name_from_gnu = False
+            if number is not None and ext.size is None:
+                ext.size = number
+    ext.active = True
+    return nxt
+
+
+def _pax_records(data: bytes, off: int, shard: str | None) -> dict[str, str]:
+    r"""Parse ``"%d key=value\n"`` records as tarfile does (stop at the first non-record)."""
+    records: dict[str, str] = {}
+    pos = 0
+    while True:
+        match = _PAX_RECORD.match(data, pos)
+        if not match:
+            break
+        length = int(match.group(1))
+        if length == 0:
+            raise TarFormatError("invalid pax record (length 0)", shard=shard, offset=off)
+        keyword = match.group(2).decode("utf-8", "surrogateescape")
+        value = data[match.end(2) + 1 : match.start(1) + length - 1]
+        records[keyword] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def _pax_size(value: str, off: int, shard: str | None) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise TarFormatError(f"invalid pax size {value!r}", shard=shard, offset=off) from None
+    if number < 0:
+        raise TarFormatError(f"negative pax size {number}", shard=shard, offset=off)
+    return number
+
+
+def _number(field: bytes, off: int, shard: str | None, what: str) -> int:
+    """Decode a numeric header field exactly as tarfile's ``nti`` does (octal or base-256)."""
+    if field[0] in (0o200, 0o377):
+        n = int.from_bytes(field[1:], "big")
+        if field[0] == 0o377:
+            n -= 256 ** (len(field) - 1)
+        return n
+    i = field.find(0)
+    text = field[:i] if i >= 0 else field
+    try:
+        return int(text.decode("ascii").strip() or "0", 8)
+    except (UnicodeDecodeError, ValueError):
+        raise TarFormatError(
+            f"invalid {what} field {field!r} in header", shard=shard, offset=off
+        ) from None
+
+
+def _unsigned_sum(h: bytes) -> int:
+    """The header's unsigned checksum (checksum field as spaces), exactly, for any bytes."""
+    # adler32's first half is 1 + sum(bytes) mod 65521; each slice here sums to < 65521.
+    return (
+        (_adler32(h[:148]) & 0xFFFF)
+        + (_adler32(h[156:400]) & 0xFFFF)
+        + (_adler32(h[400:]) & 0xFFFF)
+        + 253  # 256 for the eight spaces, minus the three adler32 start values of 1
+    )
+
+
+def _bad_checksum(h: bytes, unsigned: int, off: int, shard: str | None, ext: _Ext) -> bool:
+    """Handle a header whose checksum field is not the canonical rendering of its sum.
+
+    Returns True for the end-of-archive block, False for a valid header (checksum written
+    differently, or with the historic signed sum); raises otherwise.
+    """
+    if h == _ZERO:
+        if ext.pending():
+            raise TarFormatError(
+                "end-of-archive block right after an extension header", shard=shard, offset=off
+            )
+        return True
+    try:
+        stored = _number(h[148:156], off, shard, "checksum")
+    except TarFormatError:
+        stored = None
+    if stored is not None:
+        signed = unsigned - 256 * sum(b >= 128 for b in h[:148] + h[156:])
+        if stored in (unsigned, signed):
+            return False
+    what = "header checksum mismatch"
+    if off == 0:
+        _compressed(h, shard)
+        what = "not a tar archive: " + what
+    raise HeaderChecksumError(
+        f"{what} (stored {h[148:156]!r}, computed {unsigned})", shard=shard, offset=off
+    )
+
+
+def _compressed(head: bytes, shard: str | None) -> None:
+    """Raise if ``head`` starts like a compressed file."""
+    for magic, kind in _MAGICS:
+        if head.startswith(magic):
+            raise TarFormatError(
+                f"{kind}-compressed; wids reads uncompressed tar", shard=shard, offset=0
+            )
+
+
+def _short_header(
+    buf: bytes, off: int, shard: str | None, file_size: int | None, ext: _Ext
+) -> None:
+    """Raise for a read that ended before a whole header block."""
+    if off == 0:
+        if not buf:
+            raise TarFormatError("empty file (0 bytes); not a tar archive", shard=shard, offset=0)
+        _compressed(buf, shard)
+        raise TarFormatError(
+            f"not a tar archive: {len(buf)} bytes, less than one header", shard=shard, offset=0
+        )
+    if buf:
+        where = "inside a header block"
+    elif file_size is not None and off > file_size:
+        where = "inside member data"
+    elif ext.pending():
+        where = "after an extension record, before its member's header"
+    else:
+        where = "without an end-of-archive block"
+    _truncated(off + len(buf), shard, file_size, where)
+
+
+def _truncated(off: int, shard: str | None, file_size: int | None, where: str) -> None:
+    """Raise TruncatedTarError; ``off`` is where more bytes were expected."""
+    if file_size is not None and file_size < off:
+        where += f" (expected bytes at {off}, the file has {file_size})"
+        off = file_size
+    raise TruncatedTarError(f"truncated tar: the file ends {where}", shard=shard, offset=off)
