@@ -33,6 +33,7 @@ import operator
 import random
 import sys
 import warnings
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
@@ -402,10 +403,10 @@ class ChunkedSampler:
                 "set_epoch(epoch) before each epoch (or pass auto_epoch=True)",
                 stacklevel=2,
             )
+        self._position = start
         return self._generate(start)
 
     def _generate(self, start: int) -> Iterator[int]:
-        self._position = start
         for index in itertools.islice(self._indices(), start, None):
             self._position += 1
             yield index
@@ -444,7 +445,7 @@ class ChunkedSampler:
             "num_replicas": self.num_replicas,
             "span": list(self.span),
             "length": self._length,
-            "chunks": [self.chunking, self.chunksize, len(self.ranges)],
+            "chunks": [self.chunking, self.chunksize, zlib.crc32(repr(self._cuts).encode())],
             "partition": self.partition,
             "drop_last": self.drop_last,
             "shuffle": self.shuffle,

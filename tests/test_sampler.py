@@ -1,0 +1,536 @@
+"""Tests for wids.sampler: the reference's pinned behaviour, properties, resume, mixing, workers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import subprocess
+import sys
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wids.sampler import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
+
+
+class Sized:
+    """A dataset that only has a length: one shard."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    weight: float | None
+    start: int
+    stop: int
+
+
+class Mixed:
+    """What the mixing sampler reads from ShardListDataset: .lengths and .components."""
+
+    def __init__(self, lengths: list[int], components: list[Component]) -> None:
+        self.lengths = lengths
+        self.components = components
+
+
+def oracle(ranges, seed, epoch, shuffle, shufflefirst, sharded=False):
+    """The reference order, written from COMPAT.md: one RNG per epoch, chunk order, chunks."""
+    rng = random.Random(seed + 1289738273 * epoch)
+    order = list(range(len(ranges)))
+    if (shuffle or sharded) and (shufflefirst or epoch > 0):
+        rng.shuffle(order)
+    result = []
+    for i in order:
+        chunk = list(range(*ranges[i]))
+        if shuffle or sharded:
+            rng.shuffle(chunk)
+        result.extend(chunk)
+    return result
+
+
+def shard_of(lengths):
+    table = [s for s, n in enumerate(lengths) for _ in range(n)]
+    return table.__getitem__
+
+
+@pytest.fixture
+def fake_dist(monkeypatch):
+    """The reference tests' way of faking a process group: patch torch.distributed."""
+    import torch.distributed as dist
+
+    def install(rank: int, world_size: int) -> None:
+        monkeypatch.setattr(dist, "is_initialized", lambda: True)
+        monkeypatch.setattr(dist, "get_rank", lambda: rank)
+        monkeypatch.setattr(dist, "get_world_size", lambda: world_size)
+
+    return install
+
+
+# -- the reference's scenarios (COMPAT.md) ---------------------------------------------------
+
+
+class TestChunkedSamplerReference:
+    def make(self, **kw):
+        args = dict(num_samples=5000, chunksize=1000, seed=0, shuffle=True, shufflefirst=False)
+        return ChunkedSampler(Sized(10000), **{**args, **kw})
+
+    def test_init(self):
+        s = self.make()
+        assert s.ranges == [(i, i + 1000) for i in range(0, 5000, 1000)]
+        assert (s.seed, s.shuffle, s.shufflefirst, s.epoch) == (0, True, False, 0)
+        s.set_epoch(5)
+        assert s.epoch == 5
+
+    def test_iter(self):
+        samples = list(self.make())
+        assert len(samples) == 5000 and samples != list(range(5000))
+        assert sorted(samples) == list(range(5000))
+
+    def test_no_shuffle_attribute_read_at_iteration(self):
+        s = self.make()
+        s.shuffle = False
+        assert list(s) == list(range(5000))
+        s.set_epoch(3)
+        assert list(s) == list(range(5000))
+
+    def test_num_samples_tuple(self):
+        s = self.make(num_samples=(1111, 2222))
+        assert s.ranges == [(1111, 2111), (2111, 2222)]
+        assert sorted(s) == list(range(1111, 2222))
+
+    def test_epoch0_keeps_chunk_order(self):
+        samples = list(self.make())
+        for k in range(5):
+            assert sorted(samples[k * 1000 : (k + 1) * 1000]) == list(
+                range(k * 1000, (k + 1) * 1000)
+            )
+        s = self.make()
+        s.set_epoch(1)
+        firsts = [min(list(s)[k * 1000 : (k + 1) * 1000]) for k in range(5)]
+        assert firsts != sorted(firsts)
+        s = self.make(shufflefirst=True)
+        firsts = [min(list(s)[k * 1000 : (k + 1) * 1000]) for k in range(5)]
+        assert firsts != sorted(firsts)
+
+    @pytest.mark.parametrize("epoch", [0, 1, 7])
+    @pytest.mark.parametrize("shuffle", [True, False])
+    @pytest.mark.parametrize("shufflefirst", [True, False])
+    def test_exact_reference_order(self, epoch, shuffle, shufflefirst):
+        s = self.make(num_samples=(10, 3500), seed=17, shuffle=shuffle, shufflefirst=shufflefirst)
+        s.set_epoch(epoch)
+        assert list(s) == oracle(s.ranges, 17, epoch, shuffle, shufflefirst)
+
+    def test_fixed_chunking_ignores_shards(self):
+        s = ChunkedSampler([7, 7, 7], chunksize=5, chunking="fixed", seed=3)
+        assert s.ranges == [(0, 5), (5, 10), (10, 15), (15, 20), (20, 21)]
+        s.set_epoch(2)
+        assert list(s) == oracle(s.ranges, 3, 2, True, False)
+
+
+class TestDistributedChunkedSamplerReference:
+    kw = dict(num_samples=5000, chunksize=1000, seed=0, shuffle=True, shufflefirst=False)
+
+    def test_rank_blocks_from_torch_distributed(self, fake_dist):
+        fake_dist(0, 2)
+        s0 = DistributedChunkedSampler(Sized(10000), **self.kw)
+        assert s0.ranges == [(0, 1000), (1000, 2000), (2000, 2500)]
+        assert (s0.seed, s0.shuffle, s0.shufflefirst, s0.epoch) == (0, True, False, 0)
+        fake_dist(1, 2)
+        s1 = DistributedChunkedSampler(Sized(10000), **self.kw)
+        a, b = list(s0), list(s1)
+        assert len(a) == len(b) == len(s0) == len(s1) == 2500
+        assert sorted(a) == list(range(2500)) and sorted(b) == list(range(2500, 5000))
+        assert a != list(range(2500)) and b != list(range(2500, 5000))
+        assert a == oracle(s0.ranges, 0, 0, True, False)
+
+    def test_no_shuffle(self, fake_dist):
+        fake_dist(0, 2)
+        s = DistributedChunkedSampler(Sized(10000), **{**self.kw, "shuffle": False})
+        assert list(s) == list(range(2500))
+
+    def test_explicit_values_win(self, fake_dist):
+        fake_dist(1, 4)
+        s = DistributedChunkedSampler([10], rank=0)  # the reference replaced rank 0 by get_rank()
+        assert (s.rank, s.num_replicas) == (0, 4)
+        s = DistributedChunkedSampler([10], num_replicas=2)
+        assert (s.rank, s.num_replicas) == (1, 2)
+
+    def test_without_process_group(self):
+        s = DistributedChunkedSampler([10])
+        assert (s.rank, s.num_replicas, len(s)) == (0, 1, 10)
+        s = DistributedChunkedSampler([10], num_replicas=3, rank=2)  # honoured, not reset to 1
+        assert (s.rank, s.num_replicas, len(s)) == (2, 3, 4)
+        with pytest.raises(ValueError, match="both"):
+            DistributedChunkedSampler([10], rank=1)
+        with pytest.raises(ValueError, match="both"):
+            DistributedChunkedSampler([10], num_replicas=2)
+
+    @pytest.mark.parametrize("replicas, rank", [(0, 0), (2, 2), (2, -1), (-1, 0)])
+    def test_bad_rank(self, replicas, rank):
+        with pytest.raises(ValueError):
+            DistributedChunkedSampler([10], num_replicas=replicas, rank=rank)
+
+    @pytest.mark.parametrize("drop_last, expected", [(False, 4), (None, 4), (True, 3)])
+    def test_ten_samples_three_ranks(self, drop_last, expected):
+        outs = [
+            list(DistributedChunkedSampler([10], num_replicas=3, rank=r, drop_last=drop_last))
+            for r in range(3)
+        ]
+        assert [len(o) for o in outs] == [expected] * 3
+        if drop_last:
+            assert sorted(sum(outs, [])) == list(range(9))
+        else:  # rank 2 wraps around to the start of the range: 8, 9, then 0, 1
+            assert sorted(outs[2]) == [0, 1, 8, 9]
+            assert sorted(sum(outs, [])) == sorted([*range(10), 0, 1])
+
+
+class TestShardedSampler:
+    def test_reference(self):
+        s = ShardedSampler([100, 100, 3])
+        assert s.ranges == [(0, 100), (100, 200), (200, 203)]
+        assert sorted(s) == list(range(203))
+        assert list(s) == oracle(s.ranges, 0, 0, False, False, sharded=True)
+        s.set_epoch(4)
+        assert list(s) == oracle(s.ranges, 0, 4, False, False, sharded=True)
+        assert ShardedSampler(None, lengths=[5, 0, 5]).ranges == [(0, 5), (5, 5), (5, 10)]
+
+    def test_epoch_changes_only_through_set_epoch(self):
+        s = ShardedSampler([100, 100, 3])
+        first = list(s)
+        with pytest.warns(UserWarning, match="set_epoch"):
+            again = list(s)
+        assert again == first and s.epoch == 0
+        s.set_epoch(1)
+        assert list(s) != first
+
+    def test_auto_epoch_is_the_reference_bump(self):
+        s = ShardedSampler([100, 100, 3], auto_epoch=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            a, b = list(s), list(s)
+        assert a != b and s.epoch == 2
+        it = iter(s)
+        next(it)
+        assert s.epoch == 2  # only a complete pass bumps
+
+    def test_no_warning_with_set_epoch(self):
+        s = ChunkedSampler([50], chunksize=10)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for epoch in range(3):
+                s.set_epoch(epoch)
+                list(s)
+            list(s)  # repeating a set epoch on purpose (evaluation) is fine
+
+
+# -- inputs, locality, no torch ---------------------------------------------------------------
+
+
+def test_dataset_kinds():
+    import torch.utils.data
+
+    class TorchDs(torch.utils.data.Dataset):
+        def __len__(self):
+            return 12
+
+        def __getitem__(self, i):
+            return i
+
+    class WithLengths:
+        lengths = [5, 7]
+
+        def __len__(self):
+            return 12
+
+    assert ChunkedSampler(TorchDs(), chunksize=100).ranges == [(0, 12)]
+    assert ChunkedSampler(WithLengths(), chunksize=100).ranges == [(0, 5), (5, 12)]
+    assert ChunkedSampler((5, 7), chunksize=100).ranges == [(0, 5), (5, 12)]
+    assert ChunkedSampler(range(12), chunksize=100).ranges == [(0, 12)]  # a sized object
+    assert list(ChunkedSampler([], chunksize=3)) == []
+    with pytest.raises(TypeError):
+        ChunkedSampler(object())
+    with pytest.raises(ValueError):
+        ChunkedSampler([5, -1])
+    for bad in [13, (3, 2), (-1, 4)]:
+        with pytest.raises(ValueError, match="num_samples"):
+            ChunkedSampler([5, 7], num_samples=bad)
+    for kw in [dict(chunksize=0), dict(chunking="x"), dict(batch_size=0), dict(num_workers=-1)]:
+        with pytest.raises(ValueError):
+            ChunkedSampler([5, 7], **kw)
+    with pytest.raises(ValueError, match="partition"):
+        DistributedChunkedSampler([5], num_replicas=1, rank=0, partition="rows")
+
+
+def test_chunks_follow_shards_and_cap():
+    s = ChunkedSampler([10, 3, 0, 8], chunksize=4, num_samples=(2, 19))
+    assert s.ranges == [(2, 6), (6, 10), (10, 13), (13, 17), (17, 19)]
+
+
+def test_import_and_explicit_ranks_do_not_import_torch():
+    code = (
+        "import sys, wids.sampler as m\n"
+        "list(m.ChunkedSampler([3, 4]))\n"
+        "list(m.DistributedChunkedSampler([3, 4], num_replicas=2, rank=1))\n"
+        "list(m.ShardedSampler([3, 4]))\n"
+        "assert 'torch' not in sys.modules, sorted(k for k in sys.modules if 'torch' in k)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# -- properties ---------------------------------------------------------------------------------
+
+configs = st.fixed_dictionaries(
+    {
+        "lengths": st.lists(st.integers(0, 30), min_size=0, max_size=8),
+        "replicas": st.integers(1, 8),
+        "chunksize": st.integers(1, 20),
+        "drop_last": st.booleans(),
+        "partition": st.sampled_from(["block", "global"]),
+        "chunking": st.sampled_from(["shard", "fixed"]),
+        "shuffle": st.booleans(),
+        "shufflefirst": st.booleans(),
+        "seed": st.integers(0, 2**32),
+        "epoch": st.integers(0, 4),
+    }
+)
+
+
+def ranks(cfg, **extra):
+    samplers = [
+        DistributedChunkedSampler(
+            cfg["lengths"],
+            num_replicas=cfg["replicas"],
+            rank=r,
+            chunksize=cfg["chunksize"],
+            drop_last=cfg["drop_last"],
+            partition=cfg["partition"],
+            chunking=cfg["chunking"],
+            shuffle=cfg["shuffle"],
+            shufflefirst=cfg["shufflefirst"],
+            seed=cfg["seed"],
+            **extra,
+        )
+        for r in range(cfg["replicas"])
+    ]
+    for s in samplers:
+        s.set_epoch(cfg["epoch"])
+    return samplers
+
+
+@settings(max_examples=300, deadline=None)
+@given(configs)
+def test_partition_properties(cfg):
+    n, replicas = sum(cfg["lengths"]), cfg["replicas"]
+    samplers = ranks(cfg)
+    outs = [list(s) for s in samplers]
+    length = n // replicas if cfg["drop_last"] else -(-n // replicas)
+    assert [len(o) for o in outs] == [len(s) for s in samplers] == [length] * replicas
+    counts = Counter(i for o in outs for i in o)
+    assert set(counts) <= set(range(n))
+    if cfg["drop_last"]:  # disjoint, only the tail of n mod R indices is missing
+        assert max(counts.values(), default=1) == 1 and len(counts) == replicas * length
+    else:  # everything at least once; the repeats are the wrap-around padding
+        assert set(counts) == set(range(n))
+        padding = counts - Counter(range(n))
+        assert padding.total() == replicas * length - n < replicas
+        if cfg["partition"] == "block":
+            assert padding == Counter(i % n for i in range(padding.total()))
+        else:
+            flat = [i for o in outs for i in o]
+            assert all(flat[p] == flat[p - n] for p in range(n, len(flat)))
+    # same configuration, same order; shard locality of chunks
+    assert [list(s) for s in ranks(cfg)] == outs
+    bounds = set(itertools.accumulate(cfg["lengths"]))
+    for s in samplers:
+        assert all(b - a <= cfg["chunksize"] for a, b in s.ranges)
+        if cfg["chunking"] == "shard":
+            assert not any(a < c < b for a, b in s.ranges for c in bounds)
+
+
+@settings(max_examples=100, deadline=None)
+@given(configs.filter(lambda c: sum(c["lengths"]) >= 64))
+def test_epochs_differ(cfg):
+    cfg = {**cfg, "shuffle": True}
+    now = [list(s) for s in ranks(cfg)]
+    cfg["epoch"] += 1
+    assert [list(s) for s in ranks(cfg)] != now
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    configs,
+    st.floats(0, 1),
+    st.sampled_from([(0, 1), (2, 3), (3, 4)]),
+    st.booleans(),
+)
+def test_resume_at_any_position(cfg, where, workers, via_json):
+    num_workers, batch_size = workers
+    for s in ranks(cfg, num_workers=num_workers, batch_size=batch_size):
+        full = list(s)
+        position = int(where * len(s))
+        it = iter(s)
+        for _ in range(position):
+            next(it)
+        state = s.state_dict()
+        assert (state["position"], state["epoch"], state["seed"]) == (
+            position,
+            cfg["epoch"],
+            cfg["seed"],
+        )
+        if via_json:
+            state = json.loads(json.dumps(state))
+        fresh = ranks({**cfg, "epoch": 0}, num_workers=num_workers, batch_size=batch_size)
+        other = fresh[s.rank]
+        other.seed = 12345  # the state's seed wins
+        other.load_state_dict(state)
+        other.set_epoch(cfg["epoch"])  # setting the saved epoch keeps the position
+        assert list(other) == full[position:]
+        assert list(other) == full  # the next pass starts the epoch over
+        other.set_epoch(cfg["epoch"] + 1)
+        s.set_epoch(cfg["epoch"] + 1)
+        assert list(other) == list(s)
+
+
+def test_resume_with_explicit_position_and_set_epoch_clears():
+    s = ChunkedSampler([40, 40], chunksize=8)
+    s.set_epoch(2)
+    full = list(s)
+    state = s.state_dict(position=30)  # e.g. steps * batch_size, not what was prefetched
+    t = ChunkedSampler([40, 40], chunksize=8)
+    t.load_state_dict(state)
+    assert list(t) == full[30:]
+    t.load_state_dict(state)
+    t.set_epoch(3)  # another epoch: the saved position no longer applies
+    assert len(list(t)) == 80
+    with pytest.raises(ValueError):
+        s.state_dict(position=81)
+
+
+def test_resume_rejects_other_settings():
+    state = DistributedChunkedSampler([50], num_replicas=4, rank=1).state_dict()
+    with pytest.raises(ValueError, match="world size"):
+        DistributedChunkedSampler([50], num_replicas=2, rank=1).load_state_dict(state)
+    # rank 0's state fits every rank: positions are equal in lockstep
+    DistributedChunkedSampler([50], num_replicas=4, rank=3).load_state_dict(state)
+    for kw in [dict(drop_last=True), dict(chunksize=7), dict(shuffle=False), dict(num_samples=40)]:
+        other = DistributedChunkedSampler([50], num_replicas=4, rank=1, **kw)
+        with pytest.raises(ValueError, match="saved with"):
+            other.load_state_dict(state)
+    with pytest.raises(ValueError, match="wids-sampler-state"):
+        ChunkedSampler([50]).load_state_dict({"epoch": 1})
+    with pytest.raises(ValueError, match="position"):
+        DistributedChunkedSampler([50], num_replicas=4, rank=1).load_state_dict(
+            {**state, "position": 14}
+        )
+
+
+# -- DataLoader workers ---------------------------------------------------------------------
+
+
+class WhoReads:
+    """A map-style dataset whose samples say which DataLoader worker read them."""
+
+    def __init__(self, lengths):
+        self.lengths = lengths
+
+    def __len__(self):
+        return sum(self.lengths)
+
+    def __getitem__(self, i):
+        import torch.utils.data
+
+        return i, torch.utils.data.get_worker_info().id
+
+
+def shards_per_worker(sampler, ds, batch_size, num_workers):
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(ds, sampler=sampler, batch_size=batch_size, num_workers=num_workers)
+    shard = shard_of(ds.lengths)
+    seen: dict[int, set[int]] = {}
+    order = []
+    for indices, workers in loader:
+        for i, w in zip(indices.tolist(), workers.tolist(), strict=True):
+            seen.setdefault(w, set()).add(shard(i))
+            order.append(i)
+    return seen, order
+
+
+def test_dataloader_worker_mapping():
+    """Default: batch k goes to worker k % W, so every worker reads every chunk's shard.
+    With num_workers/batch_size given, each worker reads its own chunks."""
+    ds = WhoReads([40] * 8)
+    plain = ChunkedSampler(ds, chunksize=40)
+    seen, order = shards_per_worker(plain, ds, 5, 2)
+    assert order == list(plain) and all(len(s) == 8 for s in seen.values())
+
+    aware = ChunkedSampler(ds, chunksize=40, num_workers=2, batch_size=5)
+    seen, order = shards_per_worker(aware, ds, 5, 2)
+    assert order == list(aware) and sorted(order) == list(range(320))
+    assert [len(s) for s in seen.values()] == [4, 4] and not set.intersection(*seen.values())
+
+
+def test_worker_aware_tail_borrows():
+    s = ChunkedSampler([10, 10, 3], chunksize=10, num_workers=2, batch_size=4, shuffle=False)
+    out = list(s)
+    assert sorted(out) == list(range(23)) and len(s) == 23
+    assert out[:4] == [0, 1, 2, 3] and out[4:8] == [10, 11, 12, 13]
+
+
+# -- mixing -----------------------------------------------------------------------------------
+
+
+def mixed(weights=(3.0, 1.0)):
+    return Mixed(
+        [60, 40, 50, 50],
+        [Component("a", weights[0], 0, 100), Component("b", weights[1], 100, 200)],
+    )
+
+
+def test_mix_proportions_and_passes():
+    s = ChunkedSampler(mixed(), chunksize=16, mix=True)
+    assert s.partition == "global" and len(s) == 200
+    for epoch in range(3):
+        s.set_epoch(epoch)
+        counts = Counter(s)
+        a = {i: c for i, c in counts.items() if i < 100}
+        b = {i: c for i, c in counts.items() if i >= 100}
+        assert sum(a.values()) == 150 and sum(b.values()) == 50
+        assert set(a) == set(range(100)) and set(a.values()) <= {1, 2}  # one pass + half
+        assert set(b.values()) == {1}  # a subset, without replacement
+    s.set_epoch(0)
+    b0 = {i for i in s if i >= 100}
+    s.set_epoch(1)
+    assert {i for i in s if i >= 100} != b0  # another subset next epoch
+
+
+def test_mix_distributed_and_weights():
+    ds = mixed((1.0, None))  # a missing weight counts as 1.0
+    outs = [
+        list(DistributedChunkedSampler(ds, num_replicas=3, rank=r, mix=True, chunksize=10))
+        for r in range(3)
+    ]
+    assert [len(o) for o in outs] == [67] * 3
+    single = list(ChunkedSampler(ds, mix=True, chunksize=10))
+    flat = sum(outs, [])
+    assert flat[:200] == single and flat[200:] == single[:1]
+    assert sum(1 for i in single if i < 100) == 100
+    zero = Counter(ChunkedSampler(mixed((1.0, 0.0)), mix=True))
+    assert max(zero) < 100 and set(zero.values()) == {2}
+    with pytest.raises(ValueError, match="weight"):
+        ChunkedSampler(mixed((1.0, -1.0)), mix=True)
+    with pytest.raises(ValueError, match="components"):
+        ChunkedSampler([10], mix=True)
+    with pytest.raises(ValueError, match="global"):
+        DistributedChunkedSampler(ds, num_replicas=1, rank=0, mix=True, partition="block")
