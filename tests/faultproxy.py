@@ -1,0 +1,277 @@
+"""A fault-injecting HTTP reverse proxy on 127.0.0.1, for tests and the soak tool.
+
+It sits in front of nginx or moto and forwards every request, except that a seeded schedule
+replaces some of them by a fault:
+
+- ``drop``: close the connection without answering
+- ``delay``: wait ``delay`` seconds, then answer normally
+- ``500``, ``503``, ``429``: answer with that status
+- ``truncate``: announce the full ``Content-Length``, send half the body, close the connection
+- ``short``: a well-formed answer with only half the body (a short read the transport cannot
+  see; only a length check catches it)
+- ``stall``: never answer (until the client gives up, ``stall`` seconds pass, or the proxy stops)
+
+and ``permanent`` maps path substrings to a status (403, 404, ...) returned on every request.
+``injected`` counts faults by kind; ``requests`` counts all requests, ``forwarded`` the clean ones.
+
+Example:
+    >>> proxy = FaultProxy(http_server.base, FaultPlan({"503": 1}, rate=1.0, max_faults=2))
+    >>> proxy.start()  # a thread with its own event loop  # doctest: +SKIP
+    >>> proxy.url("shard.tar")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+__all__ = ["BODY_FAULTS", "FAULT_KINDS", "FaultPlan", "FaultProxy", "fault_proxy"]
+
+TRANSIENT_STATUS = ("500", "503", "429")
+BODY_FAULTS = ("truncate", "short")
+FAULT_KINDS = ("drop", "delay", *TRANSIENT_STATUS, *BODY_FAULTS, "stall")
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+}
+
+
+@dataclass
+class FaultPlan:
+    """Which requests fail, and how.
+
+    Args:
+        kinds: Relative weights of the fault kinds to inject (keys from ``FAULT_KINDS``).
+        rate: Probability that a request gets a fault.
+        max_faults: Stop injecting after this many faults (``None``: no limit).
+        only: Inject only into requests whose path contains this substring.
+        methods: Inject only into requests with these methods.
+        delay: Seconds of a ``delay`` fault.
+        stall: Seconds a ``stall`` fault holds the request at most.
+        permanent: Path substring → status answered on every matching request.
+        seed: Seed of the schedule.
+    """
+
+    kinds: dict[str, float] = field(default_factory=dict)
+    rate: float = 0.0
+    max_faults: int | None = None
+    only: str | None = None
+    methods: tuple[str, ...] = ("GET", "HEAD")
+    delay: float = 0.2
+    stall: float = 120.0
+    permanent: dict[str, int] = field(default_factory=dict)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        unknown = set(self.kinds) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds {sorted(unknown)}")
+
+
+class FaultProxy:
+    """The proxy; ``start()`` runs it in a daemon thread, ``stop()`` ends it."""
+
+    def __init__(self, upstream: str, plan: FaultPlan | None = None) -> None:
+        self.upstream = upstream.rstrip("/")
+        self.port = 0
+        self.requests = 0
+        self.forwarded = 0
+        self.injected: Counter[str] = Counter()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: Any = None
+        self._session: Any = None
+        self._closing: asyncio.Event | None = None
+        self.set_plan(plan or FaultPlan())
+
+    # -- control (from any thread) ------------------------------------------------------------
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, name: str) -> str:
+        return f"{self.base}/{name.lstrip('/')}"
+
+    def set_plan(self, plan: FaultPlan) -> None:
+        """Replace the schedule (counters are kept; see ``reset_counts``)."""
+        self.plan = plan
+        self._rng = random.Random(plan.seed)
+        self._plan_faults = 0
+
+    def reset_counts(self) -> None:
+        self.requests = 0
+        self.forwarded = 0
+        self.injected = Counter()
+
+    def counts(self) -> dict[str, Any]:
+        return {
+            "requests": self.requests,
+            "forwarded": self.forwarded,
+            "injected": dict(self.injected),
+        }
+
+    def start(self) -> FaultProxy:
+        ready = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self._serve())
+            except BaseException as exc:  # reported to start()
+                errors.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._shutdown())
+            loop.close()
+
+        self._thread = threading.Thread(target=run, name="faultproxy", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        if errors:
+            raise errors[0]
+        return self
+
+    def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        self._loop = self._thread = None
+
+    # -- the server ---------------------------------------------------------------------------
+
+    async def _serve(self) -> None:
+        import aiohttp
+        from aiohttp import web
+
+        self._closing = asyncio.Event()
+        self._session = aiohttp.ClientSession(
+            auto_decompress=False, timeout=aiohttp.ClientTimeout(total=120)
+        )
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+
+    async def _shutdown(self) -> None:
+        assert self._closing is not None
+        self._closing.set()
+        await self._runner.cleanup()
+        await self._session.close()
+
+    def _pick(self, method: str, path: str) -> str | None:
+        plan = self.plan
+        for needle, status in plan.permanent.items():
+            if needle in path:
+                return str(status)
+        if not plan.kinds or plan.rate <= 0 or method not in plan.methods:
+            return None
+        if plan.only is not None and plan.only not in path:
+            return None
+        if plan.max_faults is not None and self._plan_faults >= plan.max_faults:
+            return None
+        if self._rng.random() >= plan.rate:
+            return None
+        kinds = list(plan.kinds)
+        kind = self._rng.choices(kinds, weights=[plan.kinds[k] for k in kinds])[0]
+        if kind in BODY_FAULTS and method != "GET":
+            return None
+        self._plan_faults += 1
+        return kind
+
+    async def _handle(self, request: Any) -> Any:
+        from aiohttp import web
+
+        self.requests += 1
+        fault = self._pick(request.method, request.path_qs)
+        if fault is not None:
+            self.injected[fault] += 1
+        if fault is not None and fault.isdigit():
+            return web.Response(status=int(fault), text=f"injected {fault}\n")
+        if fault == "drop":
+            request.transport.close()
+            raise asyncio.CancelledError  # ends the handler without writing anything
+        if fault == "stall":
+            assert self._closing is not None
+            try:
+                await asyncio.wait_for(self._closing.wait(), self.plan.stall)
+            except asyncio.TimeoutError:
+                pass
+            request.transport.close()
+            raise asyncio.CancelledError
+        if fault == "delay":
+            await asyncio.sleep(self.plan.delay)
+        return await self._forward(request, fault)
+
+    async def _forward(self, request: Any, fault: str | None) -> Any:
+        from aiohttp import web
+
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        data = await request.read()
+        async with self._session.request(
+            request.method,
+            self.upstream + request.path_qs,
+            headers=headers,
+            data=data or None,
+            allow_redirects=False,
+        ) as up:
+            body = await up.read()
+            status = up.status
+            out = {k: v for k, v in up.headers.items() if k.lower() not in _HOP_BY_HOP}
+            length = up.headers.get("Content-Length")
+        if fault in BODY_FAULTS and len(body) < 2:
+            self.injected[fault] -= 1  # nothing to cut; count only faults really injected
+            fault = None
+        if fault == "short":
+            return web.Response(status=status, headers=out, body=body[: len(body) // 2])
+        if fault == "truncate":
+            resp = web.StreamResponse(status=status, headers=out)
+            resp.content_length = len(body)
+            await resp.prepare(request)
+            await resp.write(body[: len(body) // 2])
+            request.transport.close()
+            raise asyncio.CancelledError
+        self.forwarded += 1
+        if request.method == "HEAD":
+            resp = web.Response(status=status, headers=out)
+            if length is not None:
+                resp.headers["Content-Length"] = length
+            return resp
+        return web.Response(status=status, headers=out, body=body)
+
+
+@pytest.fixture
+def fault_proxy():
+    """A factory: ``fault_proxy(upstream_base_url, plan=None) -> FaultProxy`` (started)."""
+    proxies: list[FaultProxy] = []
+
+    def make(upstream: str, plan: FaultPlan | None = None) -> FaultProxy:
+        proxy = FaultProxy(upstream, plan).start()
+        proxies.append(proxy)
+        return proxy
+
+    yield make
+    for proxy in proxies:
+        proxy.stop()

@@ -1,0 +1,490 @@
+"""Tests for wids.remote: one contract, run against local files, memory://, S3, HTTP and GCS."""
+
+from __future__ import annotations
+
+import errno
+import multiprocessing
+import os
+import pickle
+import time
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from wids.errors import (
+    IndexMismatchError,
+    PermanentRemoteError,
+    RemoteError,
+    RetriesExhaustedError,
+    ShardNotFoundError,
+    ShortReadError,
+    WidsError,
+)
+from wids.remote import (
+    FileStat,
+    IOStats,
+    RetryPolicy,
+    Source,
+    _classify,
+    is_local,
+    read_ranges,
+    redact_url,
+)
+
+DATA = bytes((i * 7 + i // 251) % 256 for i in range(300_000))
+FAST = RetryPolicy(attempts=4, max_time=10.0, backoff=0.01, max_backoff=0.05, timeout=5.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# URLs, policy, classification
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("https://u:pw@host/a.tar", "https://host/a.tar"),
+        ("https://host/a.tar?X-Amz-Signature=abc&X-Amz-Credential=k&v=1", "https://host/a.tar?v=1"),
+        (
+            "https://host/a.tar?token=t&sig=s&access_token=a&X-Goog-Signature=g",
+            "https://host/a.tar",
+        ),
+        ("https://host/a.tar?part=3#frag", "https://host/a.tar?part=3"),
+        ("s3://bucket/key.tar", "s3://bucket/key.tar"),
+        ("simplecache::https://u:p@h/x?sig=1", "simplecache::https://h/x"),
+        ("/data/shard-000.tar", "/data/shard-000.tar"),
+        ("relative/shard.tar", "relative/shard.tar"),
+    ],
+)
+def test_redact_url(url: str, expected: str) -> None:
+    assert redact_url(url) == expected
+
+
+def test_is_local() -> None:
+    assert is_local("/a/b.tar") and is_local("b.tar") and is_local("file:///a/b.tar")
+    for url in ("s3://b/k", "https://h/x", "memory://x", "simplecache::s3://b/k", "gs://b/k"):
+        assert not is_local(url), url
+
+
+def test_source_local_path() -> None:
+    src = Source("file:///tmp/x.tar")
+    assert src.is_local and src.local_path == "/tmp/x.tar"
+    assert Source("rel.tar").local_path == os.path.abspath("rel.tar")
+    assert Source("s3://b/k").local_path is None
+    with pytest.raises(ValueError):
+        Source("")
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"attempts": 0}, {"max_time": 0}, {"timeout": -1}, {"backoff": -0.1}]
+)
+def test_retry_policy_validates(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        RetryPolicy(**kwargs)
+
+
+def _http_error(status: int) -> Exception:
+    import aiohttp
+
+    info = aiohttp.RequestInfo(url=None, method="GET", headers=None, real_url=None)  # type: ignore[arg-type]
+    return aiohttp.ClientResponseError(info, (), status=status)
+
+
+@pytest.mark.parametrize(
+    ("exc", "kind"),
+    [
+        (FileNotFoundError("x"), "not found"),
+        (PermissionError("x"), "permanent"),
+        (ConnectionResetError(errno.ECONNRESET, "reset"), "transient"),
+        (ConnectionRefusedError(errno.ECONNREFUSED, "refused"), "transient"),
+        (TimeoutError(), "transient"),
+        (OSError(errno.EIO, "s3 unknown error"), "transient"),
+        (OSError(errno.EBUSY, "SlowDown"), "transient"),
+        (OSError(errno.EINVAL, "InvalidRange"), "permanent"),
+        (OSError("Forbidden: gcs"), "permanent"),
+        (ValueError("a bug"), "unknown"),
+        (ShortReadError("short"), "transient"),
+    ],
+)
+def test_classify_builtin(exc: BaseException, kind: str) -> None:
+    assert _classify(exc) == kind
+
+
+@pytest.mark.parametrize(
+    ("status", "kind"),
+    [(404, "not found"), (403, "permanent"), (416, "permanent"), (401, "permanent")]
+    + [(s, "transient") for s in (429, 500, 502, 503, 504, 408)],
+)
+def test_classify_http_status(status: int, kind: str) -> None:
+    assert _classify(_http_error(status)) == kind
+    # fsspec's HTTP info() wraps every failure in FileNotFoundError: the cause decides
+    wrapped = FileNotFoundError("url")
+    wrapped.__cause__ = _http_error(status)
+    assert _classify(wrapped) == kind
+
+
+# ---------------------------------------------------------------------------------------------
+# A flaky sync filesystem (a stand-in for a misbehaving backend, not for the code under test)
+
+
+class FlakyMemoryFileSystem(MemoryFileSystem):
+    """memory:// whose reads fail with ``failure`` the first ``fail_first`` times."""
+
+    protocol = "flakymem"
+    fail_first = 0
+    failure: BaseException = ConnectionResetError(errno.ECONNRESET, "reset by test")
+    calls = 0
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:
+        return super()._strip_protocol(path.removeprefix("flakymem://"))
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kw: Any):
+        type(self).calls += 1
+        if type(self).calls <= type(self).fail_first:
+            raise type(self).failure
+        return super().cat_file(path, start=start, end=end, **kw)
+
+
+@pytest.fixture
+def flaky() -> type[FlakyMemoryFileSystem]:
+    fsspec.register_implementation("flakymem", FlakyMemoryFileSystem, clobber=True)
+    FlakyMemoryFileSystem.calls = 0
+    FlakyMemoryFileSystem.fail_first = 0
+    fs = fsspec.filesystem("flakymem")
+    fs.pipe_file("/flaky/x.bin", DATA)
+    yield FlakyMemoryFileSystem
+    fs.rm_file("/flaky/x.bin")
+
+
+def test_transient_failures_are_retried(flaky: type[FlakyMemoryFileSystem]) -> None:
+    flaky.fail_first = 3
+    stats = IOStats()
+    data = Source("flakymem://flaky/x.bin", retry=FAST).read_range(10, 1000, stats)
+    assert data == DATA[10:1000]
+    assert stats == IOStats(requests=4, bytes_read=990, retries=3, errors=0)
+
+
+def test_retries_exhausted_after_attempts(flaky: type[FlakyMemoryFileSystem]) -> None:
+    flaky.fail_first = 100
+    stats = IOStats()
+    with pytest.raises(RetriesExhaustedError) as info:
+        Source("flakymem://flaky/x.bin", retry=FAST).read_range(10, 1000, stats)
+    assert info.value.attempts == FAST.attempts  # type: ignore[attr-defined]
+    assert stats.requests == FAST.attempts and stats.retries == FAST.attempts - 1
+    assert stats.errors == 1
+    assert "flakymem://flaky/x.bin" in str(info.value) and "ConnectionResetError" in str(info.value)
+
+
+def test_retries_bounded_by_max_time(flaky: type[FlakyMemoryFileSystem]) -> None:
+    flaky.fail_first = 10_000
+    policy = RetryPolicy(attempts=10_000, max_time=0.5, backoff=0.02, max_backoff=0.05)
+    t0 = time.monotonic()
+    with pytest.raises(RetriesExhaustedError):
+        Source("flakymem://flaky/x.bin", retry=policy).read_range(0, 10)
+    assert time.monotonic() - t0 < 0.5 + 0.2
+
+
+def test_permanent_failure_is_not_retried(flaky: type[FlakyMemoryFileSystem]) -> None:
+    flaky.fail_first = 100
+    flaky.failure = PermissionError("denied")
+    stats = IOStats()
+    try:
+        with pytest.raises(PermanentRemoteError):
+            Source("flakymem://flaky/x.bin", retry=FAST).read_range(0, 10, stats)
+    finally:
+        flaky.failure = ConnectionResetError(errno.ECONNRESET, "reset by test")
+    assert stats.requests == 1 and stats.retries == 0 and stats.errors == 1
+
+
+def test_unknown_exceptions_propagate_unchanged(flaky: type[FlakyMemoryFileSystem]) -> None:
+    flaky.fail_first = 100
+    flaky.failure = KeyError("bug")
+    try:
+        with pytest.raises(KeyError):
+            Source("flakymem://flaky/x.bin", retry=FAST).read_range(0, 10)
+    finally:
+        flaky.failure = ConnectionResetError(errno.ECONNRESET, "reset by test")
+    assert flaky.calls == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The contract, one subclass per backend
+
+
+class RemoteContract:
+    """Behaviour every backend must show. Subclasses provide ``make(name, data) -> url``."""
+
+    options: dict[str, Any] = {}
+    fresh_process = True  # whether a spawned process sees the same object (not for memory://)
+
+    @pytest.fixture
+    def make(self) -> Any:
+        raise NotImplementedError
+
+    @pytest.fixture
+    def src(self, make: Any, request: pytest.FixtureRequest) -> Source:
+        return Source(make(f"{request.node.name[:40]}.bin", DATA), self.options, FAST)
+
+    @pytest.fixture
+    def missing(self, make: Any) -> Source:
+        url = make("exists.bin", b"x")
+        return Source(url.replace("exists.bin", "no-such-object.bin"), self.options, FAST)
+
+    def test_info(self, src: Source) -> None:
+        st = src.info()
+        assert isinstance(st, FileStat) and st.size == len(DATA)
+        assert st.etag is None or (isinstance(st.etag, str) and '"' not in st.etag)
+        assert st.mtime is None or abs(st.mtime - time.time()) < 3600
+
+    def test_read_range(self, src: Source) -> None:
+        stats = IOStats()
+        for start, end in [(0, 1), (0, 512), (1234, 56789), (len(DATA) - 10, len(DATA))]:
+            assert src.read_range(start, end, stats) == DATA[start:end]
+        assert src.read_range(5, 5) == b""
+        assert stats.requests == 4 and stats.retries == 0 and stats.errors == 0
+        assert stats.bytes_read == 1 + 512 + (56789 - 1234) + 10
+
+    def test_bad_ranges(self, src: Source) -> None:
+        with pytest.raises(ValueError):
+            src.read_range(10, 5)
+        with pytest.raises(ValueError):
+            src.read_range(-1, 5)
+        with pytest.raises(TypeError):
+            src.read_range(0.0, 5)  # type: ignore[arg-type]
+
+    def test_read_past_end_never_returns_short_data(self, src: Source) -> None:
+        with pytest.raises(RemoteError) as info:
+            src.read_range(len(DATA) - 10, len(DATA) + 10)
+        assert isinstance(info.value, (ShortReadError, PermanentRemoteError))
+        with pytest.raises(RemoteError):
+            src.read_range(len(DATA) + 10, len(DATA) + 20)
+
+    def test_read_ranges(self, src: Source, make: Any) -> None:
+        other = Source(make("other.bin", DATA[::-1]), self.options, FAST)
+        spans = [(i * 997 % 290_000, i * 997 % 290_000 + 1 + i * 13) for i in range(150)]
+        reqs = [(src if i % 3 else other, s, e) for i, (s, e) in enumerate(spans)]
+        reqs.append((src, 7, 7))
+        stats = IOStats()
+        out = read_ranges(reqs, stats, max_concurrency=8)
+        for (s_, start, end), data in zip(reqs, out, strict=True):
+            want = (DATA if s_ is src else DATA[::-1])[start:end]
+            assert data == want
+        assert stats.bytes_read == sum(e - s for _, s, e in reqs)
+        assert stats.retries == 0 and stats.errors == 0
+        assert read_ranges([]) == []
+
+    def test_read_ranges_error(self, src: Source, missing: Source) -> None:
+        with pytest.raises(ShardNotFoundError):
+            read_ranges([(src, 0, 10), (missing, 0, 10)])
+
+    def test_open_stream(self, src: Source) -> None:
+        stats = IOStats()
+        with src.open_stream(stats) as f:
+            assert f.stat.size == len(DATA)  # type: ignore[attr-defined]
+            assert f.read(512) == DATA[:512]
+            assert f.read(100_000) == DATA[512:100_512]
+            assert f.read() == DATA[100_512:]
+            assert f.read(10) == b""
+        assert stats.bytes_read == len(DATA)
+        with src.open_stream() as f:
+            f.seek(1000)
+            assert f.read(10) == DATA[1000:1010]
+
+    def test_download(self, src: Source, tmp_path: Any) -> None:
+        dest = tmp_path / "copy.bin"
+        st = src.download(str(dest), expected_size=len(DATA))
+        assert dest.read_bytes() == DATA and st.size == len(DATA)
+
+    def test_download_size_mismatch(self, src: Source, tmp_path: Any) -> None:
+        dest = tmp_path / "copy.bin"
+        with pytest.raises(IndexMismatchError):
+            src.download(str(dest), expected_size=len(DATA) + 1)
+        assert not dest.exists()
+
+    def test_missing(self, missing: Source, tmp_path: Any) -> None:
+        stats = IOStats()
+        for op in (
+            lambda: missing.info(stats),
+            lambda: missing.read_range(0, 10, stats),
+            lambda: missing.open_stream(stats),
+            lambda: missing.download(str(tmp_path / "d"), stats),
+        ):
+            t0 = time.monotonic()
+            with pytest.raises(ShardNotFoundError) as info:
+                op()
+            assert time.monotonic() - t0 < 2.0  # not retried
+            assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, WidsError)
+            expected = missing.local_path if missing.is_local else redact_url(missing.url)
+            assert info.value.shard == expected
+        assert not (tmp_path / "d").exists()
+        assert stats.retries == 0 and stats.errors == 4
+
+    def test_pickle_does_not_mutate(self, src: Source) -> None:
+        src.read_range(0, 10)
+        before = dict(vars(src))
+        clone = pickle.loads(pickle.dumps(src))
+        assert vars(src) == before
+        assert clone.url == src.url and clone.storage_options == src.storage_options
+        assert clone.retry == src.retry
+        assert clone._fs is None and clone._fd is None
+        assert clone.read_range(100, 200) == DATA[100:200]
+
+    def test_pickled_after_use_reads_in_fresh_process(self, src: Source) -> None:
+        if not self.fresh_process:
+            pytest.skip("memory:// is private to one process")
+        src.read_range(0, 10)
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+            got = pool.submit(_read_in_child, pickle.dumps(src), 1000, 3000).result(120)
+        assert got == DATA[1000:3000]
+
+    def test_read_after_fork(self, src: Source) -> None:
+        src.read_range(0, 10)  # opens the filesystem (and its event loop) in the parent
+        ctx = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(1, mp_context=ctx) as pool:
+            got = pool.submit(_read_ranges_in_child, src, [(5, 50), (2000, 2500)]).result(120)
+        assert got == [DATA[5:50], DATA[2000:2500]]
+        assert src.read_range(10, 20) == DATA[10:20]
+
+
+def _read_in_child(blob: bytes, start: int, end: int) -> bytes:
+    return pickle.loads(blob).read_range(start, end)
+
+
+def _read_ranges_in_child(src: Source, spans: list[tuple[int, int]]) -> list[bytes]:
+    return read_ranges([(src, s, e) for s, e in spans])
+
+
+class TestLocal(RemoteContract):
+    @pytest.fixture
+    def make(self, tmp_path: Any) -> Any:
+        def make(name: str, data: bytes) -> str:
+            (tmp_path / name).write_bytes(data)
+            return str(tmp_path / name)
+
+        return make
+
+    def test_file_url(self, make: Any) -> None:
+        url = "file://" + make("f.bin", DATA)
+        assert Source(url).read_range(3, 9) == DATA[3:9]
+
+    def test_local_short_read_is_not_retried(self, make: Any) -> None:
+        src = Source(make("short.bin", DATA[:100]), retry=FAST)
+        stats = IOStats()
+        with pytest.raises(ShortReadError):
+            src.read_range(50, 150, stats)
+        assert stats.requests == 1 and stats.errors == 1
+
+    def test_descriptor_reused_and_closed(self, make: Any) -> None:
+        src = Source(make("fd.bin", DATA))
+        src.read_range(0, 1)
+        fd = src._fd
+        src.read_range(1, 2)
+        assert src._fd == fd is not None
+        src.close()
+        assert src._fd is None
+        assert src.read_range(2, 3) == DATA[2:3]
+
+
+class TestMemory(RemoteContract):
+    fresh_process = False
+
+    @pytest.fixture
+    def make(self, request: pytest.FixtureRequest) -> Any:
+        fs = fsspec.filesystem("memory")
+        prefix = f"/wids-test-remote/{request.node.name}"
+
+        def make(name: str, data: bytes) -> str:
+            fs.pipe_file(f"{prefix}/{name}", data)
+            return f"memory://{prefix}/{name}"
+
+        yield make
+        fs.rm(prefix, recursive=True)
+
+
+class _ServerContract(RemoteContract):
+    server_fixture = ""
+
+    @pytest.fixture
+    def server(self, request: pytest.FixtureRequest) -> Any:
+        return request.getfixturevalue(self.server_fixture)
+
+    @pytest.fixture
+    def make(self, server: Any, request: pytest.FixtureRequest) -> Any:
+        self.options = server.storage_options
+        prefix = f"contract/{type(self).__name__}/{request.node.name[:60]}"
+
+        def make(name: str, data: bytes) -> str:
+            return server.put_bytes(data, f"{prefix}/{name}")
+
+        return make
+
+
+@pytest.mark.servers
+class TestS3(_ServerContract):
+    server_fixture = "s3_server"
+
+    def test_no_bucket_is_an_error(self, server: Any) -> None:
+        src = Source("s3://no-such-bucket-wids/x.tar", server.storage_options, FAST)
+        with pytest.raises((ShardNotFoundError, PermanentRemoteError)):
+            src.read_range(0, 10)
+
+    def test_credentials_never_in_messages(self, server: Any) -> None:
+        secret = "s3cr3t-VALUE-for-test"
+        opts = {**server.storage_options, "key": "AKIDTESTKEY", "secret": secret}
+        src = Source("s3://no-such-bucket-wids/x.tar", opts, FAST)
+        with pytest.raises(WidsError) as info:
+            src.read_range(0, 10)
+        text = "".join(traceback.format_exception(info.value))
+        assert secret not in text and "AKIDTESTKEY" not in text
+        assert secret not in repr(src) and secret not in str(pickle.loads(pickle.dumps(info.value)))
+
+
+@pytest.mark.servers
+class TestHTTP(_ServerContract):
+    server_fixture = "http_server"
+
+    def test_forbidden_is_permanent(self, server: Any) -> None:
+        src = Source(server.url("forbidden/x.tar"), {}, FAST)
+        stats = IOStats()
+        with pytest.raises(PermanentRemoteError) as info:
+            src.read_range(0, 10, stats)
+        assert info.value.status == 403  # type: ignore[attr-defined]
+        assert stats.requests == 1 and stats.retries == 0
+
+    def test_signed_url_redacted_in_errors(self, server: Any) -> None:
+        src = Source(server.url("nothing.tar") + "?X-Amz-Signature=TOPSECRET&v=2", {}, FAST)
+        with pytest.raises(ShardNotFoundError) as info:
+            src.read_range(0, 10)
+        text = "".join(traceback.format_exception(info.value))
+        assert "TOPSECRET" not in text and "v=2" in text
+        assert "TOPSECRET" not in repr(src)
+
+    def test_one_request_per_range(self, server: Any, src: Source) -> None:
+        name = src.url.split("/", 3)[3]
+        src.read_range(0, 10)
+        server.reset_counts()
+        read_ranges([(src, i * 1000, i * 1000 + 10) for i in range(20)])
+        assert server.request_count(name) == 20
+        server.reset_counts()
+        with src.open_stream() as f:
+            f.read()
+        assert server.request_count(name) <= 2  # one stat and one block
+
+    def test_refused_connection_is_retried_then_exhausted(self) -> None:
+        from serverfixtures import free_port
+
+        src = Source(f"http://127.0.0.1:{free_port()}/x.tar", {}, FAST)
+        stats = IOStats()
+        with pytest.raises(RetriesExhaustedError):
+            src.read_range(0, 10, stats)
+        assert stats.requests == FAST.attempts
+
+
+@pytest.mark.servers
+class TestGCS(_ServerContract):
+    server_fixture = "gcs_server"
