@@ -96,14 +96,16 @@ class Block:
 
 
 def plan_batch(
-    spans: Sequence[tuple[int, int, int]], merge_gap: int
+    spans: Sequence[tuple[int, int, int, int]], merge_gap: int
 ) -> tuple[list[Block], list[tuple[int, int]]]:
     """Merge the spans of a batch into requests.
 
     Args:
-        spans: ``(shard, start, end)`` of each sample, in batch order (repeats allowed).
+        spans: ``(shard, start, end, sample)`` of each sample, in batch order (repeats
+            allowed); ``sample`` is the index in the shard.
         merge_gap: Spans of one shard whose gap is at most this many bytes share a request
-            (the gap's bytes are read and discarded); ``0`` merges only adjacent spans.
+            (the gap's bytes are read and discarded). Consecutive samples of a shard always
+            share one: only tar headers lie between them.
 
     Returns:
         ``(blocks, where)``: the requests, ordered by shard and offset, and for each input
@@ -112,7 +114,7 @@ def plan_batch(
     order = sorted(range(len(spans)), key=lambda i: spans[i])
     blocks: list[Block] = []
     where: list[tuple[int, int]] = [(0, 0)] * len(spans)
-    cur: list[int] | None = None  # [shard, start, end] of the block being grown
+    cur: list[int] | None = None  # [shard, start, end, last sample] of the block being grown
     members: list[int] = []
 
     def flush() -> None:
@@ -122,13 +124,18 @@ def plan_batch(
                 where[i] = (len(blocks) - 1, spans[i][1] - cur[1])
 
     for i in order:
-        shard, start, end = spans[i]
-        if cur is not None and shard == cur[0] and start <= cur[2] + merge_gap:
+        shard, start, end, sample = spans[i]
+        if (
+            cur is not None
+            and shard == cur[0]
+            and (sample <= cur[3] + 1 or start <= cur[2] + merge_gap)
+        ):
             cur[2] = max(cur[2], end)
+            cur[3] = sample
             members.append(i)
             continue
         flush()
-        cur, members = [shard, start, end], [i]
+        cur, members = [shard, start, end, sample], [i]
     flush()
     return blocks, where
 

@@ -86,7 +86,7 @@ class _Loaded:
         starts = np.concatenate([[0], self.cum]).astype(np.int64)
         self.components = [
             DatasetComponent(
-                c.name, c.weight, int(starts[c.first_shard]), int(starts[c.stop_shard])
+                c.name or name, c.weight, int(starts[c.first_shard]), int(starts[c.stop_shard])
             )
             for c in components
         ]
@@ -144,7 +144,8 @@ class ShardListDataset:
         verify: On first touch of a shard in a process, compare its size and etag with the
             index (one ``info()``); a mismatch raises ``IndexMismatchError``.
         retry: Retry and timeout policy for storage requests.
-        merge_gap: In a batch, samples of one shard closer than this many bytes share a request.
+        merge_gap: In a batch, samples of one shard closer than this many bytes share a request
+            (consecutive samples always do: only tar headers lie between them).
         offline: Never touch the network: remote data that is not cached raises ``OfflineError``.
         duplicates: Policy for repeated keys or fields when a shard must be scanned
             (``"error"``, ``"split"``, ``"keep_first"``).
@@ -506,7 +507,7 @@ class ShardListDataset:
         spans = []
         for _, shard, local in located:
             _, starts, ends = self._members[shard]
-            spans.append((shard, int(starts[local]), int(ends[local])))
+            spans.append((shard, int(starts[local]), int(ends[local]), local))
         blocks, where = plan_batch(spans, self.merge_gap)
         try:
             data = fetch_blocks(blocks, readers, self._io)
