@@ -428,10 +428,14 @@ class _ServerContract(RemoteContract):
 class TestS3(_ServerContract):
     server_fixture = "s3_server"
 
-    def test_no_bucket_is_an_error(self, server: Any) -> None:
+    def test_no_bucket_is_permanent(self, server: Any) -> None:
         src = Source("s3://no-such-bucket-wids/x.tar", server.storage_options, FAST)
-        with pytest.raises((ShardNotFoundError, PermanentRemoteError)):
-            src.read_range(0, 10)
+        stats = IOStats()
+        with pytest.raises(PermanentRemoteError):
+            src.read_range(0, 10, stats)
+        with pytest.raises(PermanentRemoteError):
+            src.info(stats)
+        assert stats.retries == 0
 
     def test_credentials_never_in_messages(self, server: Any) -> None:
         secret = "s3cr3t-VALUE-for-test"

@@ -248,6 +248,10 @@ _TRANSIENT_NAMES = frozenset(
 )
 
 
+# S3 error codes that arrive as 404 but mean a configuration problem, not a missing shard.
+_PERMANENT_CODES = frozenset({"NoSuchBucket"})
+
+
 def _status_of(exc: BaseException) -> int | None:
     """The HTTP status carried by a backend exception, if any."""
     for attr in ("status", "code", "status_code"):
@@ -276,6 +280,9 @@ def _classify(exc: BaseException) -> str:
         return _TRANSIENT
     if isinstance(exc, (ShardNotFoundError, PermanentRemoteError)):
         return _NOT_FOUND if isinstance(exc, ShardNotFoundError) else _PERMANENT
+    response = getattr(exc, "response", None)  # botocore ClientError
+    if isinstance(response, Mapping) and response.get("Error", {}).get("Code") in _PERMANENT_CODES:
+        return _PERMANENT
     status = _status_of(exc)
     if status is not None and status >= 400:
         return _classify_status(status)
