@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .dataset import DatasetStats, ShardListDataset
+from .decode import Decoder, default_decoders
 from .errors import (
     CacheBudgetError,
     CacheError,
@@ -26,7 +28,9 @@ from .errors import (
 __all__ = [
     "CacheBudgetError",
     "CacheError",
+    "DatasetStats",
     "DecodeError",
+    "Decoder",
     "HeaderChecksumError",
     "IndexFormatError",
     "IndexMismatchError",
@@ -36,10 +40,12 @@ __all__ = [
     "RemoteError",
     "RetriesExhaustedError",
     "SampleLayoutError",
+    "ShardListDataset",
     "ShardNotFoundError",
     "ShortReadError",
     "TarFormatError",
     "TruncatedTarError",
     "UnsafeDecodeError",
     "WidsError",
+    "default_decoders",
 ]
