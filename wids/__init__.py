@@ -24,13 +24,16 @@ from .errors import (
     UnsafeDecodeError,
     WidsError,
 )
+from .sampler import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
 
 __all__ = [
     "CacheBudgetError",
     "CacheError",
+    "ChunkedSampler",
     "DatasetStats",
     "DecodeError",
     "Decoder",
+    "DistributedChunkedSampler",
     "HeaderChecksumError",
     "IndexFormatError",
     "IndexMismatchError",
@@ -42,6 +45,7 @@ __all__ = [
     "SampleLayoutError",
     "ShardListDataset",
     "ShardNotFoundError",
+    "ShardedSampler",
     "ShortReadError",
     "TarFormatError",
     "TruncatedTarError",
