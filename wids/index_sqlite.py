@@ -1,0 +1,512 @@
+"""The SQLite index: one file, every shard's members in tables, read one shard at a time.
+
+Schema (version 1; built with sqlite-utils)::
+
+    meta(key TEXT PRIMARY KEY, value TEXT)      format = wids-index-sqlite, version = 1,
+                                                name, report (JSON)
+    shards(id INTEGER PRIMARY KEY, url, nsamples, size, etag, mtime, md5sum,
+           has_members, extra)                  id = position in the dataset; extra is JSON
+    components(id INTEGER PRIMARY KEY, name, weight, first_shard, stop_shard)
+    fields(id INTEGER PRIMARY KEY, name UNIQUE) field names with their leading dot
+    samples(shard_id, idx, key, start, "end")   PRIMARY KEY (shard_id, idx); the byte span
+    members(shard_id, sample_idx, field_id, "offset", size)
+                                                INDEX members_shard (shard_id, sample_idx);
+                                                rowid order is tar order
+
+Shard URLs are stored as given and resolve against the index file's directory (for a remote
+index, the remote directory). Keys are TEXT, or BLOB for the rare key that is not valid UTF-8.
+
+Building writes into a temporary file beside the destination with the journal and syncing off,
+all rows in one transaction (``executemany``), the members index created at the end; the file
+is then published atomically. Serving opens the file read-only and immutable
+(``file:...?mode=ro&immutable=1``) and loads one shard's rows with two indexed range queries.
+A remote index is downloaded to a private temporary directory first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import tempfile
+import threading
+import weakref
+from collections.abc import Mapping
+from itertools import pairwise, repeat
+from typing import Any
+from urllib.parse import quote
+
+import numpy as np
+
+from .errors import IndexFormatError
+from .index import ShardInfo, ShardMembers
+from .spec import Component, resolve_url, url_dir
+
+__all__ = ["FORMAT", "SCHEMA_VERSION", "SqliteIndex", "SqliteIndexWriter"]
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "wids-index-sqlite"
+"""``meta.format`` of an SQLite index."""
+SCHEMA_VERSION = 1
+"""``meta.version`` of the schema this module reads and writes."""
+
+_KEYS_QUERY = 'SELECT "key" FROM samples WHERE shard_id = ? ORDER BY idx'
+_MEMBERS_QUERY = (
+    'SELECT sample_idx, field_id, "offset", size FROM members WHERE shard_id = ? '
+    "ORDER BY sample_idx, rowid"
+)
+
+
+def _redact(url: str) -> str:
+    from .remote import redact_url
+
+    return redact_url(url)
+
+
+def _remove_tree(path: str, pid: int) -> None:
+    # Forked workers inherit the finaliser; only the process that downloaded may delete.
+    if os.getpid() == pid:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class SqliteIndex:
+    """An SQLite index, opened read-only.
+
+    The file is opened (and, if remote, downloaded) on first use; the connection is per
+    process and not pickled.
+
+    Args:
+        url: Path or URL of the index file.
+        storage_options: fsspec options for a remote index.
+        base: Overrides the directory relative shard URLs resolve against.
+
+    Raises:
+        IndexFormatError: (on first use) Not an SQLite index of a known format and version.
+    """
+
+    def __init__(
+        self, url: str, storage_options: Mapping[str, Any] | None = None, *, base: str | None = None
+    ) -> None:
+        self.url = os.fspath(url)
+        self.storage_options = dict(storage_options or {})
+        self.base = base
+        self._local: str | None = None
+        self._conn: sqlite3.Connection | None = None
+        self._pid = 0
+        self._lock = threading.Lock()
+        self._state: tuple[dict[str, str], list[ShardInfo], list[bool], list[Component]] | None
+        self._state = None
+        self._fields: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"SqliteIndex({_redact(self.url)!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.update(_conn=None, _pid=0, _lock=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    # -- opening --------------------------------------------------------------------------
+
+    def _local_path(self) -> str:
+        url = self.url
+        if url.startswith("file://") or ("://" not in url and "::" not in url):
+            # Local: no need to import fsspec (through remote.py) just to open a file.
+            return os.path.abspath(os.path.expanduser(url.removeprefix("file://")))
+        if self._local is not None and os.path.exists(self._local):
+            return self._local
+        from .remote import Source
+
+        src = Source(url, self.storage_options)
+        tmpdir = tempfile.mkdtemp(prefix="wids-index-")
+        weakref.finalize(self, _remove_tree, tmpdir, os.getpid())
+        dest = os.path.join(tmpdir, "index.sqlite")
+        src.download(dest)
+        self._local = dest
+        return dest
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is not None and self._pid == os.getpid():
+            return self._conn
+        with self._lock:
+            if self._conn is None or self._pid != os.getpid():
+                path = self._local_path()
+                if not os.path.exists(path):
+                    from .errors import ShardNotFoundError
+
+                    raise ShardNotFoundError("no such index file", shard=_redact(self.url))
+                uri = f"file:{quote(path)}?mode=ro&immutable=1"
+                self._conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+                self._pid = os.getpid()
+        return self._conn
+
+    def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
+        try:
+            return self._connection().execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as e:
+            raise IndexFormatError(
+                f"not a readable SQLite index: {e}", shard=self._where()
+            ) from None
+
+    def _where(self) -> str:
+        return _redact(self.url)
+
+    def _load(self) -> tuple[dict[str, str], list[ShardInfo], list[bool], list[Component]]:
+        if self._state is not None:
+            return self._state
+        meta = dict(self._query("SELECT key, value FROM meta"))
+        if meta.get("format") != FORMAT or meta.get("version") != str(SCHEMA_VERSION):
+            raise IndexFormatError(
+                f"format {meta.get('format')!r} version {meta.get('version')!r}; expected "
+                f"{FORMAT!r} version {SCHEMA_VERSION}",
+                shard=self._where(),
+            )
+        root = self.base if self.base is not None else url_dir(self.url)
+        rows = self._query(
+            "SELECT url, nsamples, size, etag, mtime, md5sum, has_members FROM shards ORDER BY id"
+        )
+        try:
+            shards = [
+                ShardInfo(resolve_url(u, root), int(n), s, e, m, md5)
+                for u, n, s, e, m, md5, _ in rows
+            ]
+        except (TypeError, ValueError) as e:
+            raise IndexFormatError(f"malformed shards table: {e}", shard=self._where()) from None
+        has = [bool(r[6]) for r in rows]
+        comps = [
+            Component(name or "", w, int(a), int(b))
+            for name, w, a, b in self._query(
+                "SELECT name, weight, first_shard, stop_shard FROM components ORDER BY id"
+            )
+        ]
+        self._fields = [n for _, n in self._query("SELECT id, name FROM fields ORDER BY id")]
+        self._state = (meta, shards, has, comps)
+        return self._state
+
+    # -- the reader protocol ----------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The dataset's name (``""`` when none)."""
+        return self._load()[0].get("name") or ""
+
+    @property
+    def shards(self) -> list[ShardInfo]:
+        """All shards with resolved URLs."""
+        return self._load()[1]
+
+    @property
+    def components(self) -> list[Component]:
+        """The main shard list and the sub-datasets."""
+        return self._load()[3]
+
+    @property
+    def report(self) -> dict[str, Any]:
+        """The builder's report stored in the index."""
+        text = self._load()[0].get("report")
+        return json.loads(text) if text else {}
+
+    @property
+    def has_members(self) -> bool:
+        """Whether any shard has a member table."""
+        return any(self._load()[2])
+
+    def shard_extra(self, shard: int) -> dict[str, Any]:
+        """Extra keys recorded for a shard."""
+        self._load()
+        rows = self._query("SELECT extra FROM shards WHERE id = ?", (shard,))
+        if not rows:
+            raise IndexError(f"shard {shard} out of range")
+        return json.loads(rows[0][0]) if rows[0][0] else {}
+
+    def members(self, shard: int) -> ShardMembers | None:
+        """Load the member table of one shard (two indexed range queries).
+
+        Returns:
+            The table, or ``None`` when the shard was recorded without offsets.
+
+        Raises:
+            IndexFormatError: The rows are inconsistent with the shard's entry.
+        """
+        _, shards, has, _ = self._load()
+        info = shards[shard]  # IndexError for a bad shard number, like a list
+        if not has[shard]:
+            return None
+        keys = self._query(_KEYS_QUERY, (shard,))
+        rows = self._query(_MEMBERS_QUERY, (shard,))
+        try:
+            return _table(keys, rows, info.nsamples, self._fields)
+        except (IndexFormatError, ValueError, IndexError) as e:
+            msg = e.message if isinstance(e, IndexFormatError) else str(e)
+            raise IndexFormatError(f"shard {shard}: {msg}", shard=self._where()) from None
+
+    def close(self) -> None:
+        """Close this process's connection (reopened on next use)."""
+        conn, self._conn = self._conn, None
+        if conn is not None and self._pid == os.getpid():
+            conn.close()
+
+    def __enter__(self) -> SqliteIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _table(
+    keys: list[tuple[Any]], rows: list[tuple[Any, ...]], nsamples: int, names: list[str]
+) -> ShardMembers:
+    """Build a :class:`ShardMembers` from key rows and ``(sample, field, offset, size)`` rows."""
+    if len(keys) != nsamples:
+        raise IndexFormatError(f"{len(keys)} sample rows for {nsamples} samples")
+    if not rows:
+        if nsamples:
+            raise IndexFormatError(f"no member rows for {nsamples} samples")
+        zero = np.zeros(1, dtype=np.int64)
+        return ShardMembers([], b"", zero, zero, np.zeros(0), np.zeros(0), np.zeros(0))
+    sidx_c, fid_c, off_c, size_c = zip(*rows, strict=True)
+    sidx = np.array(sidx_c, dtype=np.int64)
+    counts = np.bincount(sidx, minlength=nsamples)
+    if len(counts) != nsamples or not counts.all():
+        raise IndexFormatError(f"member rows do not cover samples 0..{nsamples - 1} exactly")
+    sample_start = np.zeros(nsamples + 1, dtype=np.int64)
+    np.cumsum(counts, out=sample_start[1:])
+    blobs = [k if isinstance(k, bytes) else k.encode("utf-8", "surrogateescape") for (k,) in keys]
+    key_offsets = np.zeros(nsamples + 1, dtype=np.int64)
+    np.cumsum([len(k) for k in blobs], out=key_offsets[1:])
+    # Field ids are global to the file; a table numbers its own fields by first appearance.
+    gfield = np.array(fid_c, dtype=np.int64)
+    uniq, first = np.unique(gfield, return_index=True)
+    order = np.argsort(first)
+    lut = np.zeros(int(uniq.max()) + 1, dtype=np.uint16)
+    lut[uniq[order]] = np.arange(len(uniq), dtype=np.uint16)
+    return ShardMembers(
+        fields=[names[int(g)] for g in uniq[order]],
+        key_blob=b"".join(blobs),
+        key_offsets=key_offsets,
+        sample_start=sample_start,
+        member_field=lut[gfield],
+        member_offset=np.array(off_c, dtype=np.int64),
+        member_size=np.array(size_c, dtype=np.int64),
+    )
+
+
+def _keys(members: ShardMembers) -> list[str | bytes]:
+    blob, offs = members.key_blob, members.key_offsets.tolist()
+    parts = [blob[a:b] for a, b in pairwise(offs)]
+    try:
+        return [p.decode("utf-8") for p in parts]
+    except UnicodeDecodeError:
+        out: list[str | bytes] = []
+        for p in parts:
+            try:
+                out.append(p.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append(p)
+        return out
+
+
+class SqliteIndexWriter:
+    """Builds an SQLite index in a temporary file and publishes it atomically on :meth:`close`.
+
+    Shards added before any :meth:`start_component` call form the main component (named
+    ``name``); each :meth:`start_component` opens a sub-dataset. Use from one thread.
+
+    Args:
+        path: Local path of the index to write (conventionally ``*.sqlite``).
+        name: The dataset's name.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.name = name
+        self._tmp: Any = None
+        self._db: Any = None
+        self._nshards = 0
+        self._field_ids: dict[str, int] = {}
+        self._components: list[list[Any]] = [[name or "", None, 0]]
+        self._report: dict[str, Any] = {}
+        self._closed = False
+
+    def _open(self) -> sqlite3.Connection:
+        if self._db is not None:
+            return self._db.conn
+        import sqlite_utils
+
+        from .lock import TempFile
+
+        self._tmp = TempFile(os.path.dirname(self.path), os.path.basename(self.path))
+        conn = sqlite3.connect(self._tmp.path, isolation_level=None)
+        for pragma in ("journal_mode = OFF", "synchronous = OFF", "cache_size = -262144"):
+            conn.execute(f"PRAGMA {pragma}")
+        db = sqlite_utils.Database(conn)
+        db.table("meta").create({"key": str, "value": str}, pk="key")
+        db.table("shards").create(
+            {
+                "id": int,
+                "url": str,
+                "nsamples": int,
+                "size": int,
+                "etag": str,
+                "mtime": float,
+                "md5sum": str,
+                "has_members": int,
+                "extra": str,
+            },
+            pk="id",
+            not_null=["url", "nsamples", "has_members"],
+        )
+        db.table("components").create(
+            {"id": int, "name": str, "weight": float, "first_shard": int, "stop_shard": int},
+            pk="id",
+            not_null=["name", "first_shard", "stop_shard"],
+        )
+        db.table("fields").create({"id": int, "name": str}, pk="id", not_null=["name"])
+        db.table("fields").create_index(["name"], unique=True)
+        db.table("samples").create(
+            {"shard_id": int, "idx": int, "key": str, "start": int, "end": int},
+            pk=("shard_id", "idx"),
+        )
+        db.table("members").create(
+            {"shard_id": int, "sample_idx": int, "field_id": int, "offset": int, "size": int}
+        )
+        conn.execute("BEGIN")
+        self._db = db
+        return conn
+
+    def start_component(self, name: str, weight: float | None = None) -> None:
+        """Start a sub-dataset; shards added from now on belong to it."""
+        self._check_open()
+        self._components.append([name, weight, self._nshards])
+
+    def add(
+        self,
+        info: ShardInfo,
+        members: ShardMembers | None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record one shard and its member rows.
+
+        Args:
+            info: The shard; its ``url`` is stored as given.
+            members: Its member table, or ``None`` to record the shard without offsets.
+            extra: More JSON-serialisable keys to keep with the shard.
+
+        Raises:
+            ValueError: ``members`` disagrees with ``info.nsamples``.
+        """
+        self._check_open()
+        if members is not None and len(members) != info.nsamples:
+            raise ValueError(
+                f"{info.url}: member table has {len(members)} samples, nsamples is {info.nsamples}"
+            )
+        conn = self._open()
+        sid = self._nshards
+        conn.execute(
+            "INSERT INTO shards VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                sid,
+                info.url,
+                info.nsamples,
+                info.size,
+                info.etag,
+                info.mtime,
+                info.md5sum,
+                int(members is not None),
+                json.dumps(dict(extra)) if extra else None,
+            ),
+        )
+        self._nshards += 1
+        if members is None or len(members) == 0:
+            return
+        starts, ends = members.spans()
+        conn.executemany(
+            "INSERT INTO samples VALUES (?, ?, ?, ?, ?)",
+            zip(repeat(sid), range(len(members)), _keys(members), starts.tolist(), ends.tolist()),
+        )
+        gmap = np.array([self._field_id(conn, f) for f in members.fields], dtype=np.int64)
+        sidx = np.repeat(np.arange(len(members)), np.diff(members.sample_start))
+        conn.executemany(
+            "INSERT INTO members VALUES (?, ?, ?, ?, ?)",
+            zip(
+                repeat(sid),
+                sidx.tolist(),
+                gmap[members.member_field].tolist(),
+                members.member_offset.tolist(),
+                members.member_size.tolist(),
+            ),
+        )
+
+    def _field_id(self, conn: sqlite3.Connection, name: str) -> int:
+        fid = self._field_ids.get(name)
+        if fid is None:
+            fid = self._field_ids[name] = len(self._field_ids)
+            conn.execute("INSERT INTO fields VALUES (?, ?)", (fid, name))
+        return fid
+
+    def set_report(self, report: Mapping[str, Any]) -> None:
+        """Store the builder's report (JSON-serialisable) in the index."""
+        self._check_open()
+        self._report = dict(report)
+
+    def close(self) -> None:
+        """Finish the tables and indexes and publish the file atomically."""
+        if self._closed:
+            return
+        conn = self._open()
+        self._closed = True
+        try:
+            bounds = [c[2] for c in self._components[1:]] + [self._nshards]
+            comps = [(*c, stop) for c, stop in zip(self._components, bounds, strict=True)]
+            if len(comps) > 1 and comps[0][2] == comps[0][3]:
+                comps = comps[1:]  # an empty main list beside sub-datasets is no component
+            conn.executemany(
+                "INSERT INTO components VALUES (?, ?, ?, ?, ?)",
+                [(i, *c) for i, c in enumerate(comps)],
+            )
+            meta = {
+                "format": FORMAT,
+                "version": str(SCHEMA_VERSION),
+                "report": json.dumps(self._report),
+            }
+            if self.name is not None:
+                meta["name"] = self.name
+            conn.executemany("INSERT INTO meta VALUES (?, ?)", list(meta.items()))
+            conn.execute("CREATE INDEX members_shard ON members (shard_id, sample_idx)")
+            conn.execute("COMMIT")
+            conn.close()
+            self._tmp.publish(self.path)
+        except BaseException:
+            self._discard()
+            raise
+
+    def abort(self) -> None:
+        """Give up: remove the temporary file; the destination is untouched."""
+        self._closed = True
+        self._discard()
+
+    def _discard(self) -> None:
+        if self._db is not None:
+            self._db.conn.close()
+        if self._tmp is not None:
+            self._tmp.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.path}: writer is closed")
+
+    def __enter__(self) -> SqliteIndexWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
