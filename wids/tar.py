@@ -289,8 +289,7 @@ def _walk(
             buf = read(window, off)
             base, p, blen = off, 0, len(buf)
             if blen < BLOCK:
-                size = file_size if file_size is not None else getattr(read, "known_size", None)
-                _short_header(buf, off, shard, size, ext)
+                _short_header(buf, off, shard, _size_at_end(read, off, blen, file_size), ext)
         h = buf[p : p + BLOCK]
         if h.isascii():  # every byte < 128, so the sum < 65521 and adler32 gives it exactly
             u = (_adler32(h[156:], _adler32(h[:148])) & 0xFFFF) + 255
@@ -552,6 +551,21 @@ def _compressed(head: bytes, shard: str | None) -> None:
             )
 
 
+def _size_at_end(
+    read: Callable[[int, int], bytes], off: int, got: int, file_size: int | None
+) -> int | None:
+    """The file's size, for error messages, once a read came back short."""
+    if file_size is not None:
+        return file_size
+    known = getattr(read, "known_size", None)  # a stream knows, once it has ended
+    if known is not None or got or off == 0:
+        return known if known is not None else off + got
+    try:  # random access: does the file end exactly at ``off``, or before?
+        return off if len(read(1, off - 1)) == 1 else None
+    except Exception:  # noqa: BLE001 - a probe for a better message, nothing more
+        return None
+
+
 def _short_header(
     buf: bytes, off: int, shard: str | None, file_size: int | None, ext: _Ext
 ) -> None:
@@ -560,12 +574,14 @@ def _short_header(
         if not buf:
             raise TarFormatError("empty file (0 bytes); not a tar archive", shard=shard, offset=0)
         _compressed(buf, shard)
-        raise TarFormatError(
-            f"not a tar archive: {len(buf)} bytes, less than one header", shard=shard, offset=0
+        raise TruncatedTarError(
+            f"truncated or not a tar archive: {len(buf)} bytes, less than one header",
+            shard=shard,
+            offset=0,
         )
     if buf:
         where = "inside a header block"
-    elif file_size is not None and off > file_size:
+    elif file_size is None or off > file_size:
         where = "inside member data"
     elif ext.pending():
         where = "after an extension record, before its member's header"
