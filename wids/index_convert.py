@@ -1,0 +1,91 @@
+"""Choosing an index writer by file name, and converting indexes between JSON and SQLite."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from .errors import IndexFormatError
+from .index import open_index
+from .index_json import JsonIndexWriter
+from .index_sqlite import SqliteIndexWriter
+
+__all__ = ["SQLITE_SUFFIXES", "convert_index", "create_index_writer"]
+
+SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+"""File name endings that select the SQLite backend; ``.json`` selects JSON."""
+
+
+def create_index_writer(
+    path: str | os.PathLike[str], *, name: str | None = None
+) -> JsonIndexWriter | SqliteIndexWriter:
+    """A writer for the backend that ``path``'s ending selects.
+
+    Args:
+        path: ``*.json`` for JSON, ``*.sqlite`` / ``*.sqlite3`` / ``*.db`` for SQLite.
+        name: The dataset's name.
+
+    Raises:
+        ValueError: The ending selects no backend.
+    """
+    p = os.fspath(path).lower()
+    if p.endswith(SQLITE_SUFFIXES):
+        return SqliteIndexWriter(path, name=name)
+    if p.endswith(".json"):
+        return JsonIndexWriter(path, name=name)
+    raise ValueError(f"{path}: name the index *.json or one of {', '.join(SQLITE_SUFFIXES)}")
+
+
+def _stored_url(url: str, out_dir: str) -> str:
+    """Local shards inside the destination's directory are stored relative to it."""
+    if "://" in url or "::" in url:
+        return url
+    rel = os.path.relpath(url, out_dir)
+    return url if rel.startswith("..") else rel
+
+
+def convert_index(
+    src: str, dst: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+) -> None:
+    """Convert an index between JSON and SQLite (either direction, or to the same backend).
+
+    Shards (with size, etag, mtime, md5sum and extra keys), member tables, components and
+    the report are preserved. Shard URLs are rewritten so they resolve to the same shards
+    from the destination: relative when inside its directory, absolute otherwise. A reference
+    description (no member tables) converts too; its shards then have none.
+
+    Args:
+        src: Path or URL of the source index (backend detected from its content).
+        dst: Local path of the index to write; its ending selects the backend.
+        storage_options: fsspec options for a remote ``src``.
+
+    Raises:
+        IndexFormatError: The source is malformed.
+        ValueError: ``dst`` names no backend.
+    """
+    reader: Any = open_index(src, storage_options)
+    writer = create_index_writer(dst, name=reader.name or None)
+    out_dir = os.path.dirname(os.path.abspath(os.fspath(dst)))
+    try:
+        shards = reader.shards
+        comps = reader.components
+        starts = [c.first_shard for c in comps]
+        stops = [c.stop_shard for c in comps]
+        if starts[:1] + stops != [0] + starts[1:] + [len(shards)]:
+            raise IndexFormatError("components do not cover the shards in order", shard=src)
+        for k, comp in enumerate(comps):
+            is_main = k == 0 and comp.name == (reader.name or "") and comp.weight is None
+            if not is_main:
+                writer.start_component(comp.name, comp.weight)
+            for i in range(comp.first_shard, comp.stop_shard):
+                info = replace(shards[i], url=_stored_url(shards[i].url, out_dir))
+                writer.add(info, reader.members(i), reader.shard_extra(i) or None)
+        writer.set_report(reader.report)
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        reader.close()
+    writer.close()
