@@ -17,8 +17,7 @@ import sys
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
 
-from wids.dataset import ShardListDataset
-from wids.sampler import DistributedChunkedSampler
+from wids import DistributedChunkedSampler, ShardListDataset
 
 BATCH = 4
 WORKERS = 2

@@ -22,6 +22,16 @@ the tail. ``mix=True`` draws from the dataset's weighted sub-datasets (``dataset
 in proportion to their weights. ``num_workers`` / ``batch_size`` arrange the order so that each
 DataLoader worker reads its own chunks.
 
+Mixing (``mix=True``): an epoch still has ``n`` samples (the size of the range). Component
+``i`` (its weight, 1.0 when ``None``) gets ``round(n * w_i / sum(w))`` of them (largest
+remainder, so they add up to ``n``), drawn *without replacement by passes*: whole passes over
+the component, then randomly chosen chunks of it for the remainder (the last one cut short), so
+within an epoch the counts of a component's samples differ by at most one. The selected chunks
+are shuffled together every epoch (also epoch 0) and partitioned with ``partition="global"``.
+
+Cost: an epoch's order is generated lazily, one chunk at a time; resuming at position ``p``
+replays the shuffles up to ``p``. ``partition="global"`` and ``mix`` make every rank generate
+the sequence up to the end of its slice; worker-aware ordering holds the rank's epoch in memory.
 torch is imported only when ``num_replicas`` or ``rank`` has to be looked up.
 """
 
