@@ -449,7 +449,8 @@ def test_prefetch_in_background(tmp_path):
     src = Source("memory://wids-prefetch/s.tar")
     cache = ShardCache(tmp_path)
     f1 = cache.prefetch(src, size=len(data))
-    assert cache.prefetch(src, size=len(data)) is f1
+    f2 = cache.prefetch(src, size=len(data))
+    assert f2 is f1 or f1.done()
     assert f1.result(30) is None
     assert cache.contains(src.url)
     bad = cache.prefetch(Source("memory://wids-prefetch/missing.tar"))

@@ -6,7 +6,9 @@ API (what ``ShardListDataset`` and the ``wids cache`` command use)::
     with cache.open(source, size=..., etag=..., md5sum=..., stats=...) as shard:
         shard.path, shard.size, shard.read_range(start, end)     # os.pread on the cached file
     cache.open_with(url, download, size=..., etag=..., md5sum=...)  # core: download(dest) -> any
-    cache.prefetch(source, ...) -> Future                         # background fetch (promotion)
+    cache.open_cached(url, ...) -> CachedShard | None             # only if cached now
+    cache.prefetch(source, ...) -> Future                         # background fetch
+    Promoter(cache, share).requested(source, nbytes, shard_bytes=...); .open_if_ready(url)
     cache.contains(url); cache.entries(); cache.total_bytes()
     cache.evict_to(max_bytes); cache.clean(older_than=None, max_bytes=None); cache.remove(url)
 
@@ -63,7 +65,7 @@ from .lock import TEMP_SUFFIX, FileLock, TempFile, atomic_write, remove_stale_te
 if TYPE_CHECKING:
     from .remote import IOStats, Source
 
-__all__ = ["CacheEntry", "CachedShard", "ShardCache", "entry_key"]
+__all__ = ["CacheEntry", "CachedShard", "Promoter", "ShardCache", "entry_key"]
 
 log = logging.getLogger(__name__)
 
@@ -366,6 +368,34 @@ class ShardCache:
             f"max_bytes={self.max_bytes} is too small for the shards open at once",
             shard=_redact(url),
         )
+
+    def open_cached(
+        self,
+        url: str,
+        *,
+        size: int | None = None,
+        etag: str | None = None,
+        md5sum: str | None = None,
+    ) -> CachedShard | None:
+        """Open ``url``'s entry if an intact copy is cached now; never downloads or waits long.
+
+        Returns:
+            The open shard, or ``None`` if it is not cached (or another process is writing it).
+        """
+        key = entry_key(url)
+        if not os.path.exists(self._data(key)):
+            return None
+        lock = FileLock(self._lockfile(key), shared=True)
+        if not lock.acquire(blocking=False):
+            return None
+        try:
+            shard = self._open_valid(key, url, size, etag, md5sum, lock)
+        except BaseException:
+            lock.release()
+            raise
+        if shard is None:
+            lock.release()
+        return shard
 
     def _lock(self, lock: FileLock, url: str, deadline: float, *, upgrade: bool) -> None:
         left = max(0.0, deadline - time.monotonic())
@@ -701,13 +731,14 @@ class ShardCache:
         md5sum: str | None = None,
         stats: IOStats | None = None,
     ) -> Future[None]:
-        """Fetch ``source`` into the cache in a background thread (at most once per URL).
+        """Fetch ``source`` into the cache in a background thread (one fetch per URL at a time).
 
         The future's result is ``None``; its exception is what :meth:`open` would raise.
         """
         with self._mutex:
+            self._pending = {u: f for u, f in self._pending.items() if not f.done()}
             pending = self._pending.get(source.url)
-            if pending is not None and not (pending.done() and pending.exception() is not None):
+            if pending is not None:
                 return pending
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(2, thread_name_prefix="wids-cache")
@@ -726,6 +757,108 @@ class ShardCache:
             self._pending.clear()
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
+
+
+class Promoter:
+    """Moves remote shards that are read by range requests into the cache (``access="auto"``).
+
+    The dataset reports the bytes it requests from each remote shard; once they reach
+    ``share`` of the shard's size, the shard is fetched into the cache in a background thread
+    (:meth:`ShardCache.prefetch`), and :meth:`open_if_ready` hands out the cached copy once it
+    is there. A chunked sampler reads most of a shard in a row, so the first samples come
+    fast by range requests and the rest from local disk. A failed fetch is logged and the
+    shard stays on range requests. A shard that must be promoted again (its copy was evicted:
+    the access is random, or the budget small) needs twice the share each time, so a cache
+    too small for the access pattern does not turn into repeated whole-shard downloads. One
+    per process (holds threads and futures).
+
+    Args:
+        cache: Where promoted shards go.
+        share: Fraction (0 to 1) of a shard's bytes requested before it is fetched whole;
+            ``0`` fetches on first use. The bytes read by range before the fetch completes
+            are downloaded twice, so small values keep the total near one copy.
+
+    Raises:
+        ValueError: ``share`` is outside ``[0, 1]``.
+    """
+
+    def __init__(self, cache: ShardCache, share: float = 0.05) -> None:
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"share must be between 0 and 1, got {share!r}")
+        self.cache = cache
+        self.share = float(share)
+        self._requested: dict[str, int] = {}
+        self._futures: dict[str, Future[None]] = {}
+        self._failed: set[str] = set()
+        self._promotions: dict[str, int] = {}
+        self._mutex = threading.Lock()
+
+    def requested(
+        self,
+        source: Source,
+        nbytes: int,
+        *,
+        shard_bytes: int,
+        size: int | None = None,
+        etag: str | None = None,
+        md5sum: str | None = None,
+        stats: IOStats | None = None,
+    ) -> None:
+        """Count ``nbytes`` requested by range from ``source``; start the fetch at the share.
+
+        Args:
+            source: The remote shard.
+            nbytes: Bytes just requested.
+            shard_bytes: The shard's size, or an estimate (the end of its last member).
+            size: The exact size from the index, if known (verified after the fetch).
+            etag: Expected etag, if known.
+            md5sum: Expected MD5, if known.
+            stats: I/O counters for the fetch.
+        """
+        url = source.url
+        with self._mutex:
+            if url in self._futures or url in self._failed:
+                return
+            total = self._requested.get(url, 0) + nbytes
+            self._requested[url] = total
+            if total < self.share * 2 ** self._promotions.get(url, 0) * shard_bytes:
+                return
+            if self.cache.max_bytes is not None and shard_bytes > self.cache.max_bytes:
+                self._failed.add(url)  # would never fit: stay on range requests
+                return
+            log.debug("promoting %s into the cache", _redact(url))
+            self._futures[url] = self.cache.prefetch(
+                source, size=size, etag=etag, md5sum=md5sum, stats=stats
+            )
+
+    def open_if_ready(
+        self,
+        url: str,
+        *,
+        size: int | None = None,
+        etag: str | None = None,
+        md5sum: str | None = None,
+    ) -> CachedShard | None:
+        """The cached copy of a promoted shard, once its fetch has finished; else ``None``."""
+        with self._mutex:
+            future = self._futures.get(url)
+            if future is None or not future.done():
+                return None
+            del self._futures[url]
+            if future.cancelled():  # the cache was closed
+                return None
+            error = future.exception()
+            if error is not None:
+                self._failed.add(url)
+                log.warning("could not promote %s into the cache: %s", _redact(url), error)
+                return None
+            self._requested.pop(url, None)
+            self._promotions[url] = self._promotions.get(url, 0) + 1
+        return self.cache.open_cached(url, size=size, etag=etag, md5sum=md5sum)
+
+    def close(self) -> None:
+        """Stop background fetches."""
+        self.cache.close()
 
 
 def _open_local(url: str, path: str) -> CachedShard:

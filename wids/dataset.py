@@ -138,7 +138,9 @@ class ShardListDataset:
             ``name`` is supported, others warn.
         dataset_name: Name of the dataset when ``shards`` is a list (reference parameter).
         storage_options: fsspec options for every URL (index and shards).
-        access: ``"auto"`` (local files read in place, remote shards by range requests),
+        access: ``"auto"`` (local files read in place, remote shards by range requests and,
+            with ``cache_dir``, fetched whole into the cache in the background once
+            ``promote_share`` of a shard's bytes were requested),
             ``"range"`` (range requests always) or ``"shard"`` (whole shards into ``cache_dir``,
             then local reads).
         verify: On first touch of a shard in a process, compare its size and etag with the
@@ -150,6 +152,8 @@ class ShardListDataset:
         duplicates: Policy for repeated keys or fields when a shard must be scanned
             (``"error"``, ``"split"``, ``"keep_first"``).
         allow_pickle: Let the decoders unpickle ``.pyd/.pickle/.pkl/.pt/.pth`` fields.
+        promote_share: With ``access="auto"`` and ``cache_dir``: the share (0 to 1) of a remote
+            shard's bytes requested by range before the whole shard is cached.
 
     Raises:
         ValueError: An invalid parameter (checked here; all I/O happens lazily).
@@ -176,6 +180,7 @@ class ShardListDataset:
         offline: bool = False,
         duplicates: DuplicatePolicy = "error",
         allow_pickle: bool = False,
+        promote_share: float = 0.05,
     ) -> None:
         if access not in ACCESS_MODES:
             raise ValueError(f"access must be one of {ACCESS_MODES}, not {access!r}")
@@ -189,6 +194,8 @@ class ShardListDataset:
             raise ValueError(f"cache_size must be >= 0 or None, not {cache_size!r}")
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
+        if not 0.0 <= promote_share <= 1.0:
+            raise ValueError(f"promote_share must be between 0 and 1, not {promote_share!r}")
         if access == "shard" and cache_dir is None:
             raise ValueError("access='shard' needs cache_dir")
         if localname is not None:
@@ -197,10 +204,11 @@ class ShardListDataset:
                 "(collision-free); pass cache_dir",
                 stacklevel=2,
             )
-        if access != "shard" and (cache_size is not None or keep):
+        if (access == "range" or cache_dir is None) and (cache_size is not None or keep):
             warnings.warn(
-                f"cache_size and keep apply to the shard cache (access='shard'); with "
-                f"access={access!r} no shard is downloaded, so they have no effect",
+                f"cache_size and keep apply to the shard cache (cache_dir with access 'shard' "
+                f"or 'auto'); with access={access!r} and cache_dir={cache_dir!r} no shard is "
+                f"downloaded, so they have no effect",
                 stacklevel=2,
             )
         options = dict(options or {})
@@ -230,6 +238,7 @@ class ShardListDataset:
         self.offline = bool(offline)
         self.duplicates: DuplicatePolicy = duplicates
         self.allow_pickle = bool(allow_pickle)
+        self.promote_share = float(promote_share)
         self._loaded: _Loaded | None = None
         self._members: dict[int, tuple[ShardMembers, np.ndarray, np.ndarray]] = {}
         self._scanned: set[int] = set()  # member tables that came from scanning (costly)
@@ -245,6 +254,7 @@ class ShardListDataset:
         self._verified: set[int] = set()
         self._lock = threading.RLock()
         self._shard_cache: Any = None
+        self._promoter: Any = None
 
     def _check_process(self) -> None:
         if self._pid != os.getpid():  # forked: the parent's readers are not ours to use
@@ -252,7 +262,7 @@ class ShardListDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_readers", "_verified", "_lock", "_shard_cache", "_pid"):
+        for k in ("_readers", "_verified", "_lock", "_shard_cache", "_promoter", "_pid"):
             del state[k]
         # Tables from an index reload cheaply; scanned ones would cost a pass over the shard.
         state["_members"] = {i: m for i, m in self._members.items() if i in self._scanned}
@@ -378,6 +388,8 @@ class ShardListDataset:
         """The open reader of a shard (opening and verifying it if needed); counts an access."""
         self._counts["accesses"] += 1
         reader = self._readers.get(shard)
+        if reader is not None and self._promoter is not None and not reader.cached:
+            reader = self._promoted(shard, reader)
         if reader is not None:
             self._readers.move_to_end(shard)
             return reader
@@ -401,24 +413,70 @@ class ShardListDataset:
                 _, old = self._readers.popitem(last=False)
                 old.close()
 
+    def _cache(self) -> Any:
+        """This process's ``ShardCache`` (``cache_dir`` is set)."""
+        if self._shard_cache is None:
+            from .cache import ShardCache
+
+            assert self.cache_dir is not None  # callers check
+            self._shard_cache = ShardCache(
+                self.cache_dir, max_bytes=self.cache_size, keep=self.keep, offline=self.offline
+            )
+        return self._shard_cache
+
     def _open_reader(self, info: ShardInfo) -> ShardReader:
         source = self._source(info.url)
-        if self.access == "shard" and not source.is_local:
-            if self._shard_cache is None:
-                from .cache import ShardCache
-
-                assert self.cache_dir is not None  # checked in __init__
-                self._shard_cache = ShardCache(
-                    self.cache_dir, max_bytes=self.cache_size, keep=self.keep, offline=self.offline
-                )
-            cached = self._shard_cache.open(
-                source, size=info.size, etag=info.etag, md5sum=info.md5sum, stats=self._io
-            )
-            return CachedReader(cached)
+        expect = {"size": info.size, "etag": info.etag, "md5sum": info.md5sum}
+        uses_cache = self.cache_dir is not None and self.access != "range"
+        if uses_cache and not source.is_local:
+            if self.access == "shard" or self.offline:
+                return CachedReader(self._cache().open(source, stats=self._io, **expect))
+            cached = self._cache().open_cached(info.url, **expect)  # promoted earlier
+            if cached is not None:
+                return CachedReader(cached)
         self._check_offline(info.url)
         return RangeReader(source)
 
+    def _requested(self, shard: int, reader: ShardReader, nbytes: int) -> None:
+        """``access="auto"``: count bytes read by range; promote the shard at the share."""
+        if self.access != "auto" or self.cache_dir is None or reader.cached:
+            return
+        if reader.source is None or reader.source.is_local:
+            return
+        if self._promoter is None:
+            from .cache import Promoter
+
+            self._promoter = Promoter(self._cache(), self.promote_share)
+        info = self._load().infos[shard]
+        ends = self._members[shard][2]
+        shard_bytes = info.size if info.size is not None else int(ends.max(initial=0))
+        self._promoter.requested(
+            reader.source,
+            nbytes,
+            shard_bytes=shard_bytes,
+            size=info.size,
+            etag=info.etag,
+            md5sum=info.md5sum,
+            stats=self._io,
+        )
+
+    def _promoted(self, shard: int, reader: ShardReader) -> ShardReader:
+        """Swap a range reader for the cached copy once its promotion has finished."""
+        info = self._load().infos[shard]
+        cached = self._promoter.open_if_ready(
+            info.url, size=info.size, etag=info.etag, md5sum=info.md5sum
+        )
+        if cached is None:
+            return reader
+        with self._lock:
+            reader.close()
+            new = CachedReader(cached)
+            self._readers[shard] = new
+            return new
+
     def _verify(self, shard: int, info: ShardInfo, ends: np.ndarray) -> None:
+        if self.offline and self.cache_dir is not None and not Source(info.url).is_local:
+            return  # the cache checks its copy against the index's size, etag and md5
         self._check_offline(info.url)
         stat = self._source(info.url).info(self._io)
         name = redact_url(info.url)
@@ -480,6 +538,7 @@ class ShardListDataset:
         start, end = int(starts[local]), int(ends[local])
         try:
             buf = reader.read_span(start, end, self._io)
+            self._requested(shard, reader, end - start)
         finally:
             self._evict()
         self._counts["samples"] += 1
@@ -511,6 +570,8 @@ class ShardListDataset:
         blocks, where = plan_batch(spans, self.merge_gap)
         try:
             data = fetch_blocks(blocks, readers, self._io)
+            for blk in blocks:
+                self._requested(blk.shard, readers[blk.shard], blk.end - blk.start)
         finally:
             self._evict()
         out: list[Any] = []

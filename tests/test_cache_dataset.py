@@ -1,0 +1,131 @@
+"""The dataset with the shard cache: ``access="shard"``, ``access="auto"`` promotion, offline."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from tar_oracle import dataset_samples, strip_meta
+
+from wids.build import build_index
+from wids.cache import Promoter, ShardCache
+from wids.dataset import ShardListDataset
+from wids.errors import OfflineError
+from wids.synth import write_dataset
+
+pytestmark = pytest.mark.servers
+
+NS, NSAMPLES = 6, 40
+
+
+@pytest.fixture(scope="module")
+def remote(http_server, tmp_path_factory):
+    """Shards on nginx and a local JSON index naming their HTTP URLs."""
+    src = tmp_path_factory.mktemp("src")
+    paths = write_dataset(
+        str(src),
+        shards=NS,
+        samples_per_shard=NSAMPLES,
+        real_images=False,
+        jpg_bytes=4000,
+        prefix="cds",
+    )
+    urls = [http_server.put(p, f"cds/{os.path.basename(p)}") for p in paths]
+    index = str(tmp_path_factory.mktemp("idx") / "train.json")
+    build_index(urls, index, name="train")
+    return {"paths": paths, "urls": urls, "index": index, "oracle": dataset_samples(paths)}
+
+
+def _served_bytes(http_server, prefix: str) -> tuple[int, int]:
+    """(requests, body bytes) nginx logged for objects under ``prefix``."""
+    n = total = 0
+    for line in http_server.access_log.read_text().splitlines():
+        parts = line.split()
+        if parts and parts[0].startswith("/" + prefix):
+            n += 1
+            total += int(parts[-1])
+    return n, total
+
+
+def _data_bytes(cache_dir) -> int:
+    d = os.path.join(cache_dir, "data")
+    return sum(os.path.getsize(os.path.join(d, n)) for n in os.listdir(d))
+
+
+def test_shard_access_reads_through_the_budgeted_cache(remote, tmp_path):
+    sizes = [os.path.getsize(p) for p in remote["paths"]]
+    budget = 2 * max(sizes)
+    ds = ShardListDataset(
+        remote["index"],
+        access="shard",
+        cache_dir=tmp_path,
+        cache_size=budget,
+        lru_size=1,
+        transformations=[],
+    )
+    for i in range(len(ds)):
+        assert strip_meta(ds[i]) == remote["oracle"][i], i
+    assert ds.stats.cache_hits == len(ds)
+    ds.close()
+    assert _data_bytes(tmp_path) <= budget
+    assert os.listdir(tmp_path / "tmp") == []
+
+
+def test_auto_promotes_remote_shards_into_the_cache(remote, http_server, tmp_path):
+    total = sum(os.path.getsize(p) for p in remote["paths"])
+    ds = ShardListDataset(
+        remote["index"],
+        access="auto",
+        cache_dir=tmp_path,
+        promote_share=0.05,
+        transformations=[],
+        verify=False,
+    )
+    http_server.reset_counts()
+    assert strip_meta(ds[0]) == remote["oracle"][0]
+    assert ds.stats.cache_hits == 0  # the first sample comes by a range request
+    for i in range(1, len(ds)):  # in order, like a chunked sampler within a chunk
+        assert strip_meta(ds[i]) == remote["oracle"][i], i
+    ds.close()
+    ds._promoter.close()
+    cache = ShardCache(tmp_path)
+    assert sorted(e.url for e in cache.entries()) == sorted(remote["urls"])
+    assert ds.stats.cache_hits > len(ds) // 2
+    requests, served = _served_bytes(http_server, "cds/")
+    assert served <= 1.5 * total  # one copy, plus range reads before each promotion finished
+    # Read again: everything local now, no request at all.
+    http_server.reset_counts()
+    again = ShardListDataset(remote["index"], cache_dir=tmp_path, transformations=[], verify=False)
+    for i in range(0, len(again), 7):
+        assert strip_meta(again[i]) == remote["oracle"][i]
+    assert http_server.request_count() == 0
+    assert again.stats.cache_hits == again.stats.samples
+
+
+def test_auto_without_cache_dir_stays_on_range_requests(remote, tmp_path):
+    ds = ShardListDataset(remote["index"], access="auto", transformations=[])
+    for i in range(NSAMPLES):
+        assert strip_meta(ds[i]) == remote["oracle"][i]
+    assert ds.stats.cache_hits == 0 and ds._promoter is None
+
+
+def test_offline_serves_cached_shards_and_names_missing_ones(remote, tmp_path):
+    cache = ShardCache(tmp_path)
+    from wids.remote import Source
+
+    cache.open(Source(remote["urls"][0])).close()
+    for access in ("auto", "shard"):
+        ds = ShardListDataset(
+            remote["index"], access=access, cache_dir=tmp_path, offline=True, transformations=[]
+        )
+        for i in range(NSAMPLES):
+            assert strip_meta(ds[i]) == remote["oracle"][i]
+        with pytest.raises(OfflineError, match=os.path.basename(remote["urls"][1])):
+            ds[NSAMPLES]
+
+
+def test_promoter_rejects_bad_share(tmp_path):
+    with pytest.raises(ValueError):
+        Promoter(ShardCache(tmp_path), 1.5)
+    with pytest.raises(ValueError):
+        ShardListDataset([{"url": "x.tar", "nsamples": 1}], promote_share=-0.1)
