@@ -213,11 +213,25 @@ def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None) -> by
         src.close()
 
 
-def _parse_json(data: bytes | str, where: str) -> Any:
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """Where a problem is: the file (an error's ``shard``) and the place inside it."""
+
+    file: str
+    inside: str = ""
+
+    def sub(self, part: str) -> _Where:
+        return _Where(self.file, f"{self.inside}{part}: ")
+
+    def error(self, message: str) -> IndexFormatError:
+        return IndexFormatError(f"{self.inside}{message}", shard=self.file)
+
+
+def _parse_json(data: bytes | str, where: _Where) -> Any:
     try:
         return json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise IndexFormatError(f"not valid JSON: {e}", shard=where) from None
+        raise where.error(f"not valid JSON: {e}") from None
 
 
 def _redact(url: str) -> str:
@@ -238,18 +252,18 @@ class _Loader:
         self.visiting: list[str] = []
 
     def load_file(self, url: str) -> Any:
-        where = _redact(url)
+        where = _Where(_redact(url))
         if url in self.visiting:
-            raise IndexFormatError("source_url cycle: " + " -> ".join(self.visiting), shard=where)
+            raise where.error("source_url cycle: " + " -> ".join(self.visiting))
         if len(self.visiting) >= _MAX_DEPTH:
-            raise IndexFormatError("source_url nesting too deep", shard=where)
+            raise where.error("source_url nesting too deep")
         return _parse_json(read_bytes(url, self.storage_options), where)
 
     def description(
         self,
         desc: Any,
         *,
-        where: str,
+        where: _Where,
         origin: str | None,
         base: str | None,
         name: str | None,
@@ -259,20 +273,18 @@ class _Loader:
     ) -> None:
         """Add one description (a file or an inline entry) and, recursively, its datasets."""
         if not isinstance(desc, dict):
-            raise IndexFormatError(
-                f"expected a JSON object, got {type(desc).__name__}", shard=where
-            )
+            raise where.error(f"expected a JSON object, got {type(desc).__name__}")
         _check_version(desc, where, required=top)
         if own_base and desc.get("base") is not None:
             if not isinstance(desc["base"], str):
-                raise IndexFormatError("'base' must be a string", shard=where)
+                raise where.error("'base' must be a string")
             base = resolve_url(desc["base"], base)
         shardlist = desc.get("shardlist", [])
         datasets = desc.get("datasets", [])
         if not isinstance(shardlist, list):
-            raise IndexFormatError("'shardlist' must be a list", shard=where)
+            raise where.error("'shardlist' must be a list")
         if not isinstance(datasets, list):
-            raise IndexFormatError("'datasets' must be a list", shard=where)
+            raise where.error("'datasets' must be a list")
         own_name = desc.get("name")
         label = name if name is not None else own_name
         first = len(self.shards)
@@ -282,11 +294,11 @@ class _Loader:
                 Component(_name(label, where), _weight(weight, where), first, len(self.shards))
             )
         for j, entry in enumerate(datasets):
-            self.dataset(entry, where=f"{where}: datasets[{j}]", origin=origin, base=base)
+            self.dataset(entry, where=where.sub(f"datasets[{j}]"), origin=origin, base=base)
 
-    def dataset(self, entry: Any, *, where: str, origin: str | None, base: str | None) -> None:
+    def dataset(self, entry: Any, *, where: _Where, origin: str | None, base: str | None) -> None:
         if not isinstance(entry, dict):
-            raise IndexFormatError("expected a JSON object", shard=where)
+            raise where.error("expected a JSON object")
         weight = entry.get("weight")
         if "source_url" not in entry:
             self.description(
@@ -295,17 +307,17 @@ class _Loader:
             return
         ref = entry["source_url"]
         if not isinstance(ref, str) or not ref:
-            raise IndexFormatError("'source_url' must be a non-empty string", shard=where)
+            raise where.error("'source_url' must be a non-empty string")
         url = resolve_url(ref, url_dir(origin) if origin else base)
         sub = self.load_file(url)
         sub_base = entry.get("base")
         if sub_base is not None and not isinstance(sub_base, str):
-            raise IndexFormatError("'base' must be a string", shard=where)
+            raise where.error("'base' must be a string")
         self.visiting.append(url)
         try:
             self.description(
                 sub,
-                where=_redact(url),
+                where=_Where(_redact(url)),
                 origin=url,
                 base=resolve_url(sub_base, base) if sub_base else url_dir(url),
                 name=entry.get("name"),
@@ -316,24 +328,21 @@ class _Loader:
             self.visiting.pop()
 
     def add_shards(
-        self, shardlist: list[Any], *, where: str, origin: str | None, base: str | None
+        self, shardlist: list[Any], *, where: _Where, origin: str | None, base: str | None
     ) -> None:
         root = base if base else os.getcwd()
         shards, extras = self.shards, self.extras
         for k, entry in enumerate(shardlist):
             if not isinstance(entry, dict):
-                raise IndexFormatError(f"shardlist[{k}]: expected a JSON object", shard=where)
+                raise where.error(f"shardlist[{k}]: expected a JSON object")
             url = entry.get("url")
             nsamples = entry.get("nsamples")
             if not isinstance(url, str) or not url:
-                raise IndexFormatError(
-                    f"shardlist[{k}]: 'url' missing or not a string", shard=where
-                )
+                raise where.error(f"shardlist[{k}]: 'url' missing or not a string")
             if type(nsamples) is not int or nsamples < 0:
-                raise IndexFormatError(
+                raise where.error(
                     f"shardlist[{k}]: 'nsamples' missing or not a non-negative integer "
-                    f"({nsamples!r})",
-                    shard=where,
+                    f"({nsamples!r})"
                 )
             size, md5, etag, mtime = (
                 entry.get("filesize"),
@@ -347,9 +356,7 @@ class _Loader:
                 and (etag is None or isinstance(etag, str))
                 and (mtime is None or type(mtime) in (int, float))
             ):
-                raise IndexFormatError(
-                    f"shardlist[{k}]: bad type in filesize/md5sum/etag/mtime", shard=where
-                )
+                raise where.error(f"shardlist[{k}]: bad type in filesize/md5sum/etag/mtime")
             shards.append(
                 ShardInfo(
                     resolve_url(url, root),
@@ -364,33 +371,31 @@ class _Loader:
         self.origins.extend([origin] * len(shardlist))
 
 
-def _check_version(desc: dict[str, Any], where: str, *, required: bool) -> None:
+def _check_version(desc: dict[str, Any], where: _Where, *, required: bool) -> None:
     kind = desc.get("__kind__")
     if kind is not None and kind != KIND:
-        raise IndexFormatError(f"__kind__ is {kind!r}, expected {KIND!r}", shard=where)
+        raise where.error(f"__kind__ is {kind!r}, expected {KIND!r}")
     version = desc.get("wids_version")
     if version is None and not required:
         return
     if version != 1 or type(version) is not int:
         what = "missing" if version is None else f"{version!r}, expected 1"
-        raise IndexFormatError(f"wids_version {what}", shard=where)
+        raise where.error(f"wids_version {what}")
 
 
-def _name(value: Any, where: str) -> str:
+def _name(value: Any, where: _Where) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise IndexFormatError(f"'name' must be a string, got {value!r}", shard=where)
+        raise where.error(f"'name' must be a string, got {value!r}")
     return value
 
 
-def _weight(value: Any, where: str) -> float | None:
+def _weight(value: Any, where: _Where) -> float | None:
     if value is None:
         return None
     if type(value) not in (int, float) or value < 0:
-        raise IndexFormatError(
-            f"'weight' must be a non-negative number, got {value!r}", shard=where
-        )
+        raise where.error(f"'weight' must be a non-negative number, got {value!r}")
     return float(value)
 
 
@@ -422,16 +427,16 @@ def load_spec(
     if isinstance(src, (str, os.PathLike)):
         url = os.fspath(src)
         desc = loader.load_file(url)
-        where, origin, default_base = _redact(url), url, url_dir(url)
+        where, origin, default_base = _Where(_redact(url)), url, url_dir(url)
     elif hasattr(src, "read"):
-        desc = _parse_json(src.read(), "<stream>")  # type: ignore[union-attr]
-        where, origin, default_base = "<stream>", None, None
+        desc = _parse_json(src.read(), _Where("<stream>"))  # type: ignore[union-attr]
+        where, origin, default_base = _Where("<stream>"), None, None
     elif isinstance(src, Mapping):
         desc = dict(src)
-        where, origin, default_base = "<dict>", None, None
+        where, origin, default_base = _Where("<dict>"), None, None
     elif isinstance(src, Sequence):
         desc = {"wids_version": 1, "shardlist": list(src)}
-        where, origin, default_base = "<list>", None, None
+        where, origin, default_base = _Where("<list>"), None, None
     else:
         raise TypeError(f"cannot load a description from {type(src).__name__}")
     if url is not None:
