@@ -183,3 +183,10 @@ def test_interpret_transformations():
 def test_json_of_decoded_sample_is_plain():
     out = Decoder()({"__key__": "k", ".json": json.dumps({"x": 1}).encode()})
     assert out == {"__key__": "k", ".json": {"x": 1}}
+
+
+def test_decoder_pickles():
+    dec = pickle.loads(pickle.dumps(Decoder("rgb8", allow_pickle=True).register("bin", len)))
+    assert dec.image == "rgb8" and dec.allow_pickle
+    assert dec({".png": _png(), ".bin": b"ab"})[".png"].shape == (3, 5, 3)
+    assert dec({".bin": b"ab"})[".bin"] == 2

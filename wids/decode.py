@@ -217,6 +217,14 @@ class Decoder:
         for ext, fn in (decoders or {}).items():
             self.register(ext, fn)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # the built-in table holds closures; rebuild it on the other side
+        return {"image": self.image, "allow_pickle": self.allow_pickle, "_user": self._user}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._table = default_decoders(self.image, allow_pickle=self.allow_pickle)
+
     def register(self, extension: str, fn: FieldDecoder | None) -> Decoder:
         """Decode fields with this extension by ``fn(bytes)``; ``None`` keeps them raw.
 
