@@ -9,6 +9,9 @@ Session-scoped fixtures ``s3_server``, ``http_server``, ``gcs_server`` and the p
 - ``.put(local_path, name)``, ``.put_bytes(data, name)``: upload
 - ``.fs``: an fsspec filesystem for it
 
+``fault_proxy`` (from ``faultproxy.py``) is a factory fixture for a fault-injecting proxy in
+front of one of them.
+
 nginx also counts requests from its access log: ``.request_count(name=None)`` (requests for
 one object, or all) and ``.reset_counts()``; ``/forbidden/...`` always answers 403.
 
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from faultproxy import fault_proxy
 
 # gcsfs probes the bucket type over gRPC (and hangs ~60 s against the emulator) unless this is
 # off; it must be set before gcsfs is first imported, hence at import of this module.
@@ -39,6 +43,7 @@ __all__ = [
     "GcsServer",
     "HttpServer",
     "S3Server",
+    "fault_proxy",
     "free_port",
     "gcs_server",
     "http_server",

@@ -244,6 +244,8 @@ _TRANSIENT_NAMES = frozenset(
         "ChunkedEncodingError",
         "ProtocolError",
         "ShortReadError",
+        "FlexibleChecksumError",  # botocore: body does not match its checksum (cut short)
+        "ChecksumError",  # gcsfs: the same
     }
 )
 

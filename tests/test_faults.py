@@ -1,0 +1,321 @@
+"""Remote reads through a fault-injecting proxy, the dataset on every real server, integrity.
+
+Run with ``-s`` to see, per test, how many faults were injected and survived.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faultproxy import FaultPlan, FaultProxy
+from tar_oracle import dataset_samples, strip_meta
+
+from wids.build import build_index
+from wids.dataset import ShardListDataset
+from wids.errors import (
+    IndexMismatchError,
+    PermanentRemoteError,
+    RetriesExhaustedError,
+    ShardNotFoundError,
+    ShortReadError,
+)
+from wids.remote import IOStats, RetryPolicy, Source, read_ranges
+from wids.synth import write_dataset
+
+pytestmark = pytest.mark.servers
+
+DATA = bytes(random.Random(6).randbytes(400_000))
+POLICY = RetryPolicy(attempts=6, max_time=30.0, backoff=0.01, max_backoff=0.1, timeout=1.0)
+TRANSIENT = ("drop", "delay", "500", "503", "429", "truncate", "short", "stall")
+# Kinds where each injected fault costs exactly one of our attempts. For drop/truncate the
+# backends sometimes retry inside one attempt (aiohttp on a reused connection, s3fs on
+# connection errors), so our count can be lower than the injected one.
+ONE_TO_ONE = ("500", "503", "429", "short", "stall")
+
+
+class Through:
+    """An upstream server seen through a fault proxy: URLs and storage options for wids."""
+
+    def __init__(self, server: Any, proxy: FaultProxy) -> None:
+        self.server = server
+        self.proxy = proxy
+        if server.protocol == "s3":
+            self.storage_options = {
+                **server.storage_options,
+                "client_kwargs": {"endpoint_url": proxy.base, "region_name": "us-east-1"},
+            }
+        else:
+            self.storage_options = dict(server.storage_options)
+
+    def url(self, name: str) -> str:
+        return self.proxy.url(name) if self.server.protocol == "http" else self.server.url(name)
+
+    def source(self, name: str, retry: RetryPolicy = POLICY) -> Source:
+        return Source(self.url(name), self.storage_options, retry)
+
+
+@pytest.fixture(params=["http", "s3"])
+def upstream(request: pytest.FixtureRequest) -> Any:
+    return request.getfixturevalue(f"{request.param}_server")
+
+
+@pytest.fixture
+def through(upstream: Any, fault_proxy: Any) -> Through:
+    base = upstream.base if upstream.protocol == "http" else upstream.endpoint
+    return Through(upstream, fault_proxy(base))
+
+
+def _summary(label: str, proxy: FaultProxy, stats: IOStats | Any) -> str:
+    injected = sum(proxy.injected.values())
+    text = (
+        f"{label}: requests={proxy.requests} injected={injected} {dict(proxy.injected)} "
+        f"retries={stats.retries} errors={stats.errors}"
+    )
+    print(text)
+    return text
+
+
+# ---------------------------------------------------------------------------------------------
+# Every fault kind, one operation at a time
+
+
+@pytest.mark.parametrize("kind", TRANSIENT)
+def test_transient_fault_survived(through: Through, kind: str) -> None:
+    name = f"faults/transient-{kind}.bin"
+    through.server.put_bytes(DATA, name)
+    src = through.source(name)
+    proxy = through.proxy
+    stats = IOStats()
+    spans = [(i * 31_337 % 390_000, i * 31_337 % 390_000 + 777 + i) for i in range(12)]
+    ops = {
+        "info": lambda: src.info(stats).size == len(DATA),
+        "read_range": lambda: src.read_range(1000, 250_000, stats) == DATA[1000:250_000],
+        "read_ranges": lambda: (
+            read_ranges([(src, s, e) for s, e in spans], stats) == [DATA[s:e] for s, e in spans]
+        ),
+        "open_stream": lambda: _read_stream(src, stats) == DATA,
+    }
+    t0 = time.monotonic()
+    for op, run in ops.items():
+        proxy.set_plan(FaultPlan({kind: 1}, rate=1.0, max_faults=2, only=name, delay=0.1))
+        before = stats.retries
+        assert run(), f"{kind}: wrong bytes from {op}"
+        if kind in ONE_TO_ONE and op in ("read_range", "read_ranges"):
+            # (not stat: fsspec's HTTP info() tries HEAD, then GET, within one attempt)
+            assert stats.retries - before == 2, f"{kind} {op}: {stats}"
+    elapsed = time.monotonic() - t0
+    msg = _summary(f"{through.server.protocol} {kind}", proxy, stats)
+    injected = proxy.injected[kind]
+    assert injected >= 6, msg  # body faults are not injected into HEAD requests
+    assert stats.errors == 0, msg
+    assert stats.retries <= injected, msg
+    if kind in ONE_TO_ONE:
+        assert stats.retries >= 4, msg
+    assert elapsed < 8 * POLICY.timeout + 5, msg
+
+
+def _read_stream(src: Source, stats: IOStats) -> bytes:
+    with src.open_stream(stats) as f:
+        return f.read()
+
+
+@pytest.mark.parametrize(
+    ("status", "error"), [(403, PermanentRemoteError), (404, ShardNotFoundError)]
+)
+def test_permanent_fault_raises_at_once(through: Through, status: int, error: type) -> None:
+    name = f"faults/permanent-{status}.bin"
+    through.server.put_bytes(DATA, name)
+    through.proxy.set_plan(FaultPlan(permanent={name: status}))
+    src = through.source(name)
+    stats = IOStats()
+    for op in (lambda: src.info(stats), lambda: src.read_range(0, 100, stats)):
+        t0 = time.monotonic()
+        with pytest.raises(error) as info:
+            op()
+        assert time.monotonic() - t0 < 1.0
+        assert info.value.shard == src.url
+    msg = _summary(f"{through.server.protocol} permanent {status}", through.proxy, stats)
+    assert stats.retries == 0 and stats.errors == 2, msg
+    assert through.proxy.injected[str(status)] >= 2, msg
+
+
+@pytest.mark.parametrize("kind", [k for k in TRANSIENT if k != "delay"])
+def test_persistent_fault_exhausts_retries(through: Through, kind: str) -> None:
+    name = f"faults/persistent-{kind}.bin"
+    through.server.put_bytes(DATA, name)
+    through.proxy.set_plan(FaultPlan({kind: 1}, rate=1.0, only=name))
+    policy = RetryPolicy(attempts=3, max_time=10.0, backoff=0.01, max_backoff=0.05, timeout=0.5)
+    src = through.source(name, policy)
+    stats = IOStats()
+    t0 = time.monotonic()
+    expected = ShortReadError if kind == "short" else RetriesExhaustedError
+    with pytest.raises(expected) as info:
+        src.read_range(0, 100_000, stats)
+    elapsed = time.monotonic() - t0
+    msg = _summary(f"{through.server.protocol} persistent {kind}", through.proxy, stats)
+    assert elapsed < policy.attempts * (policy.timeout + policy.max_backoff) + 0.5, msg
+    assert info.value.attempts == policy.attempts, msg  # type: ignore[attr-defined]
+    assert stats.requests == 3 and stats.retries == 2 and stats.errors == 1, msg
+    assert through.proxy.forwarded == 0, msg
+
+
+def test_max_time_bounds_retries(through: Through) -> None:
+    name = "faults/max-time.bin"
+    through.server.put_bytes(DATA, name)
+    through.proxy.set_plan(FaultPlan({"503": 1, "stall": 1}, rate=1.0, only=name, seed=3))
+    policy = RetryPolicy(attempts=10_000, max_time=1.5, backoff=0.05, max_backoff=0.2, timeout=0.4)
+    stats = IOStats()
+    t0 = time.monotonic()
+    with pytest.raises(RetriesExhaustedError):
+        through.source(name, policy).read_range(0, 10, stats)
+    elapsed = time.monotonic() - t0
+    msg = _summary(f"{through.server.protocol} max_time", through.proxy, stats)
+    assert elapsed < policy.max_time + 0.3, msg
+
+
+# ---------------------------------------------------------------------------------------------
+# The dataset
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    d = tmp_path_factory.mktemp("faultds")
+    return write_dataset(
+        str(d), shards=3, samples_per_shard=25, real_images=False, jpg_bytes=4000, extra_fields=True
+    )
+
+
+@pytest.fixture(scope="module")
+def oracle(shards: list[str]) -> list[dict[str, Any]]:
+    return dataset_samples(shards)
+
+
+def _upload(server: Any, shards: list[str], prefix: str) -> list[str]:
+    return [server.put(p, f"{prefix}/{os.path.basename(p)}") for p in shards]
+
+
+def _check_dataset(ds: ShardListDataset, oracle: list[dict[str, Any]]) -> None:
+    assert len(ds) == len(oracle)
+    for i in range(len(ds)):
+        assert strip_meta(ds[i]) == oracle[i], f"sample {i}"
+    order = list(range(len(ds)))
+    random.Random(1).shuffle(order)
+    for k in range(0, len(order), 16):
+        batch = order[k : k + 16]
+        got = ds.__getitems__(batch)
+        assert [strip_meta(s) for s in got] == [oracle[i] for i in batch]
+
+
+def _cache_files(cache_dir: Path) -> dict[str, str]:
+    return {
+        str(p): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in (cache_dir / "data").rglob("*")
+        if p.is_file()
+    }
+
+
+def _hashes(paths: list[str]) -> set[str]:
+    return {hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths}
+
+
+@pytest.mark.parametrize("access", ["range", "shard"])
+def test_dataset_correct_on_every_server(
+    remote_server: Any, shards: list[str], oracle: list[dict[str, Any]], access: str, tmp_path: Path
+) -> None:
+    urls = _upload(remote_server, shards, f"clean-{access}")
+    index = str(tmp_path / "index.json")
+    build_index(urls, index, storage_options=remote_server.storage_options, name="clean")
+    ds = ShardListDataset(
+        index,
+        transformations=[],
+        access=access,
+        cache_dir=str(tmp_path / "cache") if access == "shard" else None,
+        storage_options=remote_server.storage_options,
+    )
+    _check_dataset(ds, oracle)
+    if access == "shard":
+        assert set(_cache_files(tmp_path / "cache").values()) == _hashes(shards)
+    ds.close()
+
+
+@pytest.mark.parametrize("access", ["range", "shard"])
+def test_dataset_through_faults(
+    through: Through,
+    shards: list[str],
+    oracle: list[dict[str, Any]],
+    access: str,
+    tmp_path: Path,
+) -> None:
+    prefix = f"faulty-{access}"
+    _upload(through.server, shards, prefix)
+    urls = [through.url(f"{prefix}/{os.path.basename(p)}") for p in shards]
+    kinds = {k: 1.0 for k in TRANSIENT}
+    kinds["stall"] = 0.2
+    policy = RetryPolicy(attempts=8, max_time=30.0, backoff=0.01, max_backoff=0.1, timeout=0.5)
+    through.proxy.set_plan(FaultPlan(kinds, rate=0.25, only=prefix, delay=0.05, seed=11))
+    index = str(tmp_path / "index.json")
+    build_index(urls, index, storage_options=through.storage_options, name="faulty", jobs=2)
+    ds = ShardListDataset(
+        index,
+        transformations=[],
+        access=access,
+        cache_dir=str(tmp_path / "cache") if access == "shard" else None,
+        storage_options=through.storage_options,
+        retry=policy,
+    )
+    _check_dataset(ds, oracle)
+    msg = _summary(f"{through.server.protocol} dataset {access}", through.proxy, ds.stats)
+    assert sum(through.proxy.injected.values()) >= 5, msg
+    assert ds.stats.errors == 0, msg
+    if access == "shard":  # nothing corrupt ever entered the cache
+        assert set(_cache_files(tmp_path / "cache").values()) == _hashes(shards), msg
+    ds.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Integrity: a shard replaced on the server after indexing
+
+
+@pytest.mark.parametrize("access", ["range", "shard"])
+@pytest.mark.parametrize("same_size", [False, True])
+def test_replaced_shard_detected(
+    remote_server: Any, shards: list[str], access: str, same_size: bool, tmp_path: Path
+) -> None:
+    prefix = f"replaced-{access}-{same_size}"
+    urls = _upload(remote_server, shards, prefix)
+    index = str(tmp_path / "index.json")
+    build_index(urls, index, storage_options=remote_server.storage_options)
+    original = Path(shards[1]).read_bytes()
+    if same_size:  # same length, different bytes: only the etag can tell
+        replaced = original[:512] + bytes(reversed(original[512:1536])) + original[1536:]
+    else:
+        replaced = original + bytes(10240)
+    assert replaced != original
+    name = f"{prefix}/{os.path.basename(shards[1])}"
+    remote_server.put_bytes(replaced, name)
+    if remote_server.protocol == "http":  # nginx's etag is mtime-size: move the mtime on
+        path = remote_server.path(name)
+        st = os.stat(path)
+        os.utime(path, (st.st_atime, st.st_mtime + 7))
+    cache_dir = tmp_path / "cache"
+    ds = ShardListDataset(
+        index,
+        transformations=[],
+        access=access,
+        cache_dir=str(cache_dir) if access == "shard" else None,
+        storage_options=remote_server.storage_options,
+    )
+    ds[0]
+    with pytest.raises(IndexMismatchError) as info:
+        ds[25]
+    assert os.path.basename(shards[1]) in str(info.value)
+    ds.close()
+    if access == "shard":
+        bad = hashlib.sha256(replaced).hexdigest()
+        assert bad not in set(_cache_files(cache_dir).values())
