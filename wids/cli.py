@@ -255,9 +255,169 @@ def _cmd_index_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------- subset, cache
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "m": 10**6,
+    "mb": 10**6,
+    "g": 10**9,
+    "gb": 10**9,
+    "t": 10**12,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+_TIME_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_size(text: str) -> int:
+    """``"500M"``, ``"10GB"``, ``"1.5GiB"``, ``"1000"`` (bytes) to a number of bytes."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).lower() not in _SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 500M, 10G, 1.5GiB)")
+    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+
+
+def parse_duration(text: str) -> float:
+    """``"7d"``, ``"12h"``, ``"30m"``, ``"90s"``, ``"3600"`` (seconds) to seconds."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).lower() not in _TIME_UNITS:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 7d, 12h, 30m)")
+    return float(m.group(1)) * _TIME_UNITS[m.group(2).lower()]
+
+
+def _parse_slice(text: str) -> slice:
+    try:
+        parts = [int(x) if x.strip() else None for x in text.split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1 and parts[0] is not None:
+        return slice(parts[0], parts[0] + 1)
+    if len(parts) not in (2, 3):
+        raise argparse.ArgumentTypeError(f"not a shard range: {text!r} (e.g. 0:4, 10:, :8:2)")
+    return slice(*parts)
+
+
+def _add_subset(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "subset",
+        help="copy some shards and a matching index into a directory (works offline)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  wids subset s3://bucket/train.json --shards 0:4 --to ~/data/train-small\n"
+        "  wids subset https://host/train.json --samples 5000 --to small/\n"
+        "then: ShardListDataset('small/train.json')  # no network needed\n",
+    )
+    p.add_argument("index", help="path/URL of the dataset's index or description")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--shards", type=_parse_slice, help="a slice of the shard list: 0:4")
+    which.add_argument("--samples", type=int, help="the shards holding the first N samples")
+    p.add_argument("--to", required=True, help="destination directory")
+    p.add_argument("-j", "--jobs", type=int, default=8, help="shards copied at once (8)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _storage_flag(p)
+    p.set_defaults(func=_cmd_subset)
+
+
+def _cmd_subset(args: argparse.Namespace) -> int:
+    from .subset import make_subset
+
+    report = make_subset(
+        args.index,
+        args.to,
+        shards=args.shards,
+        samples=args.samples,
+        storage_options=parse_storage_options(args.storage_option),
+        jobs=args.jobs,
+        progress=not args.quiet and sys.stderr.isatty(),
+    )
+    print(
+        f"{report.index}: {report.shards} shards, {report.samples} samples, "
+        f"{_human(report.bytes)} ({report.copied} copied) in {report.seconds:.2f} s"
+    )
+    return 0
+
+
+def _add_cache(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "cache",
+        help="list, size and clean the local shard cache",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  wids cache ls\n  wids cache du\n"
+        "  wids cache clean --older-than 7d\n  wids cache clean --max-size 50G\n\n" + EPILOG_ENV,
+    )
+    p.add_argument(
+        "--cache-dir",
+        default=None,
+        help="the cache directory (default: $WIDS_CACHE_DIR or the per-user cache directory)",
+    )
+    csub = p.add_subparsers(dest="cache_command", required=True, metavar="COMMAND")
+    fmt = argparse.RawDescriptionHelpFormatter
+    ls = csub.add_parser(
+        "ls",
+        help="cached shards, least recently used first",
+        formatter_class=fmt,
+        epilog="example:\n  wids cache --cache-dir /data/wids-cache ls --json\n",
+    )
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    csub.add_parser(
+        "du",
+        help="bytes and entries in the cache",
+        formatter_class=fmt,
+        epilog="example:\n  wids cache du\n",
+    )
+    cl = csub.add_parser(
+        "clean",
+        help="remove entries not in use (all of them if no option), and abandoned downloads",
+        formatter_class=fmt,
+        epilog="examples:\n  wids cache clean --older-than 7d\n  wids cache clean --max-size 50G\n",
+    )
+    cl.add_argument("--older-than", type=parse_duration, help="not used for this long: 7d, 12h")
+    cl.add_argument("--max-size", type=parse_size, help="evict LRU entries down to: 50G, 500M")
+    p.set_defaults(func=_cmd_cache)
+
+
+def _cmd_cache(args: argparse.Namespace) -> int:
+    import time
+
+    from .cache import ShardCache
+
+    cache = ShardCache(args.cache_dir or default_cache_dir())
+    if args.cache_command == "ls":
+        entries = cache.entries()
+        if args.json:
+            print(json.dumps([{k: getattr(e, k) for k in e.__slots__} for e in entries], indent=2))
+            return 0
+        for e in entries:
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_access))
+            print(f"{when}  {_human(e.size):>9}  {e.url}")
+        return 0
+    if args.cache_command == "du":
+        entries = cache.entries()
+        print(f"{_human(cache.total_bytes())} in {len(entries)} shards  {cache.cache_dir}")
+        return 0
+    before = cache.total_bytes()
+    removed = cache.clean(older_than=args.older_than, max_bytes=args.max_size)
+    freed = before - cache.total_bytes()
+    print(
+        f"removed {len(removed)} shards, freed {_human(freed)}; {_human(cache.total_bytes())} left"
+    )
+    return 0
+
+
 # ----------------------------------------------------------------------------------- main
 
-_SUBCOMMANDS = (_add_index,)
+_SUBCOMMANDS = (_add_index, _add_subset, _add_cache)
 
 
 def build_parser() -> argparse.ArgumentParser:

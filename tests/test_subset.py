@@ -1,0 +1,171 @@
+"""``wids subset`` and ``wids cache``; the offline acceptance test with the server stopped."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+import pytest
+from serverfixtures import _NGINX_CONF, NGINX, free_port, start_process, stop_process
+from tar_oracle import dataset_samples, strip_meta
+
+from wids.build import build_index
+from wids.cache import ShardCache
+from wids.cli import main, parse_duration, parse_size
+from wids.dataset import ShardListDataset
+from wids.errors import OfflineError
+from wids.remote import Source
+from wids.subset import select_shards
+from wids.synth import write_dataset
+
+NS, NSAMPLES = 5, 12
+
+
+def _start_nginx(tmp_path, root):
+    work = tmp_path / "nginx"
+    work.mkdir()
+    port = free_port()
+    user = "user root;" if os.geteuid() == 0 else ""
+    conf = work / "nginx.conf"
+    conf.write_text(_NGINX_CONF.format(user=user, work=work, port=port, root=root))
+    proc = start_process(
+        [NGINX, "-c", str(conf), "-p", str(work)], f"http://127.0.0.1:{port}/", work / "out.log"
+    )
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.mark.servers
+def test_subset_then_offline_with_the_server_stopped(tmp_path, capsys):
+    root = tmp_path / "www"
+    paths = write_dataset(
+        str(root / "train"),
+        shards=NS,
+        samples_per_shard=NSAMPLES,
+        real_images=False,
+        jpg_bytes=800,
+        extra_fields=True,
+    )
+    oracle = dataset_samples(paths)
+    proc, base = _start_nginx(tmp_path, root)
+    try:
+        urls = [f"{base}/train/{os.path.basename(p)}" for p in paths]
+        build_index(urls, str(root / "train.json"), name="train")  # the index is remote too
+        index_url = f"{base}/train.json"
+        small = tmp_path / "small"
+        assert main(["subset", index_url, "--shards", "1:3", "--to", str(small), "-q"]) == 0
+        assert "2 shards" in capsys.readouterr().out
+        # Again: nothing to copy.
+        assert main(["subset", index_url, "--shards", "1:3", "--to", str(small), "-q"]) == 0
+        assert "(0 copied)" in capsys.readouterr().out
+    finally:
+        stop_process(proc)
+    with pytest.raises(OSError):
+        Source(index_url).info()  # really gone
+    index = str(small / "train.json")
+    assert sorted(os.listdir(small)) == [
+        "synth-000001.tar",
+        "synth-000002.tar",
+        "train.json",
+        "train.members",
+    ]
+    ds = ShardListDataset(index, offline=True, transformations=[])
+    assert len(ds) == 2 * NSAMPLES and ds.name == "train"
+    for i in range(len(ds)):
+        assert strip_meta(ds[i]) == oracle[NSAMPLES + i], i
+    batch = ds.__getitems__(list(range(0, len(ds), 3)))
+    assert [strip_meta(s) for s in batch] == oracle[NSAMPLES : 3 * NSAMPLES : 3]
+    with pytest.raises(IndexError, match="out of range"):
+        ds[len(ds)]
+    # The full dataset offline: what is not local is named.
+    with pytest.raises(OfflineError, match="train.json"):
+        len(ShardListDataset(index_url, offline=True))
+    full = ShardListDataset(
+        [{"url": u, "nsamples": NSAMPLES} for u in urls], offline=True, cache_dir=tmp_path / "c"
+    )
+    with pytest.raises(OfflineError, match="synth-000000.tar"):
+        full[0]
+
+
+def test_subset_by_samples_and_local_names(tmp_path, capsys):
+    src = tmp_path / "src"
+    a = write_dataset(str(src / "a"), shards=2, samples_per_shard=10, real_images=False)
+    b = write_dataset(str(src / "b"), shards=2, samples_per_shard=10, real_images=False, seed=1)
+    index = str(tmp_path / "mixed.json")
+    build_index([*a, *b], index)
+    out = tmp_path / "out"
+    assert main(["subset", index, "--samples", "25", "--to", str(out), "-q"]) == 0
+    text = capsys.readouterr().out
+    assert "3 shards, 30 samples" in text
+    tars = sorted(n for n in os.listdir(out) if n.endswith(".tar"))
+    assert len(tars) == 3 and len(set(tars)) == 3  # same basenames from a/ and b/ kept apart
+    ds = ShardListDataset(str(out / "mixed.json"), transformations=[])
+    assert [strip_meta(ds[i]) for i in range(30)] == dataset_samples([*a, *b])[:30]
+    doc = json.loads((out / "mixed.json").read_text())
+    assert all("/" not in s["url"] for s in doc["shardlist"])  # relative: the dir can move
+
+
+def test_select_shards():
+    assert select_shards([10, 10, 10], shards=slice(1, None)) == [1, 2]
+    assert select_shards([10, 10, 10], samples=1) == [0]
+    assert select_shards([10, 10, 10], samples=11) == [0, 1]
+    assert select_shards([10, 10, 10], samples=1000) == [0, 1, 2]
+    for kw in ({}, {"shards": slice(0, 1), "samples": 3}, {"shards": slice(5, 6)}):
+        with pytest.raises(ValueError):
+            select_shards([10, 10, 10], **kw)
+
+
+def test_bad_subset_arguments_are_one_line_errors(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["subset", "x.json", "--shards", "a:b", "--to", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        main(["subset", "x.json", "--to", str(tmp_path)])
+    assert main(["subset", str(tmp_path / "nope.json"), "--samples", "3", "--to", "o"]) == 2
+    assert "nope.json" in capsys.readouterr().err
+
+
+def test_cache_ls_du_clean(tmp_path, capsys):
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    cache_dir = str(tmp_path / "cache")
+    cache = ShardCache(cache_dir)
+    for i in range(3):
+        fs.pipe_file(f"/wids-cli-cache/{i}/s.tar", bytes([i]) * (1000 * (i + 1)))
+        cache.open(Source(f"memory://wids-cli-cache/{i}/s.tar")).close()
+    assert main(["cache", "--cache-dir", cache_dir, "ls"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 3 and all("memory://wids-cli-cache/" in line for line in out)
+    assert main(["cache", "--cache-dir", cache_dir, "ls", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert sorted(e["size"] for e in listed) == [1000, 2000, 3000]
+    assert main(["cache", "--cache-dir", cache_dir, "du"]) == 0
+    assert "6.0 KB in 3 shards" in capsys.readouterr().out
+    assert main(["cache", "--cache-dir", cache_dir, "clean", "--older-than", "1d"]) == 0
+    assert "removed 0 shards" in capsys.readouterr().out
+    assert main(["cache", "--cache-dir", cache_dir, "clean", "--max-size", "4k"]) == 0
+    assert cache.total_bytes() <= 4000
+    assert main(["cache", "--cache-dir", cache_dir, "clean"]) == 0
+    assert cache.total_bytes() == 0
+    fs.rm("/wids-cli-cache", recursive=True)
+
+
+def test_cache_dir_default_comes_from_the_environment(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("WIDS_CACHE_DIR", str(tmp_path / "envcache"))
+    assert main(["cache", "du"]) == 0
+    assert str(tmp_path / "envcache") in capsys.readouterr().out
+
+
+def test_parse_size_and_duration():
+    assert parse_size("1000") == 1000
+    assert parse_size("1.5k") == 1500
+    assert parse_size("2GiB") == 2 * 2**30
+    assert parse_size("10G") == 10**10
+    assert parse_duration("7d") == 7 * 86400
+    assert parse_duration("90") == 90
+    assert parse_duration("1.5h") == 5400
+    for bad in ("", "ten", "5 parsecs"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_size(bad)
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_duration(bad)
