@@ -211,7 +211,7 @@ class FaultProxy:
         if fault is not None and fault.isdigit():
             return web.Response(status=int(fault), text=f"injected {fault}\n")
         if fault == "drop":
-            request.transport.close()
+            _close(request)
             raise asyncio.CancelledError  # ends the handler without writing anything
         if fault == "stall":
             assert self._closing is not None
@@ -219,7 +219,7 @@ class FaultProxy:
                 await asyncio.wait_for(self._closing.wait(), self.plan.stall)
             except asyncio.TimeoutError:
                 pass
-            request.transport.close()
+            _close(request)
             raise asyncio.CancelledError
         if fault == "delay":
             await asyncio.sleep(self.plan.delay)
@@ -251,7 +251,7 @@ class FaultProxy:
             resp.content_length = len(body)
             await resp.prepare(request)
             await resp.write(body[: len(body) // 2])
-            request.transport.close()
+            _close(request)
             raise asyncio.CancelledError
         self.forwarded += 1
         if request.method == "HEAD":
@@ -260,6 +260,12 @@ class FaultProxy:
                 resp.headers["Content-Length"] = length
             return resp
         return web.Response(status=status, headers=out, body=body)
+
+
+def _close(request: Any) -> None:
+    """Close the client's connection (it may be gone already: a client that timed out)."""
+    if request.transport is not None:
+        request.transport.close()
 
 
 @pytest.fixture
