@@ -415,9 +415,50 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------ show
+
+
+def _add_show(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "show",
+        help="print a table of samples (key, fields, label) or draw them in a grid image",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n"
+        "  wids show data/train.json                      # first 16 samples as a table\n"
+        "  wids show data/train.json --grid grid.png -n 25 --start 1000\n"
+        "  wids show s3://bucket/train.json -n 5 -s anon=true\n",
+    )
+    p.add_argument("index", help="path/URL of an index or dataset description")
+    p.add_argument("--grid", metavar="OUT.png", help="draw images with key and label to this file")
+    p.add_argument("-n", type=int, default=16, help="number of samples (default 16)")
+    p.add_argument(
+        "--start", type=int, default=0, help="first sample (default 0; negative: from the end)"
+    )
+    p.add_argument("--cell", type=int, default=160, help="grid tile size in pixels (default 160)")
+    _storage_flag(p)
+    p.set_defaults(func=_cmd_show)
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from .show import read_samples, render_grid, samples_table
+
+    samples = read_samples(
+        args.index,
+        start=args.start,
+        n=args.n,
+        storage_options=parse_storage_options(args.storage_option),
+    )
+    if args.grid:
+        width, height = render_grid(samples, args.grid, cell=args.cell)
+        print(f"wrote {args.grid}: {len(samples)} samples, {width}x{height} pixels")
+    else:
+        print(samples_table(samples))
+    return 0
+
+
 # ----------------------------------------------------------------------------------- main
 
-_SUBCOMMANDS = (_add_index, _add_subset, _add_cache)
+_SUBCOMMANDS = (_add_index, _add_subset, _add_cache, _add_show)
 
 
 def build_parser() -> argparse.ArgumentParser:
