@@ -49,6 +49,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -538,7 +539,12 @@ class ShardCache:
                         f"md5 is {actual}, the index says {md5sum}", shard=_redact(url)
                     )
             data = self._data(key)
-            tmp.publish(data)
+            # The data is fsynced (its bytes must be right after a crash); the record and the
+            # directory are not: losing either only makes the entry invalid (refetched),
+            # since the record names the data file's inode, size and mtime.
+            assert tmp.fd is not None
+            os.fsync(tmp.fd)
+            tmp.publish(data, fsync=False)
         st = os.stat(data)
         now = time.time()
         rec = {
@@ -554,7 +560,7 @@ class ShardCache:
             "created": now,
             "last_access": now,
         }
-        self._write_record(key, rec)
+        self._write_record(key, rec, fsync=False)
         if self.max_bytes is not None and not self.keep:
             self._evict_quietly()
 
@@ -764,10 +770,12 @@ class Promoter:
 
     The dataset reports the bytes it requests from each remote shard; once they reach
     ``share`` of the shard's size, the shard is fetched into the cache in a background thread
-    (:meth:`ShardCache.prefetch`), and :meth:`open_if_ready` hands out the cached copy once it
-    is there. A chunked sampler reads most of a shard in a row, so the first samples come
-    fast by range requests and the rest from local disk. A failed fetch is logged and the
-    shard stays on range requests. A shard that must be promoted again (its copy was evicted:
+    (:meth:`ShardCache.prefetch`), and :meth:`open_if_ready` hands out the cached copy (with
+    ``wait``, waiting for the fetch rather than requesting more of the shard by range, so
+    about ``1 + share`` of the shard is downloaded). A chunked sampler reads most of a shard in
+    a row, so the first samples come fast by range requests and the rest from local disk;
+    other shards are read meanwhile. A failed fetch is logged and the shard stays on range
+    requests. A shard that must be promoted again (its copy was evicted:
     the access is random, or the budget small) needs twice the share each time, so a cache
     too small for the access pattern does not turn into repeated whole-shard downloads. One
     per process (holds threads and futures).
@@ -775,18 +783,21 @@ class Promoter:
     Args:
         cache: Where promoted shards go.
         share: Fraction (0 to 1) of a shard's bytes requested before it is fetched whole;
-            ``0`` fetches on first use. The bytes read by range before the fetch completes
-            are downloaded twice, so small values keep the total near one copy.
+            ``0`` fetches on first use.
+        wait: Once a shard's fetch has started, :meth:`open_if_ready` waits for it (up to the
+            cache's ``lock_timeout``); ``False`` returns ``None`` until it is done, so range
+            reads go on meanwhile (faster when requests are cheap, but more bytes).
 
     Raises:
         ValueError: ``share`` is outside ``[0, 1]``.
     """
 
-    def __init__(self, cache: ShardCache, share: float = 0.05) -> None:
+    def __init__(self, cache: ShardCache, share: float = 0.05, *, wait: bool = True) -> None:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"share must be between 0 and 1, got {share!r}")
         self.cache = cache
         self.share = float(share)
+        self.wait = bool(wait)
         self._requested: dict[str, int] = {}
         self._futures: dict[str, Future[None]] = {}
         self._failed: set[str] = set()
@@ -839,10 +850,20 @@ class Promoter:
         etag: str | None = None,
         md5sum: str | None = None,
     ) -> CachedShard | None:
-        """The cached copy of a promoted shard, once its fetch has finished; else ``None``."""
+        """The cached copy of a shard being promoted, once its fetch has finished.
+
+        Returns:
+            The open cached shard; ``None`` if the shard is not being promoted, its fetch is
+            still running (and ``wait`` is off) or failed.
+        """
         with self._mutex:
             future = self._futures.get(url)
-            if future is None or not future.done():
+        if future is None:
+            return None
+        if self.wait and not future.done():
+            wait_futures([future], timeout=self.cache.lock_timeout)
+        with self._mutex:
+            if not future.done() or self._futures.get(url) is not future:
                 return None
             del self._futures[url]
             if future.cancelled():  # the cache was closed
