@@ -54,7 +54,7 @@ __all__ = [
 BLOCK = 512
 STREAM_CHUNK = 1 << 20
 # scan_local reads this much per pread: small members' headers then arrive with the one before.
-LOCAL_WINDOW = 2048
+LOCAL_WINDOW = 3072
 
 _ZERO = bytes(BLOCK)
 _REGULAR = frozenset("07")
@@ -134,8 +134,9 @@ def iter_members_fetch(
             end = min(end, file_size)
         return fetch(off, end)
 
-    for row in _walk(read, BLOCK, shard, file_size):
-        yield TarMember(*row)
+    for rows in _walk(read, BLOCK, shard, file_size):
+        for row in rows:
+            yield TarMember(*row)
 
 
 def iter_members_stream(stream: BinaryIO, *, shard: str | None = None) -> Iterator[TarMember]:
@@ -158,8 +159,9 @@ def iter_members_stream(stream: BinaryIO, *, shard: str | None = None) -> Iterat
         HeaderChecksumError: A header's checksum does not match.
     """
     reader = _StreamReader(stream)
-    for row in _walk(reader, BLOCK, shard, None):
-        yield TarMember(*row)
+    for rows in _walk(reader, BLOCK, shard, None):
+        for row in rows:
+            yield TarMember(*row)
     reader.drain()
 
 
@@ -204,7 +206,10 @@ def scan_local_rows(path: str | os.PathLike[str], *, shard: str | None = None) -
     fd = os.open(name, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
-        return list(_walk(partial(os.pread, fd), LOCAL_WINDOW, shard or name, size))
+        out: list[Row] = []
+        for rows in _walk(partial(os.pread, fd), LOCAL_WINDOW, shard or name, size, defer=True):
+            out += rows
+        return out
     finally:
         os.close(fd)
 
@@ -272,61 +277,144 @@ class _StreamReader:
 
 
 def _walk(
-    read: Callable[[int, int], bytes], window: int, shard: str | None, file_size: int | None
-) -> Iterator[Row]:
-    """Yield ``(name, offset, size, type, header_offset)`` for every entry of an archive.
+    read: Callable[[int, int], bytes],
+    window: int,
+    shard: str | None,
+    file_size: int | None,
+    defer: bool = False,
+) -> Iterator[list[Row]]:
+    """Yield lists of ``(name, offset, size, type, header_offset)``, every entry of an archive.
 
     ``read(n, off)`` returns bytes starting at ``off``: at least ``n`` unless the file ends first
     (more is fine). ``window`` (>= 512) is what to ask for per header. The common case, a regular
     file with an ASCII header and no extension records, runs inline; the rest in helpers.
+
+    Rows are handed out (a new list each time) before each ``read``. With ``defer``, header
+    checksums are verified in batches of :data:`_BATCH` with numpy instead of one by one (a
+    third of the per-header cost); rows are held back until their headers are verified, and an
+    error raised meanwhile is replaced by the checksum error of an earlier or the same header,
+    as if each had been checked first. Extension headers, whose sizes decide what is read, are
+    checked at once.
     """
     off = base = blen = 0
     buf = b""
     ext = _Ext()  # pending pax x / GNU L state, and pax g globals
-    while True:
-        p = off - base
-        if p + BLOCK > blen:
-            buf = read(window, off)
-            base, p, blen = off, 0, len(buf)
-            if blen < BLOCK:
-                _short_header(buf, off, shard, _size_at_end(read, off, blen, file_size), ext)
-        h = buf[p : p + BLOCK]
-        if h.isascii():  # every byte < 128, so the sum < 65521 and adler32 gives it exactly
-            u = (_adler32(h[156:], _adler32(h[:148])) & 0xFFFF) + 255
-        else:
-            u = _unsigned_sum(h)
-        if b"%06o\0 " % u != h[148:156] and _bad_checksum(h, u, off, shard, ext):
-            return  # the end-of-archive block
-        t = h[156]
-        if (t == 48 or t == 0) and not ext.active:  # "0" or "\0": regular file, the hot path
-            if h[124] < 128:
-                try:
-                    size = int(h[124:136].rstrip(b"\0 "), 8)
-                except ValueError:
-                    size = _number(h[124:136], off, shard, "size")
+    rows: list[Row] = []
+    emit = rows.append
+    hdrs: list[bytes] = []  # defer: the headers of ``rows``, not verified yet
+    flush_at = _BATCH if defer else 1
+    plain = True  # no extension record pending, no pax globals: the hot path applies
+    try:
+        while True:
+            p = off - base
+            if p + BLOCK > blen:
+                if len(rows) >= flush_at:
+                    if hdrs:
+                        _verify_batch(hdrs, rows, off, shard)
+                    yield rows
+                    rows = []
+                    emit = rows.append
+                buf = read(window, off)
+                base, p, blen = off, 0, len(buf)
+                if blen < BLOCK:
+                    _short_header(buf, off, shard, _size_at_end(read, off, blen, file_size), ext)
+            h = buf[p : p + BLOCK]
+            if defer:
+                if not h[0] and h == _ZERO:
+                    if ext.pending():
+                        _bad_checksum(h, 256, off, shard, ext)  # raises
+                    break
+                hdrs.append(h)
             else:
-                size = _number(h[124:136], off, shard, "size")
-            i = h.find(0, 0, 100)
-            name = h[:i] if i >= 0 else h[:100]
-            if t == 0 and name.endswith(b"/"):  # v7 directory
-                row = _member(h, off, off, shard, ext)
-                off = row[1]
-                yield row
-                continue
-            if h[345]:
-                j = h.find(0, 345, 500)
-                name = h[345 : j if j >= 0 else 500] + b"/" + name
-            data = off + BLOCK
-            yield (name.decode("utf-8", "surrogateescape"), data, size, "0", off)
-            off = data + ((size + 511) & ~511)
-        elif t in _EXT_TYPES:
-            off = _extension(t, h, off, read, buf, base, shard, file_size, ext)
-        else:
-            row = _member(h, off, ext.hoff if ext.hoff >= 0 else off, shard, ext)
-            data = off + BLOCK
-            size = row[2]
-            off = data + ((size + 511) & ~511) if row[3] not in _NO_DATA else data
-            yield row
+                # Every byte < 128 makes the sum < 65521, so adler32 gives it exactly.
+                u = (
+                    (_adler32(h[156:], _adler32(h[:148])) & 0xFFFF) + 255
+                    if h.isascii()
+                    else _unsigned_sum(h)
+                )
+                if b"%06o\0 " % u != h[148:156] and _bad_checksum(h, u, off, shard, ext):
+                    break  # the end-of-archive block
+            t = h[156]
+            if (t == 48 or t == 0) and plain:  # "0" or "\0": regular file, the hot path
+                try:  # 11 octal digits and a NUL, as tarfile and GNU tar write it
+                    size = int(h[124:135], 8) if h[135] == 0 else _number(h, off, shard)
+                except ValueError:  # a NUL or space inside, or base-256
+                    size = _number(h, off, shard)
+                if size < 0:
+                    _member(h, off, off, shard, ext)  # raises, naming the member
+                name = h[:100].partition(b"\0")[0]
+                if t == 0 and name.endswith(b"/"):  # v7 directory
+                    row = _member(h, off, off, shard, ext)
+                    off = row[1]
+                    emit(row)
+                    continue
+                if h[345]:
+                    name = h[345:500].partition(b"\0")[0] + b"/" + name
+                data = off + BLOCK
+                emit((name.decode("utf-8", "surrogateescape"), data, size, "0", off))
+                off = data + ((size + 511) & ~511)
+            elif t in _EXT_TYPES:
+                if defer:
+                    hdrs.pop()
+                    _check(h, off, shard, ext)
+                off = _extension(t, h, off, read, buf, base, shard, file_size, ext)
+                plain = False
+            else:
+                row = _member(h, off, ext.hoff if ext.hoff >= 0 else off, shard, ext)
+                data = off + BLOCK
+                size = row[2]
+                off = data + ((size + 511) & ~511) if row[3] not in _NO_DATA else data
+                emit(row)
+                plain = not ext.active
+        if hdrs:
+            _verify_batch(hdrs, rows, off, shard)
+    except TarFormatError:
+        if hdrs:  # a bad checksum before (or at) the failure explains it better
+            _verify_batch(hdrs, rows, off, shard)
+        raise
+    if rows:
+        yield rows
+
+
+_BATCH = 4096
+
+
+def _check(h: bytes, off: int, shard: str | None, ext: _Ext) -> None:
+    """Verify one header's checksum now (raises; the end block is not expected here)."""
+    u = _unsigned_sum(h)
+    if b"%06o\0 " % u != h[148:156]:
+        _bad_checksum(h, u, off, shard, ext)
+
+
+def _verify_batch(hdrs: list[bytes], rows: list[Row], off: int, shard: str | None) -> None:
+    r"""Verify the headers of ``rows`` at once; raise for the first bad one. Clears ``hdrs``.
+
+    ``hdrs[k]`` is the header of ``rows[k]``, which starts 512 bytes before its data; a last
+    header without a row (its parsing failed) is the one at ``off``.
+
+    A header passes here if its checksum field is the canonical ``"%06o\\0 "`` rendering of its
+    unsigned sum, as tarfile and GNU tar write it; any other header is checked exactly by
+    :func:`_bad_checksum` (other renderings, the historic signed sum, or an error).
+    """
+    import numpy as np
+
+    u64 = np.uint64
+    arr = np.frombuffer(b"".join(hdrs), dtype=np.uint8).reshape(-1, BLOCK)
+    total = arr.sum(1, dtype=np.uint32).astype(u64)
+    # The 8-byte checksum field of each header as one little-endian integer (byte k at bit 8k).
+    field = np.ascontiguousarray(arr[:, 148:156]).view("<u8").ravel()
+    pairs = (field & u64(0x00FF00FF00FF00FF)) + ((field >> u64(8)) & u64(0x00FF00FF00FF00FF))
+    field_sum = (pairs * u64(0x0001000100010001)) >> u64(48)  # adds the four 16-bit lanes
+    unsigned = total - field_sum + u64(256)
+    expected = u64(32) << u64(56)  # six octal digits, a NUL, a space
+    for k in range(6):
+        digit = ((unsigned >> u64(3 * (5 - k))) & u64(7)) | u64(48)
+        expected = expected | (digit << u64(8 * k))
+    for k in np.flatnonzero(field != expected).tolist():
+        h = hdrs[k]
+        at = rows[k][1] - BLOCK if k < len(rows) else off
+        _bad_checksum(h, _unsigned_sum(h), at, shard, _Ext())
+    hdrs.clear()
 
 
 class _Ext:
@@ -364,17 +452,15 @@ def _member(h: bytes, off: int, hoff: int, shard: str | None, ext: _Ext) -> Row:
         raise TarFormatError(
             "GNU sparse member; wids cannot serve sparse files", shard=shard, offset=off
         )
-    size = _number(h[124:136], off, shard, "size")
-    i = h.find(0, 0, 100)
-    raw = h[:i] if i >= 0 else h[:100]
+    size = _number(h, off, shard)
+    raw = h[:100].partition(b"\0")[0]
     typ = "0" if t == 0 else chr(t)
     if t == 0 and raw.endswith(b"/"):
         typ = "5"
     if typ == "5":
         raw = raw.rstrip(b"/")
     if h[345]:
-        j = h.find(0, 345, 500)
-        raw = h[345 : j if j >= 0 else 500] + b"/" + raw
+        raw = h[345:500].partition(b"\0")[0] + b"/" + raw
     name = raw.decode("utf-8", "surrogateescape")
     from_gnu = False
     if ext.active:
@@ -409,7 +495,7 @@ def _extension(
     ext: _Ext,
 ) -> int:
     """Process a pax (x, X, g) or GNU (L, K) record at ``off``; return the next header's offset."""
-    size = _number(h[124:136], off, shard, "size")
+    size = _number(h, off, shard)
     if size < 0:
         raise TarFormatError(
             f"negative size {size} in an extension header", shard=shard, offset=off
@@ -485,8 +571,10 @@ def _pax_size(value: str, off: int, shard: str | None) -> int:
     return number
 
 
-def _number(field: bytes, off: int, shard: str | None, what: str) -> int:
+def _number(h: bytes, off: int, shard: str | None, start: int = 124, end: int = 136) -> int:
     """Decode a numeric header field exactly as tarfile's ``nti`` does (octal or base-256)."""
+    field = h[start:end]
+    what = "size" if start == 124 else "checksum"
     if field[0] in (0o200, 0o377):
         n = int.from_bytes(field[1:], "big")
         if field[0] == 0o377:
@@ -526,7 +614,7 @@ def _bad_checksum(h: bytes, unsigned: int, off: int, shard: str | None, ext: _Ex
             )
         return True
     try:
-        stored = _number(h[148:156], off, shard, "checksum")
+        stored = _number(h, off, shard, 148, 156)
     except TarFormatError:
         stored = None
     if stored is not None:

@@ -1,0 +1,251 @@
+#!/usr/bin/env python
+"""Benchmark tar parsing (and, later, index building) against tarfile and an os.pread floor.
+
+Generates a dataset of WebDataset shards (or reuses one with --data) and prints one table:
+
+- parser: members/s of wids.tar (scan_local, scan_local_rows, fetch over os.pread, stream)
+  against iterating the same shards with tarfile (goal: >= 3x);
+- floor: a minimal single-process os.pread loop that reads each 512-byte header and parses only
+  its size field to find the next one; scan_local's time as a ratio of the floor's.
+
+All timings are best-of --repeat, on a warm page cache, in this one process; nothing touches
+the network. The issue's figure: ``--shards 32 --samples 1000`` (jpg ~20 KB + cls + json,
+about 700 MB).
+
+Example:
+    python tools/bench_index.py                      # quick: 4 shards x 1000 samples
+    python tools/bench_index.py --shards 32 --data /tmp/wids-bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import random
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from wids.tar import iter_members_fetch, iter_members_stream, scan_local, scan_local_rows
+
+
+@dataclass
+class Result:
+    """One table row: a measured figure, and optionally its ratio against a reference row."""
+
+    name: str
+    seconds: float
+    members: int
+    vs: str | None = None  # name of the reference row
+    goal: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.members / self.seconds if self.seconds else float("inf")
+
+
+# ---------------------------------------------------------------------------------------------
+# Data
+
+
+def generate_dataset(
+    root: Path, shards: int, samples: int, jpg_size: int = 20_000, seed: int = 0
+) -> list[Path]:
+    """Write (or reuse) ``shards`` tar files of ``samples`` jpg+cls+json samples each."""
+    root.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    paths = []
+    for s in range(shards):
+        path = root / f"shard-{s:06d}.tar"
+        paths.append(path)
+        marker = root / f".{path.name}.{samples}x{jpg_size}"
+        if path.exists() and marker.exists():
+            continue
+        tmp = path.with_suffix(".tmp")
+        with tarfile.open(tmp, "w", format=tarfile.GNU_FORMAT) as tar:
+            for i in range(samples):
+                key = f"s{s:04d}/{s * samples + i:09d}"
+                size = max(1, int(rng.gauss(jpg_size, jpg_size / 4)))
+                for ext, data in (
+                    (".jpg", rng.randbytes(size)),
+                    (".cls", str(rng.randrange(1000)).encode()),
+                    (".json", json.dumps({"key": key, "w": 640, "h": 480}).encode()),
+                ):
+                    info = tarfile.TarInfo(key + ext)
+                    info.size, info.mtime, info.mode = len(data), 1_700_000_000, 0o644
+                    tar.addfile(info, io.BytesIO(data))
+        os.replace(tmp, path)
+        marker.touch()
+    return paths
+
+
+def _warm(paths: Sequence[Path]) -> None:
+    for p in paths:
+        with open(p, "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
+def _best(fn: Callable[[], int], repeat: int) -> tuple[float, int]:
+    best, count = float("inf"), 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        count = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, count
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser section
+
+
+def _tarfile_count(paths: Sequence[Path]) -> int:
+    n = 0
+    for p in paths:
+        with tarfile.open(p, "r:") as tar:
+            for _ in tar:
+                n += 1
+    return n
+
+
+def _fetch_count(paths: Sequence[Path]) -> int:
+    n = 0
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+
+            def fetch(s: int, e: int, fd: int = fd) -> bytes:
+                return os.pread(fd, e - s, s)
+
+            n += sum(1 for _ in iter_members_fetch(fetch, shard=str(p), file_size=size))
+        finally:
+            os.close(fd)
+    return n
+
+
+def _stream_count(paths: Sequence[Path]) -> int:
+    n = 0
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            n += sum(1 for _ in iter_members_stream(f, shard=str(p)))
+    return n
+
+
+def bench_parser(paths: Sequence[Path], repeat: int = 3) -> list[Result]:
+    """Members/s of tarfile and of each wids.tar entry point, over the same shards."""
+    rows = []
+    t, n = _best(lambda: _tarfile_count(paths), repeat)
+    rows.append(Result("tarfile (iterate members)", t, n))
+    for name, fn in (
+        ("wids scan_local", lambda: sum(len(scan_local(p)) for p in paths)),
+        ("wids scan_local_rows", lambda: sum(len(scan_local_rows(p)) for p in paths)),
+        ("wids iter_members_fetch (pread)", lambda: _fetch_count(paths)),
+        ("wids iter_members_stream", lambda: _stream_count(paths)),
+    ):
+        t, n = _best(fn, repeat)
+        rows.append(Result(name, t, n, vs="tarfile (iterate members)", goal=">= 3x"))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Floor section
+
+
+def floor_scan(path: str | os.PathLike[str]) -> int:
+    """The floor: os.pread each 512-byte header, parse only its size, jump to the next one."""
+    fd = os.open(path, os.O_RDONLY)
+    pread, zero = os.pread, bytes(512)
+    n = off = 0
+    try:
+        while True:
+            h = pread(fd, 512, off)
+            if len(h) < 512 or h == zero:
+                return n
+            size = int(h[124:136].rstrip(b"\0 "), 8)
+            off += 512 + (size + 511) // 512 * 512
+            n += 1
+    finally:
+        os.close(fd)
+
+
+def bench_floor(paths: Sequence[Path], repeat: int = 3) -> list[Result]:
+    """The pread floor, and scan_local / scan_local_rows as ratios of it."""
+    rows = []
+    t, n = _best(lambda: sum(floor_scan(p) for p in paths), repeat)
+    rows.append(Result("floor (pread + size only)", t, n))
+    t, n = _best(lambda: sum(len(scan_local(p)) for p in paths), repeat)
+    rows.append(Result("wids scan_local", t, n, vs="floor (pread + size only)", goal="close to 1"))
+    t, n = _best(lambda: sum(len(scan_local_rows(p)) for p in paths), repeat)
+    rows.append(Result("wids scan_local_rows", t, n, vs="floor (pread + size only)"))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+
+def print_table(sections: Sequence[tuple[str, list[Result]]]) -> None:
+    """Print every section's rows: time, members, members/s, and the time ratio to a reference."""
+    header = (
+        f"{'section':8} {'what':34} {'seconds':>9} {'members':>9} {'members/s':>11} "
+        f"{'speed-up':>9}  {'vs':28} goal"
+    )
+    print(header)
+    print("-" * len(header))
+    for section, rows in sections:
+        by_name = {r.name: r for r in rows}
+        for r in rows:
+            ref = by_name.get(r.vs) if r.vs else None
+            ratio = f"{ref.seconds / r.seconds:8.2f}x" if ref else ""
+            print(
+                f"{section:8} {r.name:34} {r.seconds:9.3f} {r.members:9d} {r.rate:11,.0f} "
+                f"{ratio:>9}  {r.vs or '':28} {r.goal}"
+            )
+    print("speed-up = reference seconds / row seconds (higher is faster)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, help="dataset directory (created or reused)")
+    parser.add_argument("--shards", type=int, default=4, help="number of shards (default 4)")
+    parser.add_argument("--samples", type=int, default=1000, help="samples per shard")
+    parser.add_argument("--jpg-size", type=int, default=20_000, help="mean .jpg size in bytes")
+    parser.add_argument("--repeat", type=int, default=3, help="best of this many runs")
+    args = parser.parse_args(argv)
+
+    tmp = None
+    root = args.data
+    if root is None:
+        tmp = tempfile.TemporaryDirectory(prefix="wids-bench-")
+        root = Path(tmp.name)
+    try:
+        t0 = time.perf_counter()
+        paths = generate_dataset(root, args.shards, args.samples, args.jpg_size)
+        total = sum(p.stat().st_size for p in paths)
+        print(
+            f"dataset: {len(paths)} shards x {args.samples} samples (jpg+cls+json), "
+            f"{total / 1e6:.0f} MB in {root} (ready in {time.perf_counter() - t0:.1f} s); "
+            f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs; best of {args.repeat}"
+        )
+        _warm(paths)
+        print_table(
+            [
+                ("parser", bench_parser(paths, args.repeat)),
+                ("floor", bench_floor(paths, args.repeat)),
+            ]
+        )
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
