@@ -9,6 +9,7 @@ once. Readers are opened lazily in each process and never pickled.
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures as cf
 import operator
 import os
@@ -83,6 +84,8 @@ class _Loaded:
         self.name = name
         self.lengths = [int(s.nsamples) for s in shards]
         self.cum = np.cumsum(np.asarray(self.lengths, dtype=np.int64))
+        self.cum_list: list[int] = self.cum.tolist()
+        self.total = self.cum_list[-1] if self.cum_list else 0
         starts = np.concatenate([[0], self.cum]).astype(np.int64)
         self.components = [
             DatasetComponent(
@@ -95,6 +98,37 @@ class _Loaded:
             for i in range(c.first_shard, c.stop_shard):
                 self.dataset_of[i] = c.name or name or ""
         self.indexed = indexed
+
+
+class _Table:
+    """One open shard's member table as Python lists: the hot path indexes lists, not numpy.
+
+    Built when a shard's reader opens and dropped with it, so at most ``lru_size`` exist.
+    """
+
+    __slots__ = ("blob", "fid", "fields", "ko", "off", "size", "ss")
+
+    def __init__(self, members: ShardMembers) -> None:
+        self.fields = members.fields
+        self.blob = members.key_blob
+        self.ko = members.key_offsets.tolist()
+        self.ss = members.sample_start.tolist()
+        self.fid = members.member_field.tolist()
+        self.off = members.member_offset.tolist()
+        self.size = members.member_size.tolist()
+
+    def span(self, j: int) -> tuple[int, int]:
+        last = self.ss[j + 1] - 1
+        return self.off[self.ss[j]], self.off[last] + self.size[last]
+
+    def fill(self, sample: dict[str, Any], j: int, buf: bytes, base: int) -> None:
+        fields, fid, off, size = self.fields, self.fid, self.off, self.size
+        for m in range(self.ss[j], self.ss[j + 1]):
+            a = off[m] - base
+            sample[fields[fid[m]]] = buf[a : a + size[m]]
+        sample["__key__"] = self.blob[self.ko[j] : self.ko[j + 1]].decode(
+            "utf-8", "surrogateescape"
+        )
 
 
 def _is_shard_pattern(src: Any) -> bool:
@@ -252,6 +286,7 @@ class ShardListDataset:
         self._pid = os.getpid()
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._verified: set[int] = set()
+        self._tables: dict[int, _Table] = {}
         self._lock = threading.RLock()
         self._shard_cache: Any = None
         self._promoter: Any = None
@@ -262,7 +297,7 @@ class ShardListDataset:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_readers", "_verified", "_lock", "_shard_cache", "_promoter", "_pid"):
+        for k in ("_readers", "_verified", "_tables", "_lock", "_shard_cache", "_promoter", "_pid"):
             del state[k]
         # Tables from an index reload cheaply; scanned ones would cost a pass over the shard.
         state["_members"] = {i: m for i, m in self._members.items() if i in self._scanned}
@@ -401,6 +436,7 @@ class ShardListDataset:
                 self._verify(shard, info, members[2])
             reader = self._open_reader(info)
             self._readers[shard] = reader
+            self._tables[shard] = _Table(members[0])
             return reader
 
     def _evict(self) -> None:
@@ -408,9 +444,12 @@ class ShardListDataset:
 
         Called after a read, never during one: a batch may use more shards than that.
         """
+        if len(self._readers) <= self.lru_size:
+            return
         with self._lock:
             while len(self._readers) > self.lru_size:
-                _, old = self._readers.popitem(last=False)
+                shard, old = self._readers.popitem(last=False)
+                self._tables.pop(shard, None)
                 old.close()
 
     def _cache(self) -> Any:
@@ -499,25 +538,23 @@ class ShardListDataset:
 
     def _locate(self, index: Any) -> tuple[int, int, int]:
         """``(global index, shard, index in shard)``, for Python-style (negative) indices."""
-        i = operator.index(index)
-        loaded = self._load()
-        n = int(loaded.cum[-1])
+        i = index if type(index) is int else operator.index(index)
+        loaded = self._loaded or self._load()
+        n = loaded.total
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"index {index} out of range for a dataset of {n} samples")
-        shard = int(np.searchsorted(loaded.cum, i, side="right"))
-        local = i - (int(loaded.cum[shard - 1]) if shard else 0)
-        return i, shard, local
+        cum = loaded.cum_list
+        shard = bisect.bisect_right(cum, i)
+        return i, shard, (i - cum[shard - 1] if shard else i)
 
-    def _assemble(self, i: int, shard: int, local: int, buf: bytes, base: int) -> dict[str, Any]:
-        members = self._members[shard][0]
-        loaded = self._load()
+    def _assemble(
+        self, table: _Table, i: int, shard: int, local: int, buf: bytes, base: int
+    ) -> dict[str, Any]:
+        loaded = self._loaded or self._load()
         sample: dict[str, Any] = {}
-        for field, offset, size in members.members(local):
-            a = offset - base
-            sample[field] = buf[a : a + size]
-        sample["__key__"] = members.key(local)
+        table.fill(sample, local, buf, base)
         sample["__index__"] = i
         sample["__shard__"] = loaded.infos[shard].url
         sample["__shardindex__"] = local
@@ -534,16 +571,18 @@ class ShardListDataset:
         self._check_process()
         i, shard, local = self._locate(index)
         reader = self._reader(shard)
-        _, starts, ends = self._members[shard]
-        start, end = int(starts[local]), int(ends[local])
+        table = self._tables[shard]
+        start, end = table.span(local)
         try:
             buf = reader.read_span(start, end, self._io)
             self._requested(shard, reader, end - start)
         finally:
             self._evict()
-        self._counts["samples"] += 1
-        self._counts["cache_hits"] += reader.cached
-        return self._assemble(i, shard, local, buf, start)
+        counts = self._counts
+        counts["samples"] += 1
+        if reader.cached:
+            counts["cache_hits"] += 1
+        return self._assemble(table, i, shard, local, buf, start)
 
     def __getitem__(self, index: Any) -> Any:
         """The sample at ``index`` (negative counts from the end), transformed.
@@ -563,10 +602,8 @@ class ShardListDataset:
         self._check_process()
         located = [self._locate(x) for x in indices]
         readers = {shard: self._reader(shard) for _, shard, _ in located}
-        spans = []
-        for _, shard, local in located:
-            _, starts, ends = self._members[shard]
-            spans.append((shard, int(starts[local]), int(ends[local]), local))
+        tables = {shard: self._tables[shard] for shard in readers}
+        spans = [(shard, *tables[shard].span(local), local) for _, shard, local in located]
         blocks, where = plan_batch(spans, self.merge_gap)
         try:
             data = fetch_blocks(blocks, readers, self._io)
@@ -577,7 +614,7 @@ class ShardListDataset:
         out: list[Any] = []
         for (i, shard, local), (b, offset) in zip(located, where, strict=True):
             start = spans[len(out)][1]
-            raw = self._assemble(i, shard, local, data[b], start - offset)
+            raw = self._assemble(tables[shard], i, shard, local, data[b], start - offset)
             self._counts["samples"] += 1
             self._counts["cache_hits"] += readers[shard].cached
             out.append(self._transform(raw))
@@ -668,6 +705,7 @@ class ShardListDataset:
         """Close open readers; the dataset stays usable and reopens them when needed."""
         with self._lock:
             readers, self._readers = self._readers, OrderedDict()
+            self._tables = {}
             for r in readers.values():
                 r.close()
 

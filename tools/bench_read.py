@@ -1,0 +1,349 @@
+"""Read throughput of ShardListDataset against floors measured in the same run.
+
+Usage::
+
+    python tools/bench_read.py                       # 32 shards x 1000 samples (~700 MB)
+    python tools/bench_read.py --shards 8 --samples 500 --n 5000
+    python tools/bench_read.py --reference /tmp/wids-refvenv   # also the reference wids
+
+Measurements (all on raw samples, ``transformations=[]``, random order):
+
+- local ``ds[i]`` vs a floor of ``os.pread`` of the same byte spans (goal >= 0.6x);
+- ``DataLoader(num_workers=2, batch_size=32)`` over the local shards;
+- HTTP (nginx on 127.0.0.1, started here) ``__getitems__`` batches of 32 vs raw
+  ``fs.cat_ranges`` of the same spans (goal >= 0.8x), with requests per sample from nginx's
+  access log;
+- with ``--reference VENV``: the reference wids (webdataset 0.2.x) in its own venv, in a
+  subprocess, on the same index and order, as ratios against the same floors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+
+import numpy as np
+
+from wids import ShardListDataset
+from wids.build import build_index
+from wids.index import open_index
+from wids.synth import write_dataset
+
+
+def _prepare(args: argparse.Namespace) -> tuple[str, str]:
+    data = args.data or os.path.join(
+        tempfile.gettempdir(), f"wids-bench-{args.shards}x{args.samples}"
+    )
+    index = os.path.join(data, "bench.json")
+    if not os.path.exists(index):
+        print(f"writing {args.shards} x {args.samples} samples to {data} ...", file=sys.stderr)
+        write_dataset(
+            data,
+            shards=args.shards,
+            samples_per_shard=args.samples,
+            real_images=False,
+            jpg_bytes=20_000,
+            prefix="bench",
+        )
+        build_index(
+            [os.path.join(data, f"bench-{s:06d}.tar") for s in range(args.shards)],
+            index,
+            name="bench",
+        )
+    return data, index
+
+
+ROUNDS = 2
+
+
+def _spans(index: str) -> tuple[list[str], np.ndarray, list[np.ndarray], list[np.ndarray]]:
+    reader = open_index(index)
+    urls = [s.url for s in reader.shards]
+    starts, ends = [], []
+    for i in range(len(urls)):
+        members = reader.members(i)
+        assert members is not None
+        a, b = members.spans()
+        starts.append(a)
+        ends.append(b)
+    cum = np.cumsum([len(a) for a in starts])
+    reader.close()
+    return urls, cum, starts, ends
+
+
+def _locate(cum: np.ndarray, i: int) -> tuple[int, int]:
+    shard = int(np.searchsorted(cum, i, side="right"))
+    return shard, i - (int(cum[shard - 1]) if shard else 0)
+
+
+def _rate(n: int, seconds: float) -> float:
+    return n / seconds if seconds > 0 else float("nan")
+
+
+# -- local ----------------------------------------------------------------------------------
+
+
+def bench_local(index: str, order: list[int], spans: tuple) -> tuple[float, float]:
+    urls, cum, starts, ends = spans
+    fds = [os.open(u, os.O_RDONLY) for u in urls]
+    plan = []
+    for i in order:
+        s, j = _locate(cum, i)
+        plan.append((fds[s], int(starts[s][j]), int(ends[s][j] - starts[s][j])))
+    ds = ShardListDataset(index, transformations=[], lru_size=len(urls))
+    ds[0]
+    floor = ours = 0.0
+    for _ in range(ROUNDS):  # alternate, keep the best round of each
+        t = time.perf_counter()
+        for fd, start, size in plan:
+            os.pread(fd, size, start)
+        floor = max(floor, _rate(len(plan), time.perf_counter() - t))
+        t = time.perf_counter()
+        for i in order:
+            ds[i]
+        ours = max(ours, _rate(len(order), time.perf_counter() - t))
+    for fd in fds:
+        os.close(fd)
+    return ours, floor
+
+
+def _as_list(batch):  # module level: picklable for worker processes
+    return batch
+
+
+def bench_dataloader(index: str, order: list[int]) -> float:
+    from torch.utils.data import DataLoader
+
+    ds = ShardListDataset(index, transformations=[])
+    loader = DataLoader(
+        ds, batch_size=32, num_workers=2, sampler=order, collate_fn=_as_list, prefetch_factor=4
+    )
+    t = time.perf_counter()
+    n = sum(len(b) for b in loader)
+    return _rate(n, time.perf_counter() - t)
+
+
+# -- HTTP -------------------------------------------------------------------------------------
+
+_NGINX = """\
+{user}
+daemon off;
+worker_processes 2;
+pid {work}/nginx.pid;
+error_log {work}/error.log warn;
+events {{ worker_connections 1024; }}
+http {{
+    client_body_temp_path {work}/client_temp;
+    proxy_temp_path {work}/proxy_temp;
+    fastcgi_temp_path {work}/fastcgi_temp;
+    uwsgi_temp_path {work}/uwsgi_temp;
+    scgi_temp_path {work}/scgi_temp;
+    default_type application/octet-stream;
+    sendfile on;
+    keepalive_requests 1000000;
+    log_format counts '$uri $status $request_method';
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        access_log {work}/access.log counts;
+        location / {{ }}
+    }}
+}}
+"""
+
+
+class Nginx:
+    """nginx serving ``root`` on a free port of 127.0.0.1, counting requests."""
+
+    def __init__(self, root: str) -> None:
+        self.work = tempfile.mkdtemp(prefix="wids-bench-nginx-")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        conf = os.path.join(self.work, "nginx.conf")
+        user = "user root;" if os.geteuid() == 0 else ""
+        with open(conf, "w") as f:
+            f.write(_NGINX.format(user=user, work=self.work, port=self.port, root=root))
+        exe = shutil.which("nginx") or "/usr/sbin/nginx"
+        self.proc = subprocess.Popen(
+            [exe, "-c", conf, "-p", self.work],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.base = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(self.base + "/bench.json", timeout=1).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError("nginx did not start") from None
+                time.sleep(0.1)
+
+    def requests(self) -> int:
+        with open(os.path.join(self.work, "access.log")) as f:
+            return sum(1 for _ in f)
+
+    def reset(self) -> None:
+        with open(os.path.join(self.work, "access.log"), "r+b") as f:
+            f.truncate(0)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+        shutil.rmtree(self.work, ignore_errors=True)
+
+
+def bench_http(
+    server: Nginx, order: list[int], spans: tuple, data: str
+) -> tuple[float, float, float, float]:
+    import fsspec
+
+    urls, cum, starts, ends = spans
+    http_urls = [f"{server.base}/{os.path.relpath(u, data)}" for u in urls]
+    batches = [order[k : k + 32] for k in range(0, len(order), 32)]
+    fs = fsspec.filesystem("http", skip_instance_cache=True)
+    plans = []
+    for b in batches:
+        paths, st, en = [], [], []
+        for i in b:
+            s, j = _locate(cum, i)
+            paths.append(http_urls[s])
+            st.append(int(starts[s][j]))
+            en.append(int(ends[s][j]))
+        plans.append((paths, st, en))
+    ds = ShardListDataset(f"{server.base}/bench.json", transformations=[], lru_size=len(urls))
+    for k in range(min(10, len(plans))):  # warm both connection pools; index loaded
+        fs.cat_ranges(*plans[k])
+        ds.__getitems__(batches[k])
+    floor = ours = 0.0
+    floor_rps = rps = 0.0
+    for _ in range(ROUNDS):  # alternate, keep the best round of each
+        server.reset()
+        t = time.perf_counter()
+        for p in plans:
+            fs.cat_ranges(*p)
+        floor = max(floor, _rate(len(order), time.perf_counter() - t))
+        floor_rps = server.requests() / len(order)
+        server.reset()
+        t = time.perf_counter()
+        for b in batches:
+            ds.__getitems__(b)
+        ours = max(ours, _rate(len(order), time.perf_counter() - t))
+        rps = server.requests() / len(order)
+    return ours, floor, rps, floor_rps
+
+
+# -- the reference, in its own venv ------------------------------------------------------------
+
+_REF = textwrap.dedent(
+    """
+    import json, sys, time
+    from wids import ShardListDataset
+    index, cache, order = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    seconds = float(sys.argv[4])
+    ds = ShardListDataset(index, cache_dir=cache, transformations=[])
+    ds[order[0]]
+    n, t = 0, time.perf_counter()
+    for i in order:
+        ds[i]
+        n += 1
+        if time.perf_counter() - t > seconds:
+            break
+    print(json.dumps({"rate": n / (time.perf_counter() - t), "n": n}))
+    """
+)
+
+
+def bench_reference(venv: str, index: str, order: list[int], seconds: float) -> float | None:
+    python = os.path.join(venv, "bin", "python")
+    if not os.path.exists(python):
+        print(f"reference venv {venv} not found; skipped", file=sys.stderr)
+        return None
+    cache = tempfile.mkdtemp(prefix="wids-bench-ref-")
+    try:
+        proc = subprocess.run(
+            [python, "-c", _REF, index, cache, json.dumps(order), str(seconds)],
+            capture_output=True,
+            text=True,
+            cwd=cache,  # so the reference's "wids" is imported, not this checkout's
+            timeout=seconds * 20 + 300,
+        )
+    except subprocess.TimeoutExpired:
+        print("reference run timed out; skipped", file=sys.stderr)
+        return None
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    if proc.returncode != 0:
+        print(f"reference run failed; skipped:\n{proc.stderr[-800:]}", file=sys.stderr)
+        return None
+    return float(json.loads(proc.stdout.strip().splitlines()[-1])["rate"])
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--shards", type=int, default=32)
+    p.add_argument("--samples", type=int, default=1000, help="samples per shard")
+    p.add_argument("--n", type=int, default=20000, help="random samples per measurement")
+    p.add_argument("--data", help="dataset directory (generated if it has no bench.json)")
+    p.add_argument("--reference", metavar="VENV", help="venv with webdataset==0.2.111")
+    p.add_argument("--ref-seconds", type=float, default=20.0, help="time budget per reference run")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+
+    data, index = _prepare(args)
+    spans = _spans(index)
+    total = int(spans[1][-1])
+    rng = random.Random(args.seed)
+    order = [rng.randrange(total) for _ in range(min(args.n, total))]
+    rows: list[tuple[str, float, str, float | None, str]] = []
+
+    ours, floor = bench_local(index, order, spans)
+    rows.append(("local ds[i], raw", ours, "os.pread of spans", floor, ">= 0.6"))
+    dl = bench_dataloader(index, order)
+    rows.append(("DataLoader(workers=2, batch=32)", dl, "os.pread of spans", floor, ""))
+
+    server = Nginx(data)
+    try:
+        hours, hfloor, rps, floor_rps = bench_http(server, order, spans, data)
+        rows.append(("HTTP __getitems__(32)", hours, "fs.cat_ranges(32)", hfloor, ">= 0.8"))
+        ref_http = None
+        if args.reference:
+            ref_local = bench_reference(args.reference, index, order, args.ref_seconds)
+            if ref_local is not None:
+                rows.append(("reference local ds[i]", ref_local, "os.pread of spans", floor, ""))
+            ref_http = bench_reference(
+                args.reference, f"{server.base}/bench.json", order, args.ref_seconds
+            )
+            if ref_http is not None:
+                rows.append(("reference HTTP ds[i]", ref_http, "fs.cat_ranges(32)", hfloor, ""))
+    finally:
+        server.stop()
+
+    print(f"\n{args.shards} shards x {args.samples} samples, {len(order)} random reads, {data}")
+    print(f"{'measurement':34} {'samples/s':>10}  {'floor':20} {'floor/s':>10} {'ratio':>6}  goal")
+    for name, rate, fname, frate, goal in rows:
+        ratio = f"{rate / frate:6.2f}" if frate else "     -"
+        print(f"{name:34} {rate:10.0f}  {fname:20} {frate or 0:10.0f} {ratio}  {goal}")
+    print(f"HTTP requests per sample: ours {rps:.3f}, floor {floor_rps:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
