@@ -534,7 +534,9 @@ class TestSqliteIndex(IndexContract):
         assert r["samples"] == 10_000 and r["open_to_first_lookup_s"] < 0.2
 
     @pytest.mark.slow
-    def test_one_million_samples(self) -> None:
+    def test_one_million_samples(self, request: pytest.FixtureRequest) -> None:
+        if "slow" not in (request.config.getoption("markexpr") or ""):
+            pytest.skip("~15 s; run with -m slow")
         from bench_sqlite import bench_sqlite
 
         r = bench_sqlite(1000, 1000)

@@ -24,12 +24,17 @@ from .errors import (
     UnsafeDecodeError,
     WidsError,
 )
+from .index_convert import convert_index, create_index_writer
+from .index_json import JsonIndex, JsonIndexWriter
+from .index_sqlite import SqliteIndex, SqliteIndexWriter
 from .sampler import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
+from .spec import Component, Spec, expand_braces, load_spec
 
 __all__ = [
     "CacheBudgetError",
     "CacheError",
     "ChunkedSampler",
+    "Component",
     "DatasetStats",
     "DecodeError",
     "Decoder",
@@ -37,6 +42,8 @@ __all__ = [
     "HeaderChecksumError",
     "IndexFormatError",
     "IndexMismatchError",
+    "JsonIndex",
+    "JsonIndexWriter",
     "LockTimeoutError",
     "OfflineError",
     "PermanentRemoteError",
@@ -47,9 +54,16 @@ __all__ = [
     "ShardNotFoundError",
     "ShardedSampler",
     "ShortReadError",
+    "Spec",
+    "SqliteIndex",
+    "SqliteIndexWriter",
     "TarFormatError",
     "TruncatedTarError",
     "UnsafeDecodeError",
     "WidsError",
+    "convert_index",
+    "create_index_writer",
     "default_decoders",
+    "expand_braces",
+    "load_spec",
 ]
