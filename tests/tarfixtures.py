@@ -63,7 +63,7 @@ class Entry:
     """One archive entry to write.
 
     ``type`` is ``"0"`` (file with ``data``), ``"5"`` (directory), ``"2"`` (symlink to
-    ``linkname``) or ``"1"`` (hard link to the earlier member ``linkname``).
+    ``linkname``), ``"1"`` (hard link to the earlier member ``linkname``) or ``"6"`` (fifo).
     """
 
     name: str
@@ -106,7 +106,12 @@ def write_tar(
                 info.size = len(e.data)
                 tar.addfile(info, io.BytesIO(e.data))
                 continue
-            info.type = {"5": tarfile.DIRTYPE, "2": tarfile.SYMTYPE, "1": tarfile.LNKTYPE}[e.type]
+            info.type = {
+                "5": tarfile.DIRTYPE,
+                "2": tarfile.SYMTYPE,
+                "1": tarfile.LNKTYPE,
+                "6": tarfile.FIFOTYPE,
+            }[e.type]
             info.linkname = e.linkname
             tar.addfile(info)
     return Path(path)
@@ -200,6 +205,8 @@ def write_gnu_tar(
                 os.symlink(e.linkname, target)
             elif e.type == "1":
                 os.link(root / e.linkname, target)
+            elif e.type == "6":
+                os.mkfifo(target)
             else:
                 raise ValueError(f"GNU tar writer cannot make type {e.type!r}")
         listing = root.parent / (root.name + ".list")
@@ -272,6 +279,7 @@ def mixed_entries(*, ustar: bool = False, links: bool = True) -> list[Entry]:
         entries += [
             Entry("data/link.jpg", type="2", linkname="000001.jpg"),
             Entry("data/hard.cls", type="1", linkname="data/000001.cls"),
+            Entry("data/fifo", type="6"),
         ]
     if not ustar:
         entries += [
@@ -297,8 +305,10 @@ def _tarfile_fixture(fmt: str, *, pax_headers: dict[str, str] | None = None):
 def _gnutar_fixture(fmt: str):
     def build(path: Path) -> Path:
         entries = mixed_entries(ustar=fmt in ("ustar", "v7"))
-        if fmt == "v7":  # v7 has no prefix field: names must fit in 100 bytes
-            entries = [e for e in entries if len(e.name.encode()) < 100]
+        if fmt in ("gnu", "pax", "oldgnu"):  # > 100 byte link targets: GNU K / pax linkpath
+            entries.insert(-1, Entry("data/longlink", type="2", linkname="t" * 150))
+        if fmt == "v7":  # v7 has no prefix field: names must fit in 100 bytes; no fifos
+            entries = [e for e in entries if len(e.name.encode()) < 100 and e.type != "6"]
         return write_gnu_tar(path, entries, format=fmt)
 
     return build

@@ -24,7 +24,8 @@ from tarfixtures import (
     write_tar,
 )
 
-from wids.errors import HeaderChecksumError, TarFormatError, TruncatedTarError
+from wids import tar as wtar
+from wids.errors import HeaderChecksumError, ShardNotFoundError, TarFormatError, TruncatedTarError
 from wids.tar import (
     TarMember,
     iter_members_fetch,
@@ -123,7 +124,7 @@ def test_fixtures_cover_the_formats(tmp_path: Path) -> None:
     assert "données/é.txt" in names and "日本/ファイル.txt" in names
     assert any(len(n.encode()) > 255 for n in names)
     members = scan_local(path)
-    assert {m.type for m in members} == {"0", "1", "2", "5"}
+    assert {m.type for m in members} == {"0", "1", "2", "5", "6"}
     assert any(m.size == 0 and m.isreg for m in members)
     assert any(m.size > 0 and m.size % 512 == 0 for m in members)
 
@@ -370,7 +371,7 @@ def test_errors_pickle() -> None:
 def test_stream_reads_every_byte_and_never_seeks(tmp_path: Path) -> None:
     path = write_tar(tmp_path / "a.tar", mixed_entries(), format="gnu", writer="tarfile")
     data = path.read_bytes()
-    for step in (1, 511, 512, 4096, 1 << 20):
+    for step in (7, 511, 512, 4096, 1 << 20):
         stream = _Trickle(data, step)
         assert not stream.seekable()
         rows = _rows(iter_members_stream(stream))  # type: ignore[arg-type]
@@ -391,6 +392,72 @@ def test_fetch_reads_only_headers(tmp_path: Path) -> None:
     list(iter_members_fetch(fetch, file_size=len(data)))
     assert sum(e - s for s, e in calls) < 60 * 3 * 512
     assert all(e - s <= 512 for s, e in calls)
+
+
+def test_checksums_checked_across_batches(tmp_path: Path) -> None:
+    """scan_local verifies checksums in batches; a bad header anywhere is still found first."""
+    n = wtar._BATCH * 2 + 100
+    path = write_tar(
+        tmp_path / "many.tar", [(f"{i:06d}.cls", b"1") for i in range(n)], format="gnu"
+    )
+    good = path.read_bytes()
+    assert len(scan_local_rows(path)) == n
+    for bad_index in (5, wtar._BATCH - 1, wtar._BATCH + 7, n - 1):
+        raw = bytearray(good)
+        at = bad_index * 1024
+        raw[at + 2] ^= 0x01  # the name changes, the stored checksum does not
+        path.write_bytes(bytes(raw))
+        for api in (_via_scan_rows, _via_stream, _via_bytes):
+            with pytest.raises(HeaderChecksumError) as info:
+                api(path)
+            assert info.value.offset == at
+    # Two bad headers: the first is reported, even when the second derails the walk.
+    raw = bytearray(good)
+    raw[100 * 1024 + 130] = ord("7")  # member 100's size: its checksum fails, the walk jumps
+    raw[50 * 1024 + 3] ^= 0x01
+    path.write_bytes(bytes(raw))
+    with pytest.raises(HeaderChecksumError) as info:
+        scan_local_rows(path)
+    assert info.value.offset == 50 * 1024
+
+
+def test_missing_local_file(tmp_path: Path) -> None:
+    with pytest.raises(ShardNotFoundError) as info:
+        scan_local(tmp_path / "nope.tar")
+    assert isinstance(info.value, FileNotFoundError) and "nope.tar" in str(info.value)
+
+
+def test_huge_extension_record_refused(tmp_path: Path) -> None:
+    """A pax header claiming gigabytes is refused, not read into memory."""
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type, info.size = tarfile.XHDTYPE, 1 << 40
+    data = info.tobuf(tarfile.GNU_FORMAT) + bytes(1024)
+    with pytest.raises(TarFormatError, match="extension record") as err:
+        list(iter_members_fetch(lambda s, e: data[s:e]))
+    assert err.value.offset == 0
+
+
+def test_negative_base256_size(tmp_path: Path) -> None:
+    path = write_tar(tmp_path / "a.tar", [("a", b"x")], format="gnu")
+    raw = bytearray(path.read_bytes())
+    raw[124:136] = b"\xff" * 12
+    _rechecksum(raw, 0)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(TarFormatError, match="negative size"):
+        scan_local(path)
+
+
+def test_fetch_is_lazy(tmp_path: Path) -> None:
+    path = write_shard(tmp_path / "s.tar", make_samples(100), format="gnu")
+    data = path.read_bytes()
+    calls = []
+
+    def fetch(s: int, e: int) -> bytes:
+        calls.append(s)
+        return data[s:e]
+
+    first = next(iter_members_fetch(fetch))
+    assert first.name == "000000.jpg" and len(calls) == 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import BinaryIO
 
-from .errors import HeaderChecksumError, TarFormatError, TruncatedTarError
+from .errors import HeaderChecksumError, ShardNotFoundError, TarFormatError, TruncatedTarError
 
 __all__ = [
     "TarMember",
@@ -55,6 +55,8 @@ BLOCK = 512
 STREAM_CHUNK = 1 << 20
 # scan_local reads this much per pread: small members' headers then arrive with the one before.
 LOCAL_WINDOW = 3072
+# Larger pax / GNU long-name records are refused rather than read into memory.
+MAX_EXTENSION = 16 << 20
 
 _ZERO = bytes(BLOCK)
 _REGULAR = frozenset("07")
@@ -176,6 +178,7 @@ def scan_local(path: str | os.PathLike[str], *, shard: str | None = None) -> lis
         Every entry except pax and GNU extension records, in archive order.
 
     Raises:
+        ShardNotFoundError: ``path`` does not exist.
         TarFormatError: The bytes are not a valid tar (or are compressed).
         TruncatedTarError: The archive ends inside a header or member, or has no end block.
         HeaderChecksumError: A header's checksum does not match.
@@ -198,12 +201,16 @@ def scan_local_rows(path: str | os.PathLike[str], *, shard: str | None = None) -
         :class:`TarMember` in order (``TarMember(*row)`` builds one).
 
     Raises:
+        ShardNotFoundError: ``path`` does not exist.
         TarFormatError: The bytes are not a valid tar (or are compressed).
         TruncatedTarError: The archive ends inside a header or member, or has no end block.
         HeaderChecksumError: A header's checksum does not match.
     """
     name = os.fspath(path)
-    fd = os.open(name, os.O_RDONLY)
+    try:
+        fd = os.open(name, os.O_RDONLY)
+    except FileNotFoundError:
+        raise ShardNotFoundError(f"no such file: {name}", shard=shard or name) from None
     try:
         size = os.fstat(fd).st_size
         out: list[Row] = []
@@ -496,9 +503,9 @@ def _extension(
 ) -> int:
     """Process a pax (x, X, g) or GNU (L, K) record at ``off``; return the next header's offset."""
     size = _number(h, off, shard)
-    if size < 0:
+    if size < 0 or (size > MAX_EXTENSION and t != 75):  # K's data is skipped, never read
         raise TarFormatError(
-            f"negative size {size} in an extension header", shard=shard, offset=off
+            f"extension record of {size} bytes (limit {MAX_EXTENSION})", shard=shard, offset=off
         )
     data_off = off + BLOCK
     nxt = data_off + ((size + 511) & ~511)
