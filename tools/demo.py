@@ -1,0 +1,431 @@
+#!/usr/bin/env python
+"""The wids demo: real JPEG shards, an index, a server on 127.0.0.1, one epoch, a grid image.
+
+1. writes a small dataset of WebDataset shards (real JPEGs with labels, ``wids.synth``);
+2. serves them from nginx (HTTP) or moto_server (S3) on 127.0.0.1, whichever is installed
+   (else reads the local files, and says so);
+3. builds the member-offset index with a progress bar (one pass over the tar headers);
+4. runs one epoch through a DataLoader (2 workers) with ``DistributedChunkedSampler``
+   (``num_replicas=1, rank=0``), decoding the images to uint8 tensors, reading each sample
+   with a range request and moving shards into a local cache once they are being read
+   (``access="auto"``);
+5. prints samples/s, requests per sample, bytes read and cache hits (from the workers'
+   ``ds.stats``, and from nginx's access log), then draws a grid with ``wids show``.
+
+Servers are stopped by their pid and the temporary directory removed at the end, whatever
+happens. Nothing leaves 127.0.0.1.
+
+Usage::
+
+    python tools/demo.py                      # grid written to ./wids-demo-grid.png
+    python tools/demo.py --server s3 --grid /tmp/grid.png
+    python tools/demo.py --server local --shards 4 --samples 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+# s3fs must never look for credentials or instance metadata off this machine.
+os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
+
+BATCH = 32
+WORKERS = 2
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+# -- servers on 127.0.0.1 ---------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 - 127.0.0.1 only
+            r.read()
+        return True
+    except urllib.error.HTTPError:
+        return True  # any HTTP answer: the server is up
+    except OSError:
+        return False
+
+
+class _Server:
+    """A server process we started: waited for, and stopped by its pid."""
+
+    kind = "local"
+    storage_options: dict[str, Any] = {}
+
+    def __init__(self, cmd: list[str], probe: str, log: Path, **kw: Any) -> None:
+        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, **kw)
+        deadline = time.monotonic() + 30
+        while not _answers(probe):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = log.read_text(errors="replace")[-1500:]
+                raise RuntimeError(f"{cmd[0]} did not start:\n{tail}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+    def requests(self) -> tuple[int, int] | None:
+        """(requests, body bytes) served so far, if the server logs them."""
+        return None
+
+
+_NGINX_CONF = """\
+{user}
+daemon off;
+worker_processes 2;
+pid {work}/nginx.pid;
+error_log {work}/error.log warn;
+events {{ worker_connections 512; }}
+http {{
+    client_body_temp_path {work}/client_temp;
+    proxy_temp_path {work}/proxy_temp;
+    fastcgi_temp_path {work}/fastcgi_temp;
+    uwsgi_temp_path {work}/uwsgi_temp;
+    scgi_temp_path {work}/scgi_temp;
+    default_type application/octet-stream;
+    sendfile on;
+    keepalive_requests 100000;
+    log_format counts '$uri $status $body_bytes_sent';
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        access_log {work}/access.log counts;
+        location / {{ }}
+    }}
+}}
+"""
+
+
+class Nginx(_Server):
+    """nginx serving ``root`` over HTTP (it honours Range), counting requests in its log."""
+
+    kind = "http"
+
+    def __init__(self, exe: str, root: Path, work: Path) -> None:
+        work.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        self.work = work
+        user = "user root;" if os.geteuid() == 0 else ""  # else workers can't read mkdtemp dirs
+        conf = work / "nginx.conf"
+        conf.write_text(_NGINX_CONF.format(user=user, work=work, port=self.port, root=root))
+        self.base = f"http://127.0.0.1:{self.port}"
+        super().__init__([exe, "-c", str(conf), "-p", str(work)], self.base + "/", work / "out.log")
+
+    def url(self, path: Path, root: Path) -> str:
+        return f"{self.base}/{path.relative_to(root).as_posix()}"
+
+    def requests(self) -> tuple[int, int] | None:
+        n = total = 0
+        log = self.work / "access.log"
+        if log.exists():
+            for line in log.read_text(errors="replace").splitlines():
+                n += 1
+                total += int(line.rsplit(" ", 1)[-1])
+        return n, total
+
+
+class Moto(_Server):
+    """moto_server: a local S3; the shards are uploaded to bucket ``wids-demo``."""
+
+    kind = "s3"
+    bucket = "wids-demo"
+
+    def __init__(self, exe: str, work: Path) -> None:
+        work.mkdir(parents=True, exist_ok=True)
+        self.port = _free_port()
+        endpoint = f"http://127.0.0.1:{self.port}"
+        self.storage_options = {
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+        }
+        cmd = [exe, "-H", "127.0.0.1", "-p", str(self.port)]
+        super().__init__(cmd, endpoint + "/moto-api/", work / "moto.log")
+        import fsspec
+
+        self.fs = fsspec.filesystem("s3", skip_instance_cache=True, **self.storage_options)
+        self.fs.call_s3("create_bucket", Bucket=self.bucket)
+
+    def upload(self, path: Path) -> str:
+        self.fs.put_file(str(path), f"{self.bucket}/{path.name}")
+        return f"s3://{self.bucket}/{path.name}"
+
+
+def _which(name: str, *extra: str) -> str | None:
+    here = Path(sys.executable).with_name(name)
+    if here.exists():
+        return str(here)
+    found = shutil.which(name)
+    if found:
+        return found
+    return next((p for p in extra if os.path.exists(p)), None)
+
+
+def start_server(kind: str, shards: list[Path], work: Path) -> tuple[_Server | None, list[str]]:
+    """Start the server (``auto``: nginx, else moto); return it and the shards' URLs."""
+    root = shards[0].parent
+    nginx = _which("nginx", "/usr/sbin/nginx")
+    moto = _which("moto_server")
+    if kind in ("auto", "http") and nginx:
+        server: _Server = Nginx(nginx, root.parent, work / "nginx")
+        return server, [server.url(p, root.parent) for p in shards]
+    if kind in ("auto", "s3") and moto:
+        try:
+            import s3fs  # noqa: F401
+        except ImportError:
+            moto = None
+        if moto:
+            s3 = Moto(moto, work / "moto")
+            return s3, [s3.upload(p) for p in shards]
+    if kind != "local":
+        print(
+            f"  no {'nginx or moto_server' if kind == 'auto' else kind + ' server'} found: "
+            "reading the local files instead (install nginx to see remote reads)"
+        )
+    return None, [str(p) for p in shards]
+
+
+# -- the epoch ----------------------------------------------------------------------------------
+
+
+def to_pair(sample: dict[str, Any]) -> tuple[Any, int]:
+    """Sample dict -> (uint8 CHW image tensor, label)."""
+    return sample[".jpg"], sample[".cls"]
+
+
+def collate(batch: list[tuple[Any, int]]) -> tuple[Any, Any, int, Any]:
+    """Stack a batch, and attach this worker's dataset counters (they live in the worker)."""
+    import torch
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    images = torch.stack([img for img, _ in batch])
+    labels = torch.tensor([label for _, label in batch])
+    if info is None:
+        return images, labels, -1, None
+    return images, labels, info.id, info.dataset.stats
+
+
+def run_epoch(index: str, storage_options: dict[str, Any], cache_dir: Path) -> dict[str, Any]:
+    from torch.utils.data import DataLoader
+    from tqdm import tqdm
+
+    from wids import DistributedChunkedSampler, ShardListDataset
+
+    ds = ShardListDataset(
+        index,
+        transformations="torchrgb8",
+        storage_options=storage_options,
+        cache_dir=cache_dir,
+        access="auto",
+    ).add_transform(to_pair)
+    sampler = DistributedChunkedSampler(
+        ds, num_replicas=1, rank=0, seed=0, num_workers=WORKERS, batch_size=BATCH
+    )
+    sampler.set_epoch(0)
+    loader = DataLoader(
+        ds, batch_size=BATCH, sampler=sampler, num_workers=WORKERS, collate_fn=collate
+    )
+    stats: dict[int, Any] = {}
+    labels: list[int] = []
+    shape = None
+    t0 = time.perf_counter()
+    with tqdm(total=len(sampler), unit="sample", desc="epoch 0", leave=True) as bar:
+        for images, batch_labels, worker, st in loader:
+            shape = shape or tuple(images.shape)
+            labels += batch_labels.tolist()
+            stats[worker] = st  # counters are cumulative: keep each worker's latest
+            bar.update(len(batch_labels))
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "labels": labels, "stats": stats, "shape": shape, "len": len(ds)}
+
+
+# -- main ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--server",
+        choices=["auto", "http", "s3", "local"],
+        default="auto",
+        help="where the shards are read from (auto: nginx, else moto_server, else local files)",
+    )
+    p.add_argument("--shards", type=int, default=8, help="number of shards (8)")
+    p.add_argument("--samples", type=int, default=125, help="samples per shard (125)")
+    p.add_argument("--image-size", type=int, default=96, help="side of the JPEGs (96)")
+    p.add_argument("--grid", default="wids-demo-grid.png", help="grid image to write")
+    args = p.parse_args(argv)
+
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr] # keep order with tqdm
+    import wids
+    from wids.build import build_index
+    from wids.cache import ShardCache
+    from wids.synth import CLASS_NAMES, write_dataset
+
+    # SIGTERM unwinds like Ctrl-C, so the servers and the temp dir are cleaned up either way.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    t_start = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="wids-demo-"))
+    server: _Server | None = None
+    try:
+        n = args.shards * args.samples
+        print(f"wids demo (wids from {os.path.dirname(wids.__file__)})")
+        t = time.perf_counter()
+        paths = [
+            Path(q)
+            for q in write_dataset(
+                str(work / "data"),
+                shards=args.shards,
+                samples_per_shard=args.samples,
+                image_size=args.image_size,
+                prefix="demo",
+            )
+        ]
+        size = sum(q.stat().st_size for q in paths)
+        print(
+            f"[1/5] wrote {args.shards} shards of {args.samples} samples (real "
+            f"{args.image_size}x{args.image_size} JPEGs, .cls labels of {len(CLASS_NAMES)} "
+            f"classes, .json), {_mb(size)}, in {time.perf_counter() - t:.1f} s"
+        )
+
+        server, urls = start_server(args.server, paths, work)
+        where = (
+            {
+                "http": f"nginx (HTTP) at {getattr(server, 'base', '')}/ (pid {server.proc.pid})",
+                "s3": f"moto_server (S3) at 127.0.0.1:{getattr(server, 'port', '')}, bucket "
+                f"s3://{Moto.bucket} (pid {server.proc.pid})",
+            }.get(server.kind, "")
+            if server
+            else f"local files in {paths[0].parent}"
+        )
+        print(f"[2/5] shards served by {where}")
+        options = server.storage_options if server else {}
+
+        index = str(work / "index" / "demo.json")
+        print("[3/5] building the index: one pass over the tar headers of each shard")
+        report = build_index(urls, index, storage_options=options, name="demo", progress=True)
+        index_bytes = sum(f.stat().st_size for f in Path(index).parent.rglob("*") if f.is_file())
+        print(
+            f"      {os.path.relpath(index, work)}: {report.shards} shards, {report.samples} "
+            f"samples, {index_bytes / 1e3:.0f} KB of index in {report.seconds:.2f} s"
+        )
+
+        print(
+            f"[4/5] one epoch: DataLoader(num_workers={WORKERS}, batch_size={BATCH}) with "
+            "DistributedChunkedSampler(num_replicas=1, rank=0), JPEG -> uint8 tensor, "
+            'access="auto" (range reads; shards being read move into a local cache)'
+        )
+        if server is not None:
+            before = server.requests()
+        cache_dir = work / "cache"
+        epoch = run_epoch(index, options, cache_dir)
+        served = server.requests() if server is not None else None
+        _summary(epoch, n, size, served, before if server is not None else None, cache_dir)
+        cached = ShardCache(str(cache_dir)).entries()
+        if server is None:
+            print("      cache: not used, local shards are read in place")
+        else:
+            print(
+                f"      cache: {len(cached)} of {args.shards} shards now in {cache_dir.name}/ "
+                f"({_mb(sum(e.size for e in cached))}): each shard's first batch came by range "
+                "requests (nearby samples merged into one), then the whole shard was fetched once "
+                "in the background and the rest read from local disk"
+            )
+
+        print(f"[5/5] wids show {os.path.basename(index)} --grid {args.grid} -n 16")
+        cmd = [sys.executable, "-m", "wids", "show", index, "--grid", args.grid, "-n", "16"]
+        cmd += _option_flags(options)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if out.returncode != 0:
+            print(out.stderr.strip(), file=sys.stderr)
+            return 1
+        print(f"      {out.stdout.strip()}")
+        return 0
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        stopped = f"{server.kind} server (pid {server.proc.pid}) stopped, " if server else ""
+        print(f"done in {time.perf_counter() - t_start:.1f} s; {stopped}{work} removed")
+
+
+def _option_flags(options: dict[str, Any], prefix: str = "") -> list[str]:
+    """Storage options as ``wids -s key=value`` flags (dotted keys for nested dicts)."""
+    flags: list[str] = []
+    for key, value in options.items():
+        if isinstance(value, dict):
+            flags += _option_flags(value, f"{prefix}{key}.")
+        else:
+            flags += ["-s", f"{prefix}{key}={value}"]
+    return flags
+
+
+def _summary(
+    epoch: dict[str, Any],
+    n: int,
+    size: int,
+    served: tuple[int, int] | None,
+    before: tuple[int, int] | None,
+    cache_dir: Path,
+) -> None:
+    stats = [s for s in epoch["stats"].values() if s is not None]
+    samples = sum(s.samples for s in stats)
+    requests = sum(s.requests for s in stats)
+    nbytes = sum(s.bytes_read for s in stats)
+    hits = sum(s.cache_hits for s in stats)
+    seconds = epoch["seconds"]
+    got = len(epoch["labels"])
+    print(
+        f"      {got} samples ({epoch['len']} in the dataset) in {seconds:.2f} s: "
+        f"{got / seconds:,.0f} samples/s, batches of {epoch['shape']} uint8"
+    )
+    print(
+        f"      workers' ds.stats: {requests} requests ({requests / max(samples, 1):.3f} per "
+        f"sample), {_mb(nbytes)} read from storage ({nbytes / size:.2f}x the shards), "
+        f"{hits} of {samples} samples from the cache"
+    )
+    if served is not None and before is not None:
+        reqs, body = served[0] - before[0], served[1] - before[1]
+        print(
+            f"      nginx access log: {reqs} requests ({reqs / max(got, 1):.3f} per sample), "
+            f"{_mb(body)} sent ({body / size:.2f}x the shards)"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
