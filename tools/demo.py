@@ -324,16 +324,16 @@ def main(argv: list[str] | None = None) -> int:
         )
 
         server, urls = start_server(args.server, paths, work)
-        where = (
-            {
-                "http": f"nginx (HTTP) at {getattr(server, 'base', '')}/ (pid {server.proc.pid})",
-                "s3": f"moto_server (S3) at 127.0.0.1:{getattr(server, 'port', '')}, bucket "
-                f"s3://{Moto.bucket} (pid {server.proc.pid})",
-            }.get(server.kind, "")
-            if server
-            else f"local files in {paths[0].parent}"
-        )
-        print(f"[2/5] shards served by {where}")
+        if isinstance(server, Nginx):
+            where = f"served by nginx (HTTP) at {server.base}/ (pid {server.proc.pid})"
+        elif isinstance(server, Moto):
+            where = (
+                f"served by moto_server (S3) at 127.0.0.1:{server.port}, bucket "
+                f"s3://{Moto.bucket} (pid {server.proc.pid})"
+            )
+        else:
+            where = f"read from local files in {paths[0].parent} (no server)"
+        print(f"[2/5] shards {where}")
         options = server.storage_options if server else {}
 
         index = str(work / "index" / "demo.json")
