@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures as cf
+import contextlib
 import operator
 import os
 import threading
@@ -98,6 +99,7 @@ class _Loaded:
             for i in range(c.first_shard, c.stop_shard):
                 self.dataset_of[i] = c.name or name or ""
         self.indexed = indexed
+        self.shard_dicts: list[dict[str, Any]] | None = None  # built when .shards is read
 
 
 class _Table:
@@ -357,7 +359,7 @@ class ShardListDataset:
         if not urls:
             raise IndexFormatError("the shard pattern names no shards", shard=_where(src))
         with cf.ThreadPoolExecutor(max_workers=min(8, len(urls))) as pool:
-            tables = list(pool.map(lambda u: self._scan(Source(u, self.storage_options)), urls))
+            tables = list(pool.map(lambda u: self._scan(self._source(u)), urls))
         infos = [ShardInfo(u, len(m)) for u, m in zip(urls, tables, strict=True)]
         for i, m in enumerate(tables):
             self._keep_members(i, m, scanned=True)
@@ -426,7 +428,8 @@ class ShardListDataset:
         if reader is not None and self._promoter is not None and not reader.cached:
             reader = self._promoted(shard, reader)
         if reader is not None:
-            self._readers.move_to_end(shard)
+            with contextlib.suppress(KeyError):  # another thread may have just evicted it
+                self._readers.move_to_end(shard)
             return reader
         with self._lock:
             self._counts["misses"] += 1
@@ -626,15 +629,17 @@ class ShardListDataset:
     def shards(self) -> list[dict[str, Any]]:
         """The shards as the reference lists them: dicts with ``url``, ``nsamples`` ..."""
         loaded = self._load()
-        out = []
-        for info, ds in zip(loaded.infos, loaded.dataset_of, strict=True):
-            d: dict[str, Any] = {"url": info.url, "nsamples": info.nsamples}
-            for k, v in (("filesize", info.size), ("md5sum", info.md5sum), ("etag", info.etag)):
-                if v is not None:
-                    d[k] = v
-            d["dataset"] = ds
-            out.append(d)
-        return out
+        if loaded.shard_dicts is None:
+            out = []
+            for info, ds in zip(loaded.infos, loaded.dataset_of, strict=True):
+                d: dict[str, Any] = {"url": info.url, "nsamples": info.nsamples}
+                for k, v in (("filesize", info.size), ("md5sum", info.md5sum), ("etag", info.etag)):
+                    if v is not None:
+                        d[k] = v
+                d["dataset"] = ds
+                out.append(d)
+            loaded.shard_dicts = out
+        return loaded.shard_dicts
 
     @property
     def lengths(self) -> list[int]:
