@@ -146,7 +146,8 @@ def iter_members_stream(stream: BinaryIO, *, shard: str | None = None) -> Iterat
 
     The stream is read in chunks of about 1 MiB, member data is discarded, and nothing is
     seeked; after the end-of-archive block the rest of the stream is read and discarded, so the
-    bytes read equal the stream's length.
+    bytes read equal the stream's length. Members come in batches of a few thousand (their
+    header checksums are verified together).
 
     Args:
         stream: A binary file-like object with ``read(n)``; need not be seekable.
@@ -161,7 +162,7 @@ def iter_members_stream(stream: BinaryIO, *, shard: str | None = None) -> Iterat
         HeaderChecksumError: A header's checksum does not match.
     """
     reader = _StreamReader(stream)
-    for rows in _walk(reader, BLOCK, shard, None):
+    for rows in _walk(reader, BLOCK, shard, None, defer=True):
         for row in rows:
             yield TarMember(*row)
     reader.drain()
