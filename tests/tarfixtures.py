@@ -272,6 +272,7 @@ def mixed_entries(*, ustar: bool = False, links: bool = True) -> list[Entry]:
         Entry("données", type="5"),
         Entry("données/é.txt", "café".encode()),
         Entry("日本/ファイル.txt", "日本語".encode()),
+        Entry("latin1-caf\udce9.txt", b"not UTF-8: surrogateescape"),  # the raw byte 0xE9
         Entry(_LONG_SPLITTABLE, rng.randbytes(1000)),
         Entry("big.bin", rng.randbytes(300_000)),
     ]
@@ -308,7 +309,7 @@ def _gnutar_fixture(fmt: str):
         if fmt in ("gnu", "pax", "oldgnu"):  # > 100 byte link targets: GNU K / pax linkpath
             entries.insert(-1, Entry("data/longlink", type="2", linkname="t" * 150))
         if fmt == "v7":  # v7 has no prefix field: names must fit in 100 bytes; no fifos
-            entries = [e for e in entries if len(e.name.encode()) < 100 and e.type != "6"]
+            entries = [e for e in entries if len(os.fsencode(e.name)) < 100 and e.type != "6"]
         return write_gnu_tar(path, entries, format=fmt)
 
     return build
