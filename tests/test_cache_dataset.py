@@ -129,3 +129,43 @@ def test_promoter_rejects_bad_share(tmp_path):
         Promoter(ShardCache(tmp_path), 1.5)
     with pytest.raises(ValueError):
         ShardListDataset([{"url": "x.tar", "nsamples": 1}], promote_share=-0.1)
+
+
+def _identity(batch):  # module level: picklable for worker processes
+    return batch
+
+
+@pytest.mark.parametrize("access", ["shard", "auto"])
+def test_dataloader_workers_share_a_budgeted_cache(remote, tmp_path, access):
+    import torch
+    from torch.utils.data import DataLoader
+
+    sizes = [os.path.getsize(p) for p in remote["paths"]]
+    budget = 3 * max(sizes)
+    ds = ShardListDataset(
+        remote["index"],
+        access=access,
+        cache_dir=tmp_path,
+        cache_size=budget,
+        lru_size=1,
+        transformations=[],
+        promote_share=0.0,
+    )
+    order = torch.randperm(len(ds), generator=torch.Generator().manual_seed(0)).tolist()
+    loader = DataLoader(
+        ds,
+        sampler=order,
+        batch_size=8,
+        num_workers=4,
+        collate_fn=_identity,
+        multiprocessing_context="fork",
+        timeout=120,
+    )
+    seen = 0
+    for batch in loader:
+        for sample in batch:
+            assert strip_meta(sample) == remote["oracle"][sample["__index__"]]
+            seen += 1
+    assert seen == len(ds)
+    assert _data_bytes(tmp_path) <= budget
+    assert os.listdir(tmp_path / "tmp") == []

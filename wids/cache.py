@@ -355,7 +355,7 @@ class ShardCache:
             try:
                 if not self._is_valid(key, url, size, etag, md5sum):
                     self._fetch(key, url, download, size, etag, md5sum)
-                lock.downgrade()
+                lock.downgrade(timeout=self.lock_timeout)  # the fetch may have used the deadline
             except BaseException:
                 if lock.locked:
                     lock.release()

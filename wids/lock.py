@@ -175,13 +175,14 @@ class FileLock:
         """
         self._convert(fcntl.LOCK_EX, timeout)
 
-    def downgrade(self) -> None:
+    def downgrade(self, *, timeout: float | None = -1.0) -> None:
         """Turn a held exclusive lock into a shared one (not atomic either: re-check after).
 
         Raises:
+            LockTimeoutError: Not reacquired in time; the object then holds nothing.
             RuntimeError: The lock is not held, or held more than once.
         """
-        self._convert(fcntl.LOCK_SH, -1.0)
+        self._convert(fcntl.LOCK_SH, timeout)
 
     def unlink(self) -> None:
         """Remove the lock file; only allowed while holding it exclusively.
