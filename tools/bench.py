@@ -1,0 +1,523 @@
+#!/usr/bin/env python
+"""Every wids benchmark in one command, on generated data, as one table with ratios to floors.
+
+Sections (each figure is compared with a floor measured in the same run, on the same data):
+
+- index: header-only ``os.pread`` scan (the floor), ``tarfile``, ``wids.tar.scan_local``,
+  ``build_index`` to JSON and to SQLite from local files and over HTTP (nginx), and the
+  synthetic SQLite index build / open-to-first-lookup (``tools/bench_sqlite.py``);
+- read: random ``ds[i]`` on local shards vs ``os.pread`` of the same byte spans, and a
+  ``DataLoader`` (2 workers, batches of 32) over the same order;
+- remote: ``ds.__getitems__`` batches of 32 over nginx on 127.0.0.1 vs raw ``fs.cat_ranges``
+  of the same spans, with requests per sample from nginx's access log;
+- cache: one epoch in chunked order over nginx in each access mode (``range``, ``shard``,
+  ``auto``; ``tools/bench_cache.py``) vs ``fs.cat_ranges`` of the same order;
+- reference (``--reference VENV``): the reference wids (webdataset==0.2.111) in its own venv,
+  in a subprocess, on the same data: index build, local and HTTP ``ds[i]``, DataLoader.
+
+Raw samples (``transformations=[]``) throughout, so the figures measure I/O and indexing, not
+decoding. Progress goes to stderr; the table to stdout. Nothing leaves 127.0.0.1.
+
+Usage::
+
+    python tools/bench.py                           # the README's table (~2-4 minutes)
+    python tools/bench.py --quick                   # small data, seconds
+    python tools/bench.py --reference /tmp/wids-refvenv
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_cache  # noqa: E402
+import bench_index  # noqa: E402
+import bench_read  # noqa: E402
+import bench_sqlite  # noqa: E402
+
+from wids.build import build_index  # noqa: E402
+from wids.sampler import ChunkedSampler  # noqa: E402
+from wids.tar import scan_local  # noqa: E402
+
+
+@dataclass
+class Row:
+    """One line of the table: a figure (higher is better unless ``unit`` is a time)."""
+
+    section: str
+    what: str
+    value: float
+    unit: str
+    floor: str | None = None  # ``what`` of the floor row it is compared with
+    note: str = ""
+
+
+class Table:
+    """Rows in the order measured; ratios are value / floor value (1.0 = as fast as the floor)."""
+
+    def __init__(self) -> None:
+        self.rows: list[Row] = []
+
+    def add(self, *args: Any, **kw: Any) -> Row:
+        row = Row(*args, **kw)
+        self.rows.append(row)
+        return row
+
+    def get(self, what: str) -> Row | None:
+        return next((r for r in self.rows if r.what == what), None)
+
+    def render(self) -> str:
+        out = []
+        head = (
+            f"{'section':9} {'measurement':50} {'figure':>18}  {'floor (same run)':40} "
+            f"{'ratio':>6}  notes"
+        )
+        out += [head, "-" * len(head)]
+        for r in self.rows:
+            floor = self.get(r.floor) if r.floor else None
+            ratio = f"{r.value / floor.value:6.2f}" if floor and floor.value else ""
+            out.append(
+                f"{r.section:9} {r.what:50} {_fmt(r.value, r.unit):>18}  "
+                f"{(r.floor or ''):40} {ratio:>6}  {r.note}".rstrip()
+            )
+        return "\n".join(out)
+
+    def markdown(self) -> str:
+        out = [
+            "| section | measurement | figure | floor (same run) | ratio | notes |",
+            "| --- | --- | ---: | --- | ---: | --- |",
+        ]
+        for r in self.rows:
+            floor = self.get(r.floor) if r.floor else None
+            ratio = f"{r.value / floor.value:.2f}" if floor and floor.value else ""
+            out.append(
+                f"| {r.section} | {r.what} | {_fmt(r.value, r.unit)} | {r.floor or ''} | "
+                f"{ratio} | {r.note} |"
+            )
+        return "\n".join(out)
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "ms":
+        return f"{value:,.1f} ms"
+    if unit == "s":
+        return f"{value:,.2f} s"
+    return f"{value:,.0f} {unit}"
+
+
+def _best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
+    best, result = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, result
+
+
+class Nginx(bench_cache.Nginx):
+    """bench_cache's nginx (requests and bytes from its log), also as bench_read expects it."""
+
+    def requests(self) -> int:
+        return self.counts()[0]
+
+
+# -- sections ---------------------------------------------------------------------------------
+
+
+def index_section(t: Table, paths: list[Path], work: Path, nginx: Nginx, args: Any) -> str:
+    """Index build figures in members/s; returns the path of the index with HTTP URLs."""
+    bench_index._warm(paths)
+    sec, members = _best(lambda: sum(bench_index.floor_scan(p) for p in paths), args.repeat)
+    floor = "header-only scan (pread, size only)"
+    t.add("index", floor, members / sec, "members/s")
+    sec, n = _best(lambda: bench_index._tarfile_count(paths), args.repeat)
+    t.add("index", "tarfile: iterate members", n / sec, "members/s", floor)
+    sec, n = _best(lambda: sum(len(scan_local(p)) for p in paths), args.repeat)
+    t.add("index", "wids.tar.scan_local (parser)", n / sec, "members/s", floor)
+
+    def build(urls: list[str], out: str) -> Any:
+        return build_index(urls, out, incremental=False, name="bench")
+
+    local = [str(p) for p in paths]
+    for suffix in ("json", "sqlite"):
+        out = str(work / f"build.{suffix}")
+        sec, _ = _best(lambda out=out: build(local, out), args.repeat)
+        t.add(
+            "index",
+            f"build_index -> {suffix.upper()}, local files",
+            members / sec,
+            "members/s",
+            floor,
+            f"{len(paths)} shards in {sec:.2f} s",
+        )
+    urls = [f"{nginx.base}/{p.name}" for p in paths]
+    http_index = str(work / "http.json")
+    nginx.reset()
+    sec, _ = _best(lambda: build(urls, http_index), 1)
+    reqs = nginx.requests()
+    t.add(
+        "index",
+        "build_index -> JSON, over HTTP (nginx)",
+        members / sec,
+        "members/s",
+        floor,
+        f"{reqs / len(paths):.1f} requests/shard",
+    )
+    r = bench_sqlite.bench_sqlite(args.sqlite_shards, 1000, directory=str(work))
+    t.add(
+        "index",
+        f"SQLite index build, {r['samples'] / 1e6:g}M synthetic samples",
+        r["members"] / r["build_s"],
+        "members/s",
+        note=f"{r['build_s']:.1f} s, {r['file_bytes'] / 1e6:.0f} MB",
+    )
+    t.add(
+        "index",
+        "SQLite index open -> first lookup",
+        r["open_to_first_lookup_s"] * 1000,
+        "ms",
+        note=f"{r['samples']:,} samples",
+    )
+    return http_index
+
+
+def read_section(t: Table, index: str, order: list[int], spans: tuple) -> None:
+    ours, floor = bench_read.bench_local(index, order, spans)
+    fname = "os.pread of the sample spans"
+    t.add("read", fname, floor, "samples/s", note=f"{len(order):,} random samples")
+    t.add("read", "ds[i], local shards", ours, "samples/s", fname)
+
+
+def loader_section(t: Table, index: str, order: list[int]) -> None:
+    fname = "os.pread of the sample spans"
+    dl = bench_read.bench_dataloader(index, order)
+    t.add("read", "DataLoader(2 workers, batch 32), local", dl, "samples/s", fname)
+
+
+def remote_section(t: Table, nginx: Nginx, order: list[int], spans: tuple, data: str) -> None:
+    ours, floor, rps, floor_rps = bench_read.bench_http(nginx, order, spans, data)
+    fname = "fs.cat_ranges(32 spans), HTTP"
+    t.add("remote", fname, floor, "samples/s", note=f"{floor_rps:.3f} requests/sample")
+    t.add(
+        "remote",
+        "ds.__getitems__(32), HTTP",
+        ours,
+        "samples/s",
+        fname,
+        f"{rps:.3f} requests/sample",
+    )
+
+
+def _chunked_floor(nginx: Nginx, paths: list[Path], spans: tuple, args: Any) -> float:
+    """fs.cat_ranges of the sample spans in bench_cache's epoch order, batches of 32."""
+    import fsspec
+
+    _, cum, starts, ends = spans
+    lengths = [args.samples] * len(paths)
+    order = list(ChunkedSampler(lengths, chunksize=args.samples, seed=0, shufflefirst=True))
+    urls = [f"{nginx.base}/{p.name}" for p in paths]
+    fs = fsspec.filesystem("http", skip_instance_cache=True)
+    plans = []
+    for k in range(0, len(order), 32):
+        batch = [bench_read._locate(cum, i) for i in order[k : k + 32]]
+        plans.append(
+            (
+                [urls[s] for s, _ in batch],
+                [int(starts[s][j]) for s, j in batch],
+                [int(ends[s][j]) for s, j in batch],
+            )
+        )
+    fs.cat_ranges(*plans[0])
+    t0 = time.perf_counter()
+    for p in plans:
+        fs.cat_ranges(*p)
+    return len(order) / (time.perf_counter() - t0)
+
+
+def cache_section(
+    t: Table, nginx: Nginx, http_index: str, paths: list[Path], spans: tuple, work: Path, args: Any
+) -> None:
+    total = sum(p.stat().st_size for p in paths)
+    fname = "fs.cat_ranges(32), HTTP, chunked order"
+    t.add("cache", fname, _chunked_floor(nginx, paths, spans, args), "samples/s")
+    ns = argparse.Namespace(samples=args.samples, batch=32, share=0.05)
+    for mode in ("range", "shard", "auto"):
+        cache = None if mode == "range" else str(work / f"cache-{mode}")
+        try:
+            res = bench_cache.run_mode(mode, http_index, cache, ns, nginx)
+        finally:
+            if cache:
+                shutil.rmtree(cache, ignore_errors=True)
+        t.add(
+            "cache",
+            f'epoch, access="{mode}", HTTP',
+            res["n"] / res["epoch"],
+            "samples/s",
+            fname,
+            f"first sample {res['first'] * 1e3:.0f} ms, "
+            f"{res['requests'] / res['n']:.3f} req/sample, downloaded {res['bytes'] / total:.2f}x",
+        )
+
+
+# -- the reference wids, in its own venv ------------------------------------------------------
+
+_REF_BUILD = textwrap.dedent(
+    """
+    import argparse, json, sys, time
+    from wids.wids_index import main_create
+    files, out = json.loads(sys.argv[1]), sys.argv[2]
+    t = time.perf_counter()
+    main_create(argparse.Namespace(files=files, output=out, name="bench", info=None, base=None))
+    print(json.dumps({"seconds": time.perf_counter() - t}))
+    """
+)
+
+_REF_LOADER = textwrap.dedent(
+    """
+    import json, sys, time
+    from torch.utils.data import DataLoader
+    from wids import ShardListDataset
+    index, cache = sys.argv[1], sys.argv[2]
+    order, seconds = json.loads(sys.argv[3]), float(sys.argv[4])
+    ds = ShardListDataset(index, cache_dir=cache, transformations=[])
+    loader = DataLoader(ds, batch_size=32, num_workers=2, sampler=order, collate_fn=lambda b: b)
+    n, t = 0, time.perf_counter()
+    for batch in loader:
+        n += len(batch)
+        if time.perf_counter() - t > seconds:
+            break
+    print(json.dumps({"rate": n / (time.perf_counter() - t), "n": n}))
+    """
+)
+
+
+def _ref_run(venv: str, script: str, argv: list[str], timeout: float) -> dict | None:
+    """Run ``script`` with the reference venv's Python; its last stdout line is JSON."""
+    work = tempfile.mkdtemp(prefix="wids-bench-ref-")
+    try:
+        proc = subprocess.run(
+            [os.path.join(venv, "bin", "python"), "-c", script, *argv],
+            capture_output=True,
+            text=True,
+            cwd=work,  # so the reference's "wids" is imported, not this checkout's
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired:
+        print("reference run timed out; skipped", file=sys.stderr)
+        return None
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if proc.returncode != 0:
+        print(f"reference run failed; skipped:\n{proc.stderr[-800:]}", file=sys.stderr)
+        return None
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def reference_section(
+    t: Table,
+    venv: str,
+    paths: list[Path],
+    work: Path,
+    index: str,
+    nginx: Nginx,
+    order: list[int],
+    args: Any,
+    step: Callable[[str], None],
+) -> None:
+    floor_rows = {r.what: r for r in t.rows}
+    scan_floor = "header-only scan (pread, size only)"
+    members = sum(bench_index.floor_scan(p) for p in paths)
+    step("reference: index build")
+    out = str(work / "ref-index.json")
+    got = _ref_run(venv, _REF_BUILD, [json.dumps([str(p) for p in paths]), out], timeout=1800)
+    if got:
+        ours = floor_rows.get("build_index -> JSON, local files")
+        rate = members / got["seconds"]
+        t.add(
+            "reference",
+            "reference widsindex create, local files",
+            rate,
+            "members/s",
+            scan_floor,
+            f"ours / reference: {ours.value / rate:.2f}" if ours else "",
+        )
+    cache = str(work / "ref-cache")
+    for what, idx, floor, ours_name in (
+        (
+            "reference ds[i], local shards",
+            index,
+            "os.pread of the sample spans",
+            "ds[i], local shards",
+        ),
+        (
+            "reference ds[i], HTTP",
+            f"{nginx.base}/bench.json",
+            "fs.cat_ranges(32 spans), HTTP",
+            "ds.__getitems__(32), HTTP",
+        ),
+    ):
+        step(f"reference: {what.split(', ')[1]}")
+        rate = bench_read.bench_reference(venv, idx, order, args.ref_seconds)
+        if rate is not None:
+            ours = floor_rows.get(ours_name)
+            t.add(
+                "reference",
+                what,
+                rate,
+                "samples/s",
+                floor,
+                (f"ours / reference: {ours.value / rate:.2f}" if ours else "")
+                + ("; it downloads whole shards to its cache first" if "HTTP" in what else ""),
+            )
+    step("reference: DataLoader")
+    os.makedirs(cache, exist_ok=True)
+    got = _ref_run(
+        venv,
+        _REF_LOADER,
+        [index, cache, json.dumps(order), str(args.ref_seconds)],
+        timeout=args.ref_seconds * 20 + 300,
+    )
+    shutil.rmtree(cache, ignore_errors=True)
+    if got:
+        ours = floor_rows.get("DataLoader(2 workers, batch 32), local")
+        t.add(
+            "reference",
+            "reference DataLoader(2 workers, batch 32), local",
+            got["rate"],
+            "samples/s",
+            "os.pread of the sample spans",
+            f"ours / reference: {ours.value / got['rate']:.2f}" if ours else "",
+        )
+
+
+# -- main -------------------------------------------------------------------------------------
+
+
+def _machine() -> str:
+    mem = ""
+    try:
+        with open("/proc/meminfo") as f:
+            kb = int(f.readline().split()[1])
+        mem = f", {kb / 2**20:.0f} GiB RAM"
+    except (OSError, ValueError, IndexError):
+        pass
+    import torch
+
+    gpu = "CUDA" if torch.cuda.is_available() else "CPU only"
+    return (
+        f"{os.cpu_count()} cores{mem}, {gpu}, {platform.system()} {platform.machine()}, "
+        f"Python {platform.python_version()}, torch {torch.__version__}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--quick", action="store_true", help="small data (4 x 500), for a smoke run")
+    p.add_argument("--shards", type=int, help="shards (default 32; --quick 4)")
+    p.add_argument("--samples", type=int, help="samples per shard (default 1000; --quick 500)")
+    p.add_argument("--n", type=int, help="random reads per measurement (20000; --quick 2000)")
+    p.add_argument("--repeat", type=int, help="best of this many runs for index figures (3)")
+    p.add_argument("--data", help="dataset directory to create or reuse (default: a temp dir)")
+    p.add_argument("--reference", metavar="VENV", help="venv with webdataset==0.2.111")
+    p.add_argument("--ref-seconds", type=float, default=20.0, help="time budget per reference read")
+    p.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    args = p.parse_args(argv)
+    quick = args.quick
+    args.shards = args.shards or (4 if quick else 32)
+    args.samples = args.samples or (500 if quick else 1000)
+    args.n = args.n or (2000 if quick else 20000)
+    args.repeat = args.repeat or (1 if quick else 3)
+    args.sqlite_shards = 50 if quick else 1000
+    if quick:
+        args.ref_seconds = min(args.ref_seconds, 5.0)
+    if args.reference and not os.path.exists(os.path.join(args.reference, "bin", "python")):
+        print(f"bench: reference venv {args.reference} not found; skipping it", file=sys.stderr)
+        args.reference = None
+
+    from tqdm import tqdm
+
+    steps = 6 + (4 if args.reference else 0)
+    bar = tqdm(total=steps, unit="step", desc="bench", file=sys.stderr, leave=False)
+    started = [False]
+
+    def step(name: str) -> None:
+        """Mark the previous step done and show the next one."""
+        if started[0]:
+            bar.update(1)
+        started[0] = True
+        bar.set_description(name)
+
+    work = Path(tempfile.mkdtemp(prefix="wids-bench-"))
+    data = args.data or str(work / "data")
+    nginx: Nginx | None = None
+    table = Table()
+    t_start = time.perf_counter()
+    load = os.getloadavg()[0]
+    try:
+        bar.set_description("writing the dataset")
+        data, index = bench_read._prepare(
+            argparse.Namespace(data=data, shards=args.shards, samples=args.samples)
+        )
+        paths = sorted(Path(data).glob("bench-*.tar"))[: args.shards]
+        size = sum(q.stat().st_size for q in paths)
+        spans = bench_read._spans(index)
+        total = int(spans[1][-1])
+        rng = random.Random(0)
+        order = [rng.randrange(total) for _ in range(min(args.n, total))]
+        nginx = Nginx(data)
+        step("index build")
+        http_index = index_section(table, paths, work, nginx, args)
+        step("local reads")
+        read_section(table, index, order, spans)
+        step("DataLoader")
+        loader_section(table, index, order)
+        step("HTTP reads")
+        remote_section(table, nginx, order, spans, data)
+        step("cache modes")
+        cache_section(table, nginx, http_index, paths, spans, work, args)
+        if args.reference:
+            reference_section(table, args.reference, paths, work, index, nginx, order, args, step)
+        step("done")
+    finally:
+        bar.close()
+        if nginx is not None:
+            nginx.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+    print(
+        f"wids benchmarks: {len(paths)} shards x {args.samples} samples (jpg ~20 KB + cls + "
+        f"json, random bytes), {size / 1e6:.0f} MB; {len(order):,} random reads per read "
+        f"figure; warm page cache; servers on 127.0.0.1"
+    )
+    print(f"machine: {_machine()}; load average at start {load:.1f}")
+    print(f"command: python tools/bench.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    print(table.render())
+    print(
+        "ratio = figure / floor figure (1.00 = as fast as the floor; higher is faster). "
+        f"Total {time.perf_counter() - t_start:.0f} s."
+    )
+    if args.markdown:
+        print()
+        print(table.markdown())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
