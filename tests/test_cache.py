@@ -484,3 +484,20 @@ def test_invalid_arguments(tmp_path):
         ShardCache(tmp_path, lock_timeout=-1)
     ShardCache(tmp_path / "not-created")
     assert not (tmp_path / "not-created").exists()
+
+
+def test_entry_key_property(tmp_path):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    data_dir = os.path.realpath(tmp_path / "data")
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.text(min_size=1, max_size=300))
+    def check(url):
+        key = entry_key(url)
+        assert key == entry_key(url)
+        assert os.path.dirname(os.path.realpath(os.path.join(data_dir, key))) == data_dir
+        assert key.isascii() and len(key) <= 24 + 1 + 80
+
+    check()
