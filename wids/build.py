@@ -409,7 +409,7 @@ def scan_cached(
         IndexMismatchError: The shard's size differs from ``expected``.
     """
     from .errors import IndexMismatchError
-    from .lock import FileLock, atomic_write
+    from .lock import FileLock, atomic_write_bytes
 
     path = _scan_path(cache_dir, source.url)
     stat = source.info(stats)
@@ -436,7 +436,7 @@ def scan_cached(
             "mtime": stat.mtime,
             "members": members.to_columns(),
         }
-        atomic_write(path, json.dumps(record, separators=(",", ":")).encode())
+        atomic_write_bytes(path, json.dumps(record, separators=(",", ":")).encode())
     return members
 
 
