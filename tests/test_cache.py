@@ -501,3 +501,34 @@ def test_entry_key_property(tmp_path):
         assert key.isascii() and len(key) <= 24 + 1 + 80
 
     check()
+
+
+def test_threads_random_opens_within_budget(tmp_path):
+    import random
+
+    store = Store(delay=0.002)
+    urls = [store.put(f"s3://b/{i}/t.tar", blob(3000, i)) for i in range(6)]
+    cache = ShardCache(tmp_path, max_bytes=2 * 3000, lock_timeout=60)
+    errors = []
+
+    def worker(seed):
+        rng = random.Random(seed)
+        try:
+            for _ in range(60):
+                u = rng.choice(urls)
+                with store.open(cache, u) as shard:
+                    a = rng.randrange(3000)
+                    if shard.read_range(a, 3000) != store.objects[u][a:]:
+                        errors.append(("bad bytes", u))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert data_bytes(cache) <= 2 * 3000
+    assert listing(cache, "tmp") == []
+    assert len(listing(cache, "meta")) == len(listing(cache, "data"))
