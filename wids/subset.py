@@ -1,4 +1,4 @@
-"""Local subsets of a dataset, for development without network (``wids subset``).
+"""Local copies of indexes for work without network: subsets and offline snapshots.
 
 :func:`make_subset` copies some shards of an indexed dataset into a directory, in parallel,
 and writes an index there whose shard URLs are the copies (relative paths) and whose member
@@ -7,6 +7,11 @@ and a program moves to the full remote dataset by changing the index argument on
 
     ShardListDataset("subset/train.json")                       # laptop, offline
     ShardListDataset("s3://bucket/train.json", cache_dir=...)   # the whole dataset
+
+:func:`save_snapshot` / :func:`open_snapshot` keep a copy of a remote index's shard list
+(absolute URLs, sizes, etags, components; no member tables) in the cache directory, so that
+``offline=True`` works with the remote index's URL: shards come from the shard cache and their
+member tables from scanning the cached copies.
 """
 
 from __future__ import annotations
@@ -23,7 +28,16 @@ from .errors import IndexMismatchError
 from .index import ShardInfo
 from .lock import TempFile
 
-__all__ = ["SubsetReport", "make_subset", "select_shards"]
+__all__ = [
+    "SubsetReport",
+    "make_subset",
+    "open_snapshot",
+    "save_snapshot",
+    "select_shards",
+    "snapshot_path",
+]
+
+_SNAPSHOT = "wids-index-snapshot"
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,3 +240,87 @@ def _copy_all(
     finally:
         if bar is not None:
             bar.close()
+
+
+def snapshot_path(cache_dir: str | os.PathLike[str], url: str) -> str:
+    """Where the snapshot of index ``url`` lives in ``cache_dir``."""
+    from .cache import entry_key
+
+    return os.path.join(os.fspath(cache_dir), "indexes", entry_key(url) + ".json")
+
+
+def save_snapshot(
+    reader: Any,
+    url: str,
+    cache_dir: str | os.PathLike[str],
+    storage_options: Mapping[str, Any] | None = None,
+) -> str | None:
+    """Keep a copy of the open index ``reader`` (read from ``url``) for offline use.
+
+    Rewritten only when the remote index changed (its size/etag/mtime, one stat). Failures
+    are logged, not raised: the snapshot is a convenience for later offline runs.
+
+    Returns:
+        The snapshot's path, or ``None`` if it could not be written.
+    """
+    import logging
+
+    from .index_json import JsonIndexWriter
+    from .remote import Source, redact_url
+
+    path = snapshot_path(cache_dir, url)
+    try:
+        stat = Source(url, storage_options).info()
+        ident = {
+            "kind": _SNAPSHOT,
+            "url": redact_url(url),
+            "size": stat.size,
+            "etag": stat.etag,
+            "mtime": stat.mtime,
+        }
+        if os.path.exists(path) and _snapshot_ident(path) == ident:
+            return path
+        shards = list(reader.shards)
+        with JsonIndexWriter(path, name=reader.name or None) as writer:
+            for num, comp in enumerate(reader.components):
+                if num > 0:
+                    writer.start_component(comp.name or f"component{num}", comp.weight)
+                for info in shards[comp.first_shard : comp.stop_shard]:
+                    writer.add(info, None)
+            writer.set_report(ident)
+        return path
+    except (OSError, ValueError) as e:
+        logging.getLogger(__name__).warning(
+            "could not save an offline copy of index %s: %s", redact_url(url), e
+        )
+        return None
+
+
+def _snapshot_ident(path: str) -> dict[str, Any] | None:
+    from .index_json import JsonIndex
+
+    try:
+        report = JsonIndex(path).report
+    except (OSError, ValueError):
+        return None
+    return report if report.get("kind") == _SNAPSHOT else None
+
+
+def open_snapshot(url: str, cache_dir: str | os.PathLike[str]) -> Any:
+    """Open the offline copy of index ``url`` saved by :func:`save_snapshot`.
+
+    Raises:
+        OfflineError: There is none (the index was never opened online with this cache).
+    """
+    from .errors import OfflineError
+    from .index_json import JsonIndex
+    from .remote import redact_url
+
+    path = snapshot_path(cache_dir, url)
+    if not os.path.exists(path):
+        raise OfflineError(
+            f"offline, and no copy of this index in {os.fspath(cache_dir)} (open it online "
+            f"once with this cache_dir, or use `wids subset`)",
+            shard=redact_url(url),
+        )
+    return JsonIndex(path)
