@@ -39,6 +39,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from itertools import starmap
 from typing import BinaryIO
 
 from .errors import HeaderChecksumError, ShardNotFoundError, TarFormatError, TruncatedTarError
@@ -184,7 +185,7 @@ def scan_local(path: str | os.PathLike[str], *, shard: str | None = None) -> lis
         TruncatedTarError: The archive ends inside a header or member, or has no end block.
         HeaderChecksumError: A header's checksum does not match.
     """
-    return [TarMember(*row) for row in scan_local_rows(path, shard=shard)]
+    return list(starmap(TarMember, scan_local_rows(path, shard=shard)))
 
 
 def scan_local_rows(path: str | os.PathLike[str], *, shard: str | None = None) -> list[Row]:
