@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import bisect
 import concurrent.futures as cf
-import contextlib
 import operator
 import os
 import threading
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .access import CachedReader, RangeReader, ShardReader, fetch_blocks, plan_batch
+from .access import CachedReader, LocalReader, RangeReader, ShardReader, fetch_blocks, plan_batch
 from .decode import Decoder, interpret_transformations
 from .errors import IndexFormatError, IndexMismatchError, OfflineError
 from .index import ShardInfo, ShardMembers
@@ -275,6 +274,8 @@ class ShardListDataset:
         self.duplicates: DuplicatePolicy = duplicates
         self.allow_pickle = bool(allow_pickle)
         self.promote_share = float(promote_share)
+        # range reads are counted towards promotion only in this configuration
+        self._promotable = access == "auto" and self.cache_dir is not None
         self._loaded: _Loaded | None = None
         self._members: dict[int, tuple[ShardMembers, np.ndarray, np.ndarray]] = {}
         self._scanned: set[int] = set()  # member tables that came from scanning (costly)
@@ -428,8 +429,10 @@ class ShardListDataset:
         if reader is not None and self._promoter is not None and not reader.cached:
             reader = self._promoted(shard, reader)
         if reader is not None:
-            with contextlib.suppress(KeyError):  # another thread may have just evicted it
+            try:
                 self._readers.move_to_end(shard)
+            except KeyError:  # another thread has just evicted it
+                pass
             return reader
         with self._lock:
             self._counts["misses"] += 1
@@ -477,7 +480,7 @@ class ShardListDataset:
             if cached is not None:
                 return CachedReader(cached)
         self._check_offline(info.url)
-        return RangeReader(source)
+        return LocalReader(source) if source.is_local else RangeReader(source)
 
     def _requested(self, shard: int, reader: ShardReader, nbytes: int) -> None:
         """``access="auto"``: count bytes read by range; promote the shard at the share."""
@@ -571,21 +574,39 @@ class ShardListDataset:
         return out
 
     def _raw(self, index: Any) -> dict[str, Any]:
-        self._check_process()
+        # The hot path of random access: keep it flat (see tools/bench_read.py).
+        if self._pid != os.getpid():
+            self._reset_process_state()
         i, shard, local = self._locate(index)
         reader = self._reader(shard)
         table = self._tables[shard]
-        start, end = table.span(local)
+        ss, off, size = table.ss, table.off, table.size
+        first, stop = ss[local], ss[local + 1]
+        start, end = off[first], off[stop - 1] + size[stop - 1]
         try:
             buf = reader.read_span(start, end, self._io)
-            self._requested(shard, reader, end - start)
+            if self._promotable:
+                self._requested(shard, reader, end - start)
         finally:
-            self._evict()
+            if len(self._readers) > self.lru_size:
+                self._evict()
         counts = self._counts
         counts["samples"] += 1
         if reader.cached:
             counts["cache_hits"] += 1
-        return self._assemble(table, i, shard, local, buf, start)
+        loaded = self._loaded or self._load()
+        fields, fid = table.fields, table.fid
+        sample: dict[str, Any] = {}
+        for m in range(first, stop):
+            a = off[m] - start
+            sample[fields[fid[m]]] = buf[a : a + size[m]]
+        ko = table.ko
+        sample["__key__"] = table.blob[ko[local] : ko[local + 1]].decode("utf-8", "surrogateescape")
+        sample["__index__"] = i
+        sample["__shard__"] = loaded.infos[shard].url
+        sample["__shardindex__"] = local
+        sample["__dataset__"] = loaded.dataset_of[shard]
+        return sample
 
     def __getitem__(self, index: Any) -> Any:
         """The sample at ``index`` (negative counts from the end), transformed.
