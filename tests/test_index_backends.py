@@ -9,6 +9,7 @@ import shutil
 import sqlite3
 import sys
 import tarfile
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tarfixtures import make_samples, write_shard
 
 from wids.errors import IndexFormatError, ShardNotFoundError
@@ -216,6 +219,51 @@ class IndexContract:
         self.write(path, [], name="nothing")
         ix = self.Reader(str(path))
         assert ix.shards == [] and ix.components == [Component("nothing", None, 0, 0)]
+
+    # One test body, two backends (subclasses): that is the contract pattern, not a flake.
+    @settings(
+        max_examples=25,
+        deadline=None,
+        suppress_health_check=[HealthCheck.differing_executors],
+    )
+    @given(
+        st.lists(
+            st.lists(
+                st.tuples(
+                    st.text(min_size=1, max_size=12).filter(lambda k: "\x00" not in k),
+                    st.lists(
+                        st.tuples(
+                            st.sampled_from([".a", ".b.c", ".ü", ".jpg"]), st.integers(0, 10**9)
+                        ),
+                        min_size=1,
+                        max_size=4,
+                    ),
+                ),
+                max_size=6,
+            ),
+            min_size=1,
+            max_size=4,
+        )
+    )
+    def test_random_tables_round_trip(self, tables: list) -> None:
+        built = []
+        for samples in tables:
+            offset, rows = 512, []
+            for key, members in samples:
+                fields = []
+                for field, size in members:
+                    fields.append((field, offset, size))
+                    offset += 512 + size
+                rows.append((key, fields))
+            built.append(ShardMembers.from_samples(rows))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / f"h{self.suffix}"
+            with self.Writer(path) as w:
+                for i, t in enumerate(built):
+                    w.add(ShardInfo(f"s{i}.tar", len(t), size=1 << 40), t)
+            ix = self.Reader(str(path))
+            assert [ix.members(i) for i in range(len(built))] == built
+            ix.close()
 
     # -- laziness, pickling, remote -------------------------------------------------------------
 
