@@ -181,6 +181,52 @@ def test_pax_x_applies_to_next_member_only_and_g_sticks(tmp_path: Path) -> None:
     assert ours == tarfile_members(data) and [r[0] for r in ours] == ["g", "g"]
 
 
+def _gnu_long(name: str) -> bytes:
+    data = name.encode() + b"\0"
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = tarfile.GNUTYPE_LONGNAME, len(data)
+    return info.tobuf(tarfile.USTAR_FORMAT) + data.ljust(-(-len(data) // 512) * 512, b"\0")
+
+
+def _pax(path: str, typ: bytes = tarfile.XHDTYPE) -> bytes:
+    body = f" path={path}\n"
+    n = len(body) + len(str(len(body)))
+    n = len(body) + len(str(n))
+    record = f"{n}{body}".encode()
+    info = tarfile.TarInfo("pax")
+    info.type, info.size = typ, len(record)
+    return info.tobuf(tarfile.USTAR_FORMAT) + record.ljust(-(-len(record) // 512) * 512, b"\0")
+
+
+def _plain(name: str = "short", size: int = 3, typ: bytes = tarfile.REGTYPE) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.type = size, typ
+    return info.tobuf(tarfile.USTAR_FORMAT) + (b"abc".ljust(512, b"\0") if size else b"")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(_pax("from-x") + _gnu_long("from-L") + _plain(), id="x-then-L"),
+        pytest.param(_gnu_long("from-L") + _pax("from-x") + _plain(), id="L-then-x"),
+        pytest.param(_gnu_long("L1") + _gnu_long("L2") + _plain(), id="L-then-L"),
+        pytest.param(_pax("x1") + _pax("x2") + _plain(), id="x-then-x"),
+        pytest.param(
+            _pax("g", tarfile.XGLTYPE) + _pax("x") + _plain() + _plain("second"), id="g-then-x"
+        ),
+        pytest.param(_pax("g", tarfile.XGLTYPE) + _gnu_long("L") + _plain(), id="g-then-L"),
+        pytest.param(_gnu_long("dir//") + _plain("dir/", 0, tarfile.DIRTYPE), id="L-dir"),
+        pytest.param(_pax("dir//") + _plain("dir/", 0, tarfile.DIRTYPE), id="x-dir"),
+        pytest.param(_pax("file//") + _plain(), id="x-file-slashes"),
+    ],
+)
+def test_chained_extension_records(body: bytes) -> None:
+    """Which record wins when several precede one member: the first, as in tarfile."""
+    data = body + bytes(1024)
+    assert _rows(iter_members_fetch(lambda s, e: data[s:e])) == tarfile_members(data)
+    assert _rows(iter_members_stream(io.BytesIO(data))) == tarfile_members(data)
+
+
 def test_pax_size_overrides_header(tmp_path: Path) -> None:
     """A pax size wins over the header's (here the header says 0, as for huge members)."""
     buf = io.BytesIO()
