@@ -158,7 +158,10 @@ def render_grid(
     cols = columns or math.ceil(math.sqrt(len(samples)))
     rows = math.ceil(len(samples) / cols)
     font_size = max(10, cell // 13)
-    font = ImageFont.load_default(size=font_size)
+    try:
+        font: Any = ImageFont.load_default(size=font_size)
+    except TypeError:  # Pillow < 10.1: one fixed-size bitmap font
+        font = ImageFont.load_default()
     pad, text_h = 6, 2 * (font_size + 4)
     tile_w, tile_h = cell + 2 * pad, cell + text_h + 2 * pad
     grid = Image.new("RGB", (cols * tile_w, rows * tile_h), (250, 250, 250))
