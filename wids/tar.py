@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from itertools import starmap
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from .errors import HeaderChecksumError, ShardNotFoundError, TarFormatError, TruncatedTarError
 
@@ -112,6 +112,28 @@ class TarMember:
         return self.type in _REGULAR or self.type == "\0"
 
 
+_set_name, _set_offset, _set_size, _set_type, _set_header_offset = (
+    TarMember.__dict__[f].__set__ for f in ("name", "offset", "size", "type", "header_offset")
+)
+
+
+def _member_of(
+    name: str, offset: int, size: int, type: str, header_offset: int, _new: Any = object.__new__
+) -> TarMember:
+    """``TarMember(...)`` at two thirds of the cost.
+
+    The frozen dataclass ``__init__`` goes through ``object.__setattr__`` per field; the slots'
+    own setters are quicker. Nothing else differs (the class has no ``__post_init__``).
+    """
+    m = _new(TarMember)
+    _set_name(m, name)
+    _set_offset(m, offset)
+    _set_size(m, size)
+    _set_type(m, type)
+    _set_header_offset(m, header_offset)
+    return m  # type: ignore[no-any-return]
+
+
 def iter_members_fetch(
     fetch: Callable[[int, int], bytes],
     *,
@@ -148,8 +170,7 @@ def iter_members_fetch(
         return fetch(off, end)
 
     for rows in _walk(read, BLOCK, shard, file_size):
-        for row in rows:
-            yield TarMember(*row)
+        yield from starmap(_member_of, rows)
 
 
 def iter_members_stream(stream: BinaryIO, *, shard: str | None = None) -> Iterator[TarMember]:
@@ -174,8 +195,7 @@ def iter_members_stream(stream: BinaryIO, *, shard: str | None = None) -> Iterat
     """
     reader = _StreamReader(stream)
     for rows in _walk(reader, BLOCK, shard, None, defer=True):
-        for row in rows:
-            yield TarMember(*row)
+        yield from starmap(_member_of, rows)
     reader.drain()
 
 
@@ -195,7 +215,7 @@ def scan_local(path: str | os.PathLike[str], *, shard: str | None = None) -> lis
         TruncatedTarError: The archive ends inside a header or member, or has no end block.
         HeaderChecksumError: A header's checksum does not match.
     """
-    return list(starmap(TarMember, scan_local_rows(path, shard=shard)))
+    return list(starmap(_member_of, scan_local_rows(path, shard=shard)))
 
 
 def scan_local_rows(path: str | os.PathLike[str], *, shard: str | None = None) -> list[Row]:
