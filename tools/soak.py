@@ -124,13 +124,23 @@ def child(rank: int, cfg: dict[str, Any], results: Any) -> None:
         num_workers=2,
         collate_fn=identity,
         multiprocessing_context="fork" if rank == 0 else "spawn",
+        timeout=cfg["batch_timeout"],
     )
     deadline = float("inf")  # counted from the first batch: start-up is not soak time
     served = wrong = batches = 0
     errors: list[str] = []
     stats: dict[int, dict[str, int]] = {}
     rss = 0
-    for out in loader:
+    hung = None
+    it = iter(loader)
+    while True:
+        try:
+            out = next(it)
+        except StopIteration:
+            break
+        except RuntimeError as exc:  # DataLoader(timeout=...): a worker is stuck
+            hung = f"no batch for {cfg['batch_timeout']} s: {exc}"
+            break
         batches += 1
         served += out["n"]
         wrong += out["wrong"]
@@ -141,7 +151,9 @@ def child(rank: int, cfg: dict[str, Any], results: Any) -> None:
             deadline = time.time() + cfg["seconds"]
         if time.time() > deadline or batches >= cfg["max_batches"]:
             break
-    del loader  # shuts the workers down
+    del it, loader  # shuts the workers down
+    if hung:
+        errors.append(hung)
     totals = {
         f"io_{k}": sum(s[k] for s in stats.values()) for k in ("requests", "retries", "errors")
     }
@@ -192,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shards", type=int, default=8)
     ap.add_argument("--samples", type=int, default=200, help="samples per shard")
     ap.add_argument("--max-batches", type=int, default=200_000, help="per process")
+    ap.add_argument(
+        "--batch-timeout", type=float, default=120.0, help="a batch slower than this is a hang"
+    )
     args = ap.parse_args(argv)
 
     from wids.build import build_index
@@ -242,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                 "retry": {"attempts": 8, "max_time": 60.0, "backoff": 0.02, "timeout": 2.0},
                 "seed": args.seed,
                 "seconds": args.minutes * 60,
+                "batch_timeout": args.batch_timeout,
                 "max_batches": args.max_batches,
             }
             ctx = multiprocessing.get_context("spawn")
@@ -252,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
             reports: list[dict[str, Any]] = []
             limit = time.time() + cfg["seconds"] + 300  # a hard bound even if a child hangs
             while len(reports) < len(procs) and time.time() < limit:
+                if all(p.exitcode is not None for p in procs) and results.empty():
+                    break  # a process died without reporting
                 try:
                     reports.append(results.get(timeout=15))
                 except queue.Empty:

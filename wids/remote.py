@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import shutil
+import stat as stat_mod
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -396,12 +397,27 @@ def _retry_sync(attempts: _Attempts, fn: Callable[[], T], size: Callable[[T], in
         return result
 
 
+async def _start_session(fs: Any) -> None:
+    """Create the backend's client before the first timed attempt.
+
+    Creating it is mostly CPU work (botocore loads its service models: ~0.5 s, more on a busy
+    machine) that blocks the event loop, so a per-attempt timeout cannot cut it short anyway;
+    counted against the first attempt it would only cause spurious timeouts.
+    """
+    for name in ("set_session", "_set_session"):
+        setter = getattr(fs, name, None)
+        if setter is not None and asyncio.iscoroutinefunction(setter):
+            await setter()
+            return
+
+
 async def _retry_async(
-    attempts: _Attempts, fn: Callable[[], Awaitable[T]], size: Callable[[T], int]
+    attempts: _Attempts, fn: Callable[[], Awaitable[T]], size: Callable[[T], int], fs: Any
 ) -> T:
     while True:
         timeout = attempts.begin()
         try:
+            await _start_session(fs)
             result = await asyncio.wait_for(fn(), timeout)
         except Exception as exc:
             await asyncio.sleep(attempts.failed(exc))
@@ -574,12 +590,15 @@ class Source:
         if self._fd is None or self._pid != pid:
             assert self.local_path is not None  # for mypy; set for every local Source
             try:
-                self._fd = os.open(self.local_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                fd = os.open(self.local_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             except FileNotFoundError:
                 raise ShardNotFoundError("no such file", shard=self.local_path) from None
             except PermissionError as exc:
                 raise PermanentRemoteError(str(exc), shard=self.local_path) from None
-            self._pid = pid
+            if self._fd is not None and self._pid == pid:  # another thread was quicker
+                os.close(fd)
+                return self._fd
+            self._fd, self._pid = fd, pid
         return self._fd
 
     def _pread(self, start: int, end: int) -> bytes:
@@ -621,10 +640,17 @@ class Source:
                 stats.requests += 1
             try:
                 st = os.stat(self.local_path or "")
-            except FileNotFoundError:
+                if stat_mod.S_ISDIR(st.st_mode):
+                    raise FileNotFoundError(errno.EISDIR, "is a directory")
+            except (FileNotFoundError, PermissionError) as exc:
                 if stats is not None:
                     stats.errors += 1
-                raise ShardNotFoundError("no such file", shard=self.local_path) from None
+                cls = (
+                    ShardNotFoundError
+                    if isinstance(exc, FileNotFoundError)
+                    else PermanentRemoteError
+                )
+                raise cls(str(exc.strerror or exc), shard=self.local_path) from None
             return FileStat(size=st.st_size, etag=None, mtime=st.st_mtime)
         fs, path = self._filesystem()
         attempts = _Attempts(self, "stat", stats)
@@ -633,7 +659,7 @@ class Source:
             async def op() -> dict[str, Any]:
                 return await fs._info(path)
 
-            info = fsspec.asyn.sync(fs.loop, _retry_async, attempts, op, _zero)
+            info = fsspec.asyn.sync(fs.loop, _retry_async, attempts, op, _zero, fs)
         else:
             info = _retry_sync(attempts, lambda: fs.info(path), _zero)
         if info.get("type") == "directory":
@@ -672,7 +698,7 @@ class Source:
         attempts = _Attempts(self, f"read {start}-{end}", stats)
         if fs.async_impl:
             return fsspec.asyn.sync(
-                fs.loop, _retry_async, attempts, self._aread_op(fs, path, start, end), _nbytes
+                fs.loop, _retry_async, attempts, self._aread_op(fs, path, start, end), _nbytes, fs
             )
 
         def op() -> bytes:
@@ -845,7 +871,8 @@ async def _gather(
         fs, path = src._filesystem()
         attempts = _Attempts(src, f"read {start}-{end}", stats)
         async with gate:
-            return await _retry_async(attempts, src._aread_op(fs, path, start, end), _nbytes)
+            op = src._aread_op(fs, path, start, end)
+            return await _retry_async(attempts, op, _nbytes, fs)
 
     results = await asyncio.gather(*(one(*job) for job in jobs), return_exceptions=True)
     for r in results:
