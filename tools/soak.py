@@ -5,7 +5,7 @@ Usage: python tools/soak.py --minutes 2 [--backend http|s3] [--rate 0.05] [--see
 Builds a synthetic dataset, serves it from nginx (or moto) on 127.0.0.1 behind the fault proxy
 (``tests/faultproxy.py``), indexes it, then runs two processes until the time is up: process 0
 reads by range requests, process 1 through a small shard cache (so shards are evicted and
-downloaded again under faults). Each process runs a DataLoader with 2 workers over random
+downloaded again under faults); ``--access range|shard`` uses one mode in both. Each process runs a DataLoader with 2 workers over random
 indices; every sample is compared with what ``tarfile`` says. Prints samples served, faults
 injected by kind, retries, errors raised, wrong samples and peak RSS; exits non-zero if any
 sample was wrong or any error was raised. Bounded by ``--minutes`` and ``--max-batches``.
@@ -101,7 +101,7 @@ def child(rank: int, cfg: dict[str, Any], results: Any) -> None:
     from wids.dataset import ShardListDataset
     from wids.remote import RetryPolicy
 
-    access = "range" if rank == 0 else "shard"
+    access = cfg["access"][rank]
     ds = ShardListDataset(
         cfg["index"],
         transformations=[],
@@ -205,6 +205,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--samples", type=int, default=200, help="samples per shard")
     ap.add_argument("--max-batches", type=int, default=200_000, help="per process")
     ap.add_argument(
+        "--access",
+        choices=["mixed", "range", "shard"],
+        default="mixed",
+        help="mixed: process 0 reads by range, process 1 through the shard cache",
+    )
+    ap.add_argument(
         "--batch-timeout", type=float, default=120.0, help="a batch slower than this is a hang"
     )
     args = ap.parse_args(argv)
@@ -256,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
                 "cache_size": 4 * shard_size,  # smaller than the dataset: evictions happen
                 "retry": {"attempts": 8, "max_time": 60.0, "backoff": 0.02, "timeout": 2.0},
                 "seed": args.seed,
+                "access": {"mixed": ["range", "shard"]}.get(args.access, [args.access] * 2),
                 "seconds": args.minutes * 60,
                 "batch_timeout": args.batch_timeout,
                 "max_batches": args.max_batches,
@@ -296,7 +303,10 @@ def main(argv: list[str] | None = None) -> int:
     kids = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     peak = max([own, kids] + [r["rss_kib"] for r in reports])
     elapsed = time.time() - t_start
-    print(f"soak: backend={args.backend} minutes={args.minutes} rate={args.rate} seed={args.seed}")
+    print(
+        f"soak: backend={args.backend} access={args.access} minutes={args.minutes} "
+        f"rate={args.rate} seed={args.seed}"
+    )
     for r in sorted(reports, key=lambda r: r["rank"]):
         print(
             f"  process {r['rank']} ({r['access']}): batches={r['batches']} "
