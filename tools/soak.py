@@ -5,8 +5,9 @@ Usage: python tools/soak.py --minutes 2 [--backend http|s3] [--rate 0.05] [--see
 Builds a synthetic dataset, serves it from nginx (or moto) on 127.0.0.1 behind the fault proxy
 (``tests/faultproxy.py``), indexes it, then runs two processes until the time is up: process 0
 reads by range requests, process 1 through a small shard cache (so shards are evicted and
-downloaded again under faults); ``--access range|shard`` uses one mode in both. Each process runs a DataLoader with 2 workers over random
-indices; every sample is compared with what ``tarfile`` says. Prints samples served, faults
+downloaded again under faults); ``--access range|shard`` uses one mode in both. Each process
+runs a DataLoader with 2 workers over random indices; every sample is compared with what
+``tarfile`` says. Prints samples served, faults
 injected by kind, retries, errors raised, wrong samples and peak RSS; exits non-zero if any
 sample was wrong or any error was raised. Bounded by ``--minutes`` and ``--max-batches``.
 """
