@@ -12,6 +12,7 @@ import tarfile
 import tempfile
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -487,6 +488,31 @@ class TestJsonIndex(IndexContract):
         assert sorted(os.listdir(members_dir))[-1] == "not-ours.txt"
         assert len(os.listdir(members_dir)) == 3
         assert JsonIndex(str(path)).members(0) == entries[1][1]
+
+    def test_source_url_sub_index_reads_its_own_sidecars(
+        self, tmp_path: Path, shards: list[Path]
+    ) -> None:
+        entries = self.real_entries(shards)
+        sub = tmp_path / "data" / "sub" / "part.json"
+        sub.parent.mkdir()
+        with JsonIndexWriter(sub, name="part") as w:
+            for info, table in entries[1:]:
+                w.add(replace(info, url="../" + info.url), table)
+        main = self.index_path(tmp_path, "main")
+        with JsonIndexWriter(main, name="main") as w:
+            w.add(*entries[0])
+        doc = json.loads(main.read_text())
+        doc["datasets"] = [{"source_url": "sub/part.json", "weight": 3}]
+        main.write_text(json.dumps(doc))
+        ix = JsonIndex(str(main))
+        assert [s.url for s in ix.shards] == [str(p) for p in shards]
+        assert ix.components == [Component("main", None, 0, 1), Component("part", 3.0, 1, 3)]
+        assert [ix.members(i) for i in range(3)] == [t for _, t in entries]
+        out = tmp_path / "flat.sqlite"
+        convert_index(str(main), out)
+        flat = SqliteIndex(str(out))
+        assert flat.components == ix.components and flat.shards == ix.shards
+        assert flat.members(2) == entries[2][1]
 
     def test_100k_shard_top_level_loads_fast(self, tmp_path: Path) -> None:
         n = 100_000
