@@ -271,8 +271,10 @@ def _table(
             raise IndexFormatError(f"no member rows for {nsamples} samples")
         zero = np.zeros(1, dtype=np.int64)
         return ShardMembers([], b"", zero, zero, np.zeros(0), np.zeros(0), np.zeros(0))
-    sidx_c, fid_c, off_c, size_c = zip(*rows, strict=True)
-    sidx = np.array(sidx_c, dtype=np.int64)
+    cols = np.array(rows, dtype=np.int64)
+    if cols.ndim != 2 or cols.shape[1] != 4:
+        raise IndexFormatError("malformed member rows")
+    sidx = cols[:, 0]
     counts = np.bincount(sidx, minlength=nsamples)
     if len(counts) != nsamples or not counts.all():
         raise IndexFormatError(f"member rows do not cover samples 0..{nsamples - 1} exactly")
@@ -282,7 +284,7 @@ def _table(
     key_offsets = np.zeros(nsamples + 1, dtype=np.int64)
     np.cumsum([len(k) for k in blobs], out=key_offsets[1:])
     # Field ids are global to the file; a table numbers its own fields by first appearance.
-    gfield = np.array(fid_c, dtype=np.int64)
+    gfield = cols[:, 1]
     uniq, first = np.unique(gfield, return_index=True)
     order = np.argsort(first)
     lut = np.zeros(int(uniq.max()) + 1, dtype=np.uint16)
@@ -293,8 +295,8 @@ def _table(
         key_offsets=key_offsets,
         sample_start=sample_start,
         member_field=lut[gfield],
-        member_offset=np.array(off_c, dtype=np.int64),
-        member_size=np.array(size_c, dtype=np.int64),
+        member_offset=np.ascontiguousarray(cols[:, 2]),
+        member_size=np.ascontiguousarray(cols[:, 3]),
     )
 
 
