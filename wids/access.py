@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .remote import IOStats, Source, read_ranges
 
@@ -141,8 +140,7 @@ class CachedReader(ShardReader):
         return f"CachedReader({self.shard!r})"
 
 
-@dataclass(frozen=True, slots=True)
-class Block:
+class Block(NamedTuple):
     """One request of a batch: bytes ``[start, end)`` of shard number ``shard``."""
 
     shard: int
@@ -196,25 +194,32 @@ def plan_batch(
 
 
 def fetch_blocks(
-    blocks: Sequence[Block], readers: dict[int, ShardReader], stats: IOStats | None = None
-) -> list[bytes]:
-    """Read every block; those whose reader has a ``source`` go out concurrently.
+    blocks: Sequence[Block],
+    readers: dict[int, ShardReader],
+    stats: IOStats | None = None,
+    *,
+    defer_local: bool = False,
+) -> list[bytes | None]:
+    """Read every block; those of remote shards go out concurrently.
 
     Args:
         blocks: The requests, as :func:`plan_batch` made them.
         readers: The open reader of every shard the blocks name.
         stats: I/O counters.
+        defer_local: Leave blocks of local files and cached shards unread (``None``): the
+            caller reads each just before slicing it, while its bytes are still in the CPU's
+            cache.
 
     Returns:
-        The bytes of each block, in order.
+        The bytes of each block, in order (``None`` for deferred ones).
     """
-    out: list[bytes] = [b""] * len(blocks)
+    out: list[bytes | None] = [None] * len(blocks)
     remote: list[int] = []
     for i, b in enumerate(blocks):
         reader = readers[b.shard]
         if reader.source is not None and not reader.source.is_local:
             remote.append(i)
-        else:
+        elif not defer_local:
             out[i] = reader.read_span(b.start, b.end, stats)
     if len(remote) == 1:
         b = blocks[remote[0]]

@@ -329,11 +329,7 @@ class ShardListDataset:
         if _is_shard_pattern(src):
             return self._load_pattern(src)
         if isinstance(src, (str, os.PathLike)):
-            self._check_offline(os.fspath(src))
-            from .index import open_index
-
-            kwargs = {"base": self.base} if self.base is not None else {}
-            reader = open_index(os.fspath(src), self.storage_options, **kwargs)
+            reader = self._open_index(os.fspath(src))
             shards, components = list(reader.shards), list(reader.components)
             name = self.dataset_name or reader.name or ""
             loaded = _Loaded(shards, components, name, reader.members)
@@ -346,6 +342,24 @@ class ShardListDataset:
         if not loaded.infos:
             raise IndexFormatError("the dataset has no shards", shard=_where(src))
         return loaded
+
+    def _open_index(self, url: str) -> Any:
+        """Open the index; with ``cache_dir``, a remote index's shard list is kept for offline."""
+        from .index import open_index
+
+        remote = self.cache_dir is not None and not Source(url).is_local
+        if self.offline and remote:
+            from .subset import open_snapshot
+
+            return open_snapshot(url, self.cache_dir)  # type: ignore[arg-type]
+        self._check_offline(url)
+        kwargs = {"base": self.base} if self.base is not None else {}
+        reader = open_index(url, self.storage_options, **kwargs)
+        if remote:
+            from .subset import save_snapshot
+
+            save_snapshot(reader, url, self.cache_dir, self.storage_options)  # type: ignore[arg-type]
+        return reader
 
     def _load_pattern(self, src: Any) -> _Loaded:
         from .spec import Component, expand_braces
@@ -372,6 +386,12 @@ class ShardListDataset:
     def _scan(self, source: Source, expected: ShardInfo | None = None) -> ShardMembers:
         from .build import scan_cached, scan_shard
 
+        if self.offline and self.cache_dir is not None and not source.is_local:
+            # Offline (index snapshot without member tables): scan the cached copy.
+            info = expected or ShardInfo(source.url, 0)
+            expect = {"size": info.size, "etag": info.etag, "md5sum": info.md5sum}
+            with self._cache().open(source, **expect) as cached:
+                return self._scan(Source(cached.path))
         self._check_offline(source.url)
         if self.cache_dir is not None:
             return scan_cached(
@@ -629,20 +649,29 @@ class ShardListDataset:
         tables = {shard: self._tables[shard] for shard in readers}
         spans = [(shard, *tables[shard].span(local), local) for _, shard, local in located]
         blocks, where = plan_batch(spans, self.merge_gap)
-        try:
-            data = fetch_blocks(blocks, readers, self._io)
-            for blk in blocks:
-                self._requested(blk.shard, readers[blk.shard], blk.end - blk.start)
+        raws = []
+        try:  # readers stay open until every block is read: evict only afterwards
+            data = fetch_blocks(blocks, readers, self._io, defer_local=True)
+            if self._promotable:
+                for blk in blocks:
+                    self._requested(blk.shard, readers[blk.shard], blk.end - blk.start)
+            uses = [0] * len(blocks)
+            for b, _ in where:
+                uses[b] += 1
+            for (i, shard, local), (b, offset), span in zip(located, where, spans, strict=True):
+                buf = data[b]
+                if buf is None:
+                    blk = blocks[b]
+                    buf = data[b] = readers[shard].read_span(blk.start, blk.end, self._io)
+                raws.append(self._assemble(tables[shard], i, shard, local, buf, span[1] - offset))
+                uses[b] -= 1
+                if not uses[b]:  # free it now: the next read reuses the memory
+                    data[b] = None
+                self._counts["samples"] += 1
+                self._counts["cache_hits"] += readers[shard].cached
         finally:
             self._evict()
-        out: list[Any] = []
-        for (i, shard, local), (b, offset) in zip(located, where, strict=True):
-            start = spans[len(out)][1]
-            raw = self._assemble(tables[shard], i, shard, local, data[b], start - offset)
-            self._counts["samples"] += 1
-            self._counts["cache_hits"] += readers[shard].cached
-            out.append(self._transform(raw))
-        return out
+        return [self._transform(raw) for raw in raws]
 
     # -- reference API ------------------------------------------------------------------------
 
