@@ -449,6 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reference", metavar="VENV", help="venv with webdataset==0.2.111")
     p.add_argument("--ref-seconds", type=float, default=20.0, help="time budget per reference read")
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    p.add_argument(
+        "--update-readme", action="store_true", help="write the table into README.md (markers)"
+    )
     args = p.parse_args(argv)
     quick = args.quick
     args.shards = args.shards or (4 if quick else 32)
@@ -512,21 +515,36 @@ def main(argv: list[str] | None = None) -> int:
             nginx.stop()
         shutil.rmtree(work, ignore_errors=True)
 
-    print(
-        f"wids benchmarks: {len(paths)} shards x {args.samples} samples (jpg ~20 KB + cls + "
-        f"json, random bytes), {size / 1e6:.0f} MB; {len(order):,} random reads per read "
-        f"figure; warm page cache; servers on 127.0.0.1"
-    )
-    print(f"machine: {_machine()}; load average at start {load:.1f}")
-    print(f"command: python tools/bench.py {' '.join(argv if argv is not None else sys.argv[1:])}")
+    command = f"python tools/bench.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+    header = [
+        f"{len(paths)} shards x {args.samples} samples (jpg ~20 KB + cls + json, random bytes), "
+        f"{size / 1e6:.0f} MB; {len(order):,} random reads per read figure; warm page cache; "
+        "servers on 127.0.0.1",
+        f"machine: {_machine()}; load average at start {load:.1f}",
+        f"command: {command.strip()} ({time.perf_counter() - t_start:.0f} s)",
+    ]
+    legend = "ratio = figure / floor figure (1.00 = as fast as the floor; higher is faster)"
+    print("\n".join(header))
     print(table.render())
-    print(
-        "ratio = figure / floor figure (1.00 = as fast as the floor; higher is faster). "
-        f"Total {time.perf_counter() - t_start:.0f} s."
-    )
+    print(legend)
     if args.markdown:
         print()
         print(table.markdown())
+    if args.update_readme:
+        _update_readme(header, table.markdown(), legend)
+    return 0
+
+
+def _update_readme(header: list[str], markdown: str, legend: str) -> None:
+    """Put this run's table between the bench-table markers of README.md."""
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    start, end = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
+    text = readme.read_text()
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    lines = "\n".join(f"- {h}" for h in header)
+    readme.write_text(f"{head}{start}\n{lines}\n\n{markdown}\n\n{legend}.\n{end}{tail}")
+    print(f"updated {readme}", file=sys.stderr)
     return 0
 
 
