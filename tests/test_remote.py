@@ -477,7 +477,31 @@ class TestHTTP(_ServerContract):
         server.reset_counts()
         with src.open_stream() as f:
             f.read()
-        assert server.request_count(name) <= 2  # one stat and one block
+        assert server.request_count(name) == 2  # one stat, one GET
+
+    def test_stream_is_one_get(self, server: Any) -> None:
+        name = "contract/stream/big.bin"
+        data = os.urandom(5 << 20)
+        src = Source(server.put_bytes(data, name), {}, FAST)
+        server.reset_counts()
+        stats = IOStats()
+        with src.open_stream(stats) as f:
+            assert f.read(100) == data[:100]
+            assert f.read() == data[100:]
+        assert server.request_count(name) == 2  # HEAD, then one streaming GET
+        assert stats.requests == 2 and stats.bytes_read == len(data)
+
+    def test_stream_refuses_a_replaced_file(self, server: Any) -> None:
+        name = "contract/stream/replaced.bin"
+        data = os.urandom(3 << 20)
+        src = Source(server.put_bytes(data, name), {}, FAST)
+        with src.open_stream() as f:
+            assert f.read(1000) == data[:1000]
+            server.put_bytes(os.urandom(len(data) + 1), name)
+            f.seek(2 << 20)  # past what was fetched: the stream reopens, If-Match fails
+            with pytest.raises(PermanentRemoteError) as info:
+                f.read(10)
+        assert info.value.status == 412  # type: ignore[attr-defined]
 
     def test_refused_connection_is_retried_then_exhausted(self) -> None:
         from serverfixtures import free_port

@@ -65,6 +65,7 @@ T = TypeVar("T")
 
 _LOCAL_BLOCK = 1 << 20
 _REMOTE_BLOCK = 16 << 20
+_HTTP_CHUNK = 1 << 20  # one timed read from the streaming response
 
 
 @dataclass(frozen=True, slots=True)
@@ -325,10 +326,13 @@ def _jitter() -> float:
 class _Attempts:
     """Book-keeping for one request under a retry policy (shared by the sync and async loops)."""
 
-    def __init__(self, source: Source, what: str, stats: IOStats | None) -> None:
+    def __init__(
+        self, source: Source, what: str, stats: IOStats | None, *, count_requests: bool = True
+    ) -> None:
         self.source = source
         self.what = what
         self.stats = stats
+        self.count_requests = count_requests
         self.policy = source.retry
         self.start = time.monotonic()
         self.count = 0
@@ -336,7 +340,7 @@ class _Attempts:
     def begin(self) -> float:
         """Count one attempt and return its timeout."""
         self.count += 1
-        if self.stats is not None:
+        if self.stats is not None and self.count_requests:
             self.stats.requests += 1
         remaining = self.policy.max_time - (time.monotonic() - self.start)
         return max(0.001, min(self.policy.timeout, remaining))
@@ -506,7 +510,9 @@ def _etag(info: Mapping[str, Any]) -> str | None:
     for key in ("ETag", "etag", "Etag", "generation", "md5Hash"):
         value = info.get(key)
         if value:
-            return str(value).strip('"')
+            text = str(value)
+            weak = text.startswith("W/")
+            return ("W/" if weak else "") + text[2 if weak else 0 :].strip('"')
     return None
 
 
@@ -715,13 +721,23 @@ class Source:
     def open_stream(self, stats: IOStats | None = None) -> BinaryIO:
         """Open a sequential reader for one pass over the file.
 
-        The file is stat'ed once (the result is the reader's ``.stat`` attribute) and then read
-        in large blocks (16 MiB remote, 1 MiB local), each one request with its own retries; a
-        failure mid-stream resumes at the current offset.
+        The file is stat'ed once (the result is the reader's ``.stat`` attribute). Over HTTP the
+        body then comes from one streaming GET (``If-Match`` the stat's etag, so a file replaced
+        meanwhile fails instead of mixing bytes); elsewhere in blocks of 16 MiB (1 MiB local),
+        one request each. Every chunk has its own retries; a failure mid-stream resumes at the
+        current offset with a new ranged request.
         """
         stat = self.info(stats)
-        block = _LOCAL_BLOCK if self.is_local else _REMOTE_BLOCK
-        return _Stream(_BlockStream(self, stat, stats, block))  # type: ignore[return-value]
+        raw: _BlockStream
+        if self.is_local:
+            raw = _BlockStream(self, stat, stats, _LOCAL_BLOCK)
+        else:
+            fs, path = self._filesystem()
+            if _is_http(fs):
+                raw = _HttpStream(self, stat, stats, fs, path)
+            else:
+                raw = _BlockStream(self, stat, stats, _REMOTE_BLOCK)
+        return _Stream(raw)  # type: ignore[return-value]
 
     def download(
         self, dest: str, stats: IOStats | None = None, expected_size: int | None = None
@@ -792,16 +808,95 @@ class _BlockStream(io.RawIOBase):
             return 0
         offset = self.pos - self.buf_start
         if not (0 <= offset < len(self.buf)):
-            end = min(self.pos + max(self.block, len(view)), self.stat.size)
-            self.buf = self.source.read_range(self.pos, end, self.stats)
+            self.buf = self._fetch(len(view))
             self.buf_start, offset = self.pos, 0
         n = min(len(view), len(self.buf) - offset)
         view[:n] = self.buf[offset : offset + n]
         self.pos += n
         return n
 
+    def _fetch(self, want: int) -> bytes:
+        """Bytes from ``pos`` on: at least one, at most ``max(block, want)``."""
+        end = min(self.pos + max(self.block, want), self.stat.size)
+        return self.source.read_range(self.pos, end, self.stats)
+
     def close(self) -> None:
         self.buf = b""
+        super().close()
+
+
+def _is_http(fs: Any) -> bool:
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return "http" in protocols and hasattr(fs, "encode_url") and hasattr(fs, "set_session")
+
+
+class _HttpStream(_BlockStream):
+    """One streaming GET for the whole pass; a failed chunk reopens it at the current offset."""
+
+    def __init__(self, source: Source, stat: FileStat, stats: IOStats | None, fs: Any, path: str):
+        super().__init__(source, stat, stats, _HTTP_CHUNK)
+        self.fs = fs
+        self.path = path
+        self.resp: Any = None
+        self.resp_pos = -1  # the offset the open response delivers next
+
+    def _fetch(self, want: int) -> bytes:
+        n = min(self.block, self.stat.size - self.pos)
+        what = f"stream at {self.pos}"
+        attempts = _Attempts(self.source, what, self.stats, count_requests=False)
+        op = self._chunk_op(n)
+        return fsspec.asyn.sync(self.fs.loop, _retry_async, attempts, op, _nbytes, self.fs)
+
+    def _chunk_op(self, n: int) -> Callable[[], Awaitable[bytes]]:
+        async def op() -> bytes:
+            try:
+                if self.resp is None or self.resp_pos != self.pos:
+                    await self._open()
+                data = await self.resp.content.readexactly(n)
+            except BaseException:
+                self._drop()
+                raise
+            self.resp_pos += len(data)
+            return data
+
+        return op
+
+    async def _open(self) -> None:
+        self._drop()
+        session = await self.fs.set_session()
+        kwargs = dict(self.fs.kwargs)
+        headers = dict(kwargs.pop("headers", None) or {})
+        headers["Range"] = f"bytes={self.pos}-{self.stat.size - 1}"
+        etag = self.stat.etag
+        if etag and not etag.startswith("W/"):
+            headers["If-Match"] = f'"{etag}"'
+        if self.stats is not None:
+            self.stats.requests += 1
+        resp = await session.get(self.fs.encode_url(self.path), headers=headers, **kwargs)
+        try:
+            if resp.status == 404:
+                raise FileNotFoundError(self.path)
+            resp.raise_for_status()  # 412: the file changed since the stat
+            if resp.status != 206 and self.pos > 0:
+                raise PermanentRemoteError(
+                    f"asked for bytes {self.pos}- and got status {resp.status}: the server "
+                    "ignores Range",
+                    shard=redact_url(self.source.url),
+                )
+        except BaseException:
+            resp.close()
+            raise
+        self.resp, self.resp_pos = resp, self.pos
+
+    def _drop(self) -> None:
+        resp, self.resp = self.resp, None
+        if resp is not None:
+            resp.close()
+
+    def close(self) -> None:
+        resp, self.resp = self.resp, None
+        if resp is not None and not self.fs.loop.is_closed():
+            self.fs.loop.call_soon_threadsafe(resp.close)
         super().close()
 
 
