@@ -473,6 +473,7 @@ def _with_defaults(url: str, options: dict[str, Any], policy: RetryPolicy) -> di
         config.setdefault("connect_timeout", policy.timeout)
         config.setdefault("read_timeout", policy.timeout)
         config.setdefault("retries", {"total_max_attempts": 1})  # our loop retries, not botocore
+        config.setdefault("max_pool_connections", 32)  # botocore's 10 would queue read_ranges
         opts["config_kwargs"] = config
     elif protocol in ("http", "https"):
         client = dict(opts.get("client_kwargs") or {})
