@@ -173,10 +173,14 @@ class Moto(_Server):
         }
         cmd = [exe, "-H", "127.0.0.1", "-p", str(self.port)]
         super().__init__(cmd, endpoint + "/moto-api/", work / "moto.log")
-        import fsspec
+        try:
+            import fsspec
 
-        self.fs = fsspec.filesystem("s3", skip_instance_cache=True, **self.storage_options)
-        self.fs.call_s3("create_bucket", Bucket=self.bucket)
+            self.fs = fsspec.filesystem("s3", skip_instance_cache=True, **self.storage_options)
+            self.fs.call_s3("create_bucket", Bucket=self.bucket)
+        except BaseException:
+            self.stop()
+            raise
 
     def upload(self, path: Path) -> str:
         self.fs.put_file(str(path), f"{self.bucket}/{path.name}")
@@ -208,7 +212,11 @@ def start_server(kind: str, shards: list[Path], work: Path) -> tuple[_Server | N
             moto = None
         if moto:
             s3 = Moto(moto, work / "moto")
-            return s3, [s3.upload(p) for p in shards]
+            try:
+                return s3, [s3.upload(p) for p in shards]
+            except BaseException:
+                s3.stop()
+                raise
     if kind != "local":
         print(
             f"  no {'nginx or moto_server' if kind == 'auto' else kind + ' server'} found: "
