@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 from tar_oracle import dataset_samples, strip_meta
+from tarfixtures import FIXTURES
 
 from wids.build import build_index
 from wids.dataset import ShardListDataset
@@ -388,3 +389,18 @@ def test_int_like_indices(json_index, oracle):
     assert strip_meta(ds[np.int64(3)]) == oracle[3]
     with pytest.raises(TypeError):
         ds[1.0]
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURES))
+def test_every_tar_format_matches_tarfile(name, tmp_path):
+    """ustar, GNU, pax (long and non-ASCII names, links, empty members ...) read as tarfile does."""
+    path = str(FIXTURES[name](tmp_path / f"{name}.tar"))
+    expected = dataset_samples([path])
+    ds = ShardListDataset([{"url": path, "nsamples": len(expected)}], transformations=[])
+    assert len(ds) == len(expected)
+    for i in range(len(ds)):
+        assert strip_meta(ds[i]) == expected[i], i
+    batch = list(range(len(ds)))[::-1]
+    assert [strip_meta(s) for s in ds.__getitems__(batch)] == [expected[i] for i in batch]
+    with pytest.raises(IndexError):
+        ds[len(expected)]
