@@ -177,7 +177,7 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
                 missing += 1
                 continue
             counts = np.bincount(members.member_field, minlength=len(members.fields))
-            for fname, n in zip(members.fields, counts.tolist()):
+            for fname, n in zip(members.fields, counts.tolist(), strict=True):
                 fields[fname] = fields.get(fname, 0) + n
         info = {
             "index": args.index,
