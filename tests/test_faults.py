@@ -249,7 +249,7 @@ def test_dataset_correct_on_every_server(
     ds.close()
 
 
-@pytest.mark.parametrize("access", ["range", "shard"])
+@pytest.mark.parametrize("access", ["range", "shard", "auto"])
 def test_dataset_through_faults(
     through: Through,
     shards: list[str],
@@ -270,7 +270,7 @@ def test_dataset_through_faults(
         index,
         transformations=[],
         access=access,
-        cache_dir=str(tmp_path / "cache") if access == "shard" else None,
+        cache_dir=str(tmp_path / "cache") if access != "range" else None,
         storage_options=through.storage_options,
         retry=policy,
     )
@@ -278,7 +278,9 @@ def test_dataset_through_faults(
     msg = _summary(f"{through.server.protocol} dataset {access}", through.proxy, ds.stats)
     assert sum(through.proxy.injected.values()) >= 5, msg
     assert ds.stats.errors == 0, msg
-    if access == "shard":  # nothing corrupt ever entered the cache
+    if access != "range":  # nothing corrupt ever entered the cache
+        assert set(_cache_files(tmp_path / "cache").values()) <= _hashes(shards), msg
+    if access == "shard":
         assert set(_cache_files(tmp_path / "cache").values()) == _hashes(shards), msg
     ds.close()
 
