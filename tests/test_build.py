@@ -34,7 +34,9 @@ def tarfile_table(path: str) -> ShardMembers:
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory):
     d = tmp_path_factory.mktemp("ds")
-    return write_dataset(str(d), shards=4, samples_per_shard=30, real_images=False, jpg_bytes=3000, extra_fields=True)
+    return write_dataset(
+        str(d), shards=4, samples_per_shard=30, real_images=False, jpg_bytes=3000, extra_fields=True
+    )
 
 
 @pytest.mark.parametrize("suffix", [".json", ".sqlite"])
@@ -100,7 +102,10 @@ def test_skip_bad_records_the_shard_and_goes_on(shards, tmp_path):
     report = build_index([shards[0], str(bad), shards[1]], out, skip_bad=True)
     assert report.shards == 2 and len(report.bad) == 1 and "bad.tar" in report.bad[0][0]
     idx = open_index(out)
-    assert [os.path.basename(s.url) for s in idx.shards] == [os.path.basename(shards[0]), os.path.basename(shards[1])]
+    assert [os.path.basename(s.url) for s in idx.shards] == [
+        os.path.basename(shards[0]),
+        os.path.basename(shards[1]),
+    ]
     idx.close()
 
 
@@ -173,7 +178,9 @@ def test_scan_cached_rejects_a_shard_of_the_wrong_size(shards, tmp_path):
     from wids.index import ShardInfo
 
     with pytest.raises(IndexMismatchError, match="index says 5"):
-        scan_cached(Source(shards[0]), cache_dir=str(tmp_path), expected=ShardInfo(shards[0], 30, size=5))
+        scan_cached(
+            Source(shards[0]), cache_dir=str(tmp_path), expected=ShardInfo(shards[0], 30, size=5)
+        )
 
 
 def test_scan_cached_rescans_a_changed_shard(tmp_path):

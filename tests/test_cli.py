@@ -75,10 +75,18 @@ def test_errors_are_one_line_without_traceback(tmp_path):
     assert r.stderr.startswith("wids: error:") and "Traceback" not in r.stderr
     assert "missing.tar" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-    r = run("--debug", "index", "create", str(tmp_path / "missing.tar"), "-o", str(tmp_path / "x.json"))
+    r = run(
+        "--debug", "index", "create", str(tmp_path / "missing.tar"), "-o", str(tmp_path / "x.json")
+    )
     assert "Traceback" in r.stderr
 
 
 def test_storage_options_parse_json_values_and_nest():
-    got = parse_storage_options(["anon=true", "client_kwargs.endpoint_url=http://127.0.0.1:9", "key=abc"])
-    assert got == {"anon": True, "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"}, "key": "abc"}
+    got = parse_storage_options(
+        ["anon=true", "client_kwargs.endpoint_url=http://127.0.0.1:9", "key=abc"]
+    )
+    assert got == {
+        "anon": True,
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"},
+        "key": "abc",
+    }

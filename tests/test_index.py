@@ -27,7 +27,9 @@ def test_from_samples_round_trips_every_member():
 def test_spans_vectorised_equal_span():
     t = ShardMembers.from_samples(SAMPLES)
     starts, ends = t.spans()
-    assert list(zip(starts.tolist(), ends.tolist())) == [t.span(i) for i in range(len(t))]
+    assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == [
+        t.span(i) for i in range(len(t))
+    ]
 
 
 def test_columns_round_trip_and_equality():
@@ -44,7 +46,10 @@ def test_empty_table():
 
 
 def test_memory_per_sample_is_compact():
-    samples = [(f"{i:012d}", [(".jpg", i * 3072, 1000), (".cls", i * 3072 + 1536, 1)]) for i in range(10_000)]
+    samples = [
+        (f"{i:012d}", [(".jpg", i * 3072, 1000), (".cls", i * 3072 + 1536, 1)])
+        for i in range(10_000)
+    ]
     t = ShardMembers.from_samples(samples)
     assert t.nbytes / len(t) < 80  # keys (12 B) + offsets; never dicts
 

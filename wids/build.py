@@ -1,6 +1,6 @@
 """Building member-offset indexes: scan shards once, record every member's offset and size.
 
-- Local shards: headers only (``tar.scan_local``), member data is never read; several
+- Local shards: headers only (``tar.scan_local_rows``), member data is never read; several
   shards are scanned at once in worker processes.
 - Remote shards: one sequential streaming pass each (``Source.open_stream``), never a request
   per member and nothing written to local disk; shards are scanned in threads.
@@ -25,8 +25,8 @@ from typing import Any
 from .errors import IndexFormatError, WidsError
 from .index import IndexReader, ShardInfo, ShardMembers, open_index
 from .remote import FileStat, IOStats, Source, redact_url
-from .samples import DuplicatePolicy, group_members
-from .tar import iter_members_stream, scan_local
+from .samples import DuplicatePolicy, group_members, group_regular
+from .tar import iter_members_stream, scan_local_rows
 
 __all__ = [
     "BuildReport",
@@ -40,6 +40,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+_REGULAR_TYPES = frozenset(("0", "7", "\0"))
 
 
 @dataclass
@@ -139,11 +140,13 @@ def scan_shard(
     name = redact_url(source.url)
     stat = source.info(stats)
     if source.local_path is not None:
-        members = scan_local(source.local_path, shard=name)
+        rows = scan_local_rows(source.local_path, shard=name)
+        regular = [(r[0], r[1], r[2]) for r in rows if r[3] in _REGULAR_TYPES]
+        grouped = group_regular(regular, duplicates=duplicates, shard=name)
     else:
         with source.open_stream(stats) as stream:
             members = list(iter_members_stream(stream, shard=name))
-    grouped = group_members(members, duplicates=duplicates, shard=name)
+        grouped = group_members(members, duplicates=duplicates, shard=name)
     return stat, ShardMembers.from_samples(grouped), len(grouped.skipped)
 
 
@@ -223,16 +226,49 @@ def build_index(
 
     Raises:
         WidsError: The first bad shard, unless ``skip_bad`` (the error names the shard).
+        LockTimeoutError: Another build of the same ``output`` is running.
         ValueError: Unknown output suffix, or no shards given.
 
     Example:
         >>> build_index("data/train-{000000..000031}.tar", "data/train.json")  # doctest: +SKIP
     """
+    from .lock import FileLock
+
     t0 = time.monotonic()
     backend = index_backend(output)
     urls = expand_shard_args([shards] if isinstance(shards, str) else shards)
     if not urls:
         raise ValueError("no shards given")
+    # Two builders of one index would each publish, and delete the other's sidecars.
+    with FileLock(output + ".lock", timeout=0):
+        report = _build_locked(
+            urls,
+            output,
+            backend,
+            storage_options,
+            jobs,
+            skip_bad,
+            duplicates,
+            incremental,
+            name,
+            progress,
+        )
+    report.seconds = time.monotonic() - t0
+    return report
+
+
+def _build_locked(
+    urls: list[str],
+    output: str,
+    backend: str,
+    storage_options: Mapping[str, Any] | None,
+    jobs: int | None,
+    skip_bad: bool,
+    duplicates: DuplicatePolicy,
+    incremental: bool,
+    name: str | None,
+    progress: bool | Callable[[int, int], None],
+) -> BuildReport:
     out_dir = os.path.dirname(os.path.abspath(output))
     report = BuildReport(output=output)
 
@@ -268,16 +304,16 @@ def build_index(
                     raise
                 logger.warning("skipping bad shard: %s", e)
                 report.bad.append((redact_url(urls[i]), str(e)))
+                bar(0)
             else:
                 results[i] = (stat, members)
                 report.scanned += 1
                 report.skipped_members += skipped
                 report.bytes_read += nread
                 report.requests += nreq
-            bar(len(members) if results[i] is not None else 0)
+                bar(len(members))
 
     _write(output, backend, urls, results, out_dir, name, report)
-    report.seconds = time.monotonic() - t0
     return report
 
 
@@ -318,7 +354,7 @@ def _write(
         from .index_json import JsonIndexWriter as Writer  # type: ignore[assignment]
     writer = Writer(output, name=name)
     try:
-        for url, result in zip(urls, results):
+        for url, result in zip(urls, results, strict=True):
             if result is None:
                 continue
             stat, members = result
@@ -351,11 +387,11 @@ def _progress(progress: bool | Callable[[int, int], None], total: int, done: int
     if callable(progress):
         state = [done]
 
-        def step(_n: int) -> None:
+        def count(_n: int) -> None:
             state[0] += 1
             progress(state[0], total)
 
-        return step
+        return count
     if not progress:
         return lambda _n: None
     from tqdm import tqdm

@@ -203,6 +203,7 @@ class ShardMembers:
                 self.member_field[a:b].tolist(),
                 self.member_offset[a:b].tolist(),
                 self.member_size[a:b].tolist(),
+                strict=True,
             )
         ]
 

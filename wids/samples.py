@@ -19,7 +19,14 @@ from typing import Literal
 from .errors import SampleLayoutError
 from .tar import TarMember
 
-__all__ = ["DUPLICATE_POLICIES", "DuplicatePolicy", "GroupedSamples", "group_members", "split_name"]
+__all__ = [
+    "DUPLICATE_POLICIES",
+    "DuplicatePolicy",
+    "GroupedSamples",
+    "group_members",
+    "group_regular",
+    "split_name",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +96,20 @@ def group_members(
         SampleLayoutError: On a duplicate, with ``duplicates="error"``.
         ValueError: For an unknown policy.
     """
+    regular = ((m.name, m.offset, m.size) for m in members if m.isreg)
+    return group_regular(regular, duplicates=duplicates, shard=shard)
+
+
+def group_regular(
+    members: Iterable[tuple[str, int, int]],
+    *,
+    duplicates: DuplicatePolicy = "error",
+    shard: str | None = None,
+) -> GroupedSamples:
+    """Like :func:`group_members`, for regular members given as ``(name, offset, size)``.
+
+    The index builder's hot path: it skips building a ``TarMember`` per member.
+    """
     if duplicates not in DUPLICATE_POLICIES:
         raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}, not {duplicates!r}")
     out = GroupedSamples()
@@ -96,23 +117,22 @@ def group_members(
     key: str | None = None
     fields: list[tuple[str, int, int]] = []
     names: set[str] = set()
-    for m in members:
-        if not m.isreg:
+    for name, offset, size in members:
+        slash = name.rfind("/")
+        dot = name.find(".", slash + 1)
+        if dot <= slash + 1:  # inlined split_name: this loop runs once per member
+            out.skipped.append(name)
             continue
-        parts = split_name(m.name)
-        if parts is None:
-            out.skipped.append(m.name)
-            continue
-        k, field = parts
+        k, field = name[:dot], name[dot:]
         if k == key and field not in names:
-            fields.append((field, m.offset, m.size))
+            fields.append((field, offset, size))
             names.add(field)
             continue
         if k == key:  # the same field twice in one sample
             if duplicates == "error":
                 raise SampleLayoutError(
                     f"field {field!r} appears twice in sample {k!r} (member at byte "
-                    f"{m.offset}); pass duplicates='split' or 'keep_first' to accept this",
+                    f"{offset}); pass duplicates='split' or 'keep_first' to accept this",
                     shard=shard,
                 )
             if duplicates == "keep_first":
@@ -120,14 +140,14 @@ def group_members(
                 continue
         elif k in seen and duplicates == "error":
             raise SampleLayoutError(
-                f"key {k!r} reappears after other samples (member at byte {m.offset}); "
+                f"key {k!r} reappears after other samples (member at byte {offset}); "
                 "pass duplicates='split' to index it as a separate sample",
                 shard=shard,
             )
         if key is not None:
             out.append((key, fields))
             seen.add(key)
-        key, fields, names = k, [(field, m.offset, m.size)], {field}
+        key, fields, names = k, [(field, offset, size)], {field}
     if key is not None:
         out.append((key, fields))
     if out.skipped:
