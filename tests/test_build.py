@@ -190,3 +190,14 @@ def test_scan_cached_rescans_a_changed_shard(tmp_path):
     assert len(scan_cached(Source(p), cache_dir=cache)) == 1
     write_shard(p, [("a.cls", b"1"), ("b.cls", b"2"), ("c.cls", b"3")])
     assert len(scan_cached(Source(p), cache_dir=cache)) == 3
+
+
+def test_a_second_build_of_the_same_index_is_refused_while_one_runs(shards, tmp_path):
+    from wids.errors import LockTimeoutError
+    from wids.lock import FileLock
+
+    out = str(tmp_path / "idx.json")
+    with FileLock(out + ".lock"):
+        with pytest.raises(LockTimeoutError):
+            build_index(shards, out)
+    assert build_index(shards, out).shards == 4
