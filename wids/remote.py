@@ -356,7 +356,10 @@ class _Attempts:
             self._count_error()
             raise exc
         src = self.source
-        desc = _describe(exc, src._secrets())
+        if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) and not str(exc):
+            desc = f"TimeoutError: no answer within {self.policy.timeout:g}s"
+        else:
+            desc = _describe(exc, src._secrets())
         shard = redact_url(src.url)
         if kind == _NOT_FOUND:
             self._count_error()
