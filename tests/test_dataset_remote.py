@@ -156,22 +156,25 @@ def test_http_changed_shard_detected(http_server, local, tmp_path):
         ds[NSAMPLES]
 
 
-def test_http_dataloader_spawn(http_server, local):
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_dataloader_after_parent_read(remote_server, local, ctx):
     torch = pytest.importorskip("torch")
     d, _, oracle = local
-    _, index = _upload(http_server, d)
-    ds = ShardListDataset(index, transformations=[])
+    _, index = _upload(remote_server, d)
+    ds = ShardListDataset(index, transformations=[], storage_options=remote_server.storage_options)
     ds[0]
+    ds.__getitems__([1, 30, 70])  # the parent has open filesystems and sessions
     loader = torch.utils.data.DataLoader(
         ds,
         batch_size=8,
         num_workers=2,
-        multiprocessing_context="spawn",
+        multiprocessing_context=ctx,
         collate_fn=_as_list,
         sampler=random.Random(3).sample(range(len(ds)), len(ds)),
     )
     got = {s["__index__"]: strip_meta(s) for b in loader for s in b}
     assert got == dict(enumerate(oracle))
+    assert strip_meta(ds[-1]) == oracle[-1]  # and the parent still reads
 
 
 def _as_list(batch):
