@@ -105,10 +105,13 @@ def test_transient_fault_survived(through: Through, kind: str) -> None:
     for op, run in ops.items():
         proxy.set_plan(FaultPlan({kind: 1}, rate=1.0, max_faults=2, only=name, delay=0.1))
         before = stats.retries
+        requests_before = stats.requests
         assert run(), f"{kind}: wrong bytes from {op}"
         if kind in ONE_TO_ONE and op in ("read_range", "read_ranges"):
             # (not stat: fsspec's HTTP info() tries HEAD, then GET, within one attempt)
             assert stats.retries - before == 2, f"{kind} {op}: {stats}"
+        if kind in ONE_TO_ONE and op == "read_ranges":  # only the failed ranges were repeated
+            assert stats.requests - requests_before == len(spans) + 2, f"{kind} {op}: {stats}"
     elapsed = time.monotonic() - t0
     msg = _summary(f"{through.server.protocol} {kind}", proxy, stats)
     injected = proxy.injected[kind]
