@@ -160,7 +160,7 @@ def index_section(t: Table, paths: list[Path], work: Path, nginx: Nginx, args: A
         sec, _ = _best(lambda out=out: build(local, out), args.repeat)
         t.add(
             "index",
-            f"build_index -> {suffix.upper()}, local files",
+            f"build_index -> {'JSON' if suffix == 'json' else 'SQLite'}, local files",
             members / sec,
             "members/s",
             floor,
