@@ -77,6 +77,9 @@ class LocalReader(RangeReader):
     raises the right error.
     """
 
+    # No per-call pid check: a descriptor inherited through fork stays valid for pread (which
+    # has no shared file offset), and the dataset drops its readers in a new process anyway.
+
     def __init__(self, source: Source) -> None:
         super().__init__(source)
         self._fd: int | None = None
@@ -93,15 +96,18 @@ class LocalReader(RangeReader):
 
     def read_span(self, start: int, end: int, stats: IOStats | None = None) -> bytes:
         """Return exactly the bytes ``[start, end)`` of the file, with one ``pread``."""
-        fd = self._fd if self._pid == os.getpid() else self._open()
-        if fd is None or start < 0 or end < start:
+        fd = self._fd
+        if fd is None:
+            fd = self._open()
+        n = end - start
+        if fd is None or start < 0 or n < 0:
             return super().read_span(start, end, stats)
-        data = os.pread(fd, end - start, start)
-        if len(data) != end - start:
+        data = os.pread(fd, n, start)
+        if len(data) != n:
             return super().read_span(start, end, stats)
         if stats is not None:
             stats.requests += 1
-            stats.bytes_read += end - start
+            stats.bytes_read += n
         return data
 
     def close(self) -> None:

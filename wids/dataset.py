@@ -107,12 +107,16 @@ class _Table:
     Built when a shard's reader opens and dropped with it, so at most ``lru_size`` exist.
     """
 
-    __slots__ = ("blob", "fid", "fields", "ko", "off", "size", "ss")
+    __slots__ = ("dataset", "fid", "fields", "keys", "off", "size", "ss", "url")
 
-    def __init__(self, members: ShardMembers) -> None:
+    def __init__(self, members: ShardMembers, url: str, dataset: str) -> None:
+        self.url = url
+        self.dataset = dataset
         self.fields = members.fields
-        self.blob = members.key_blob
-        self.ko = members.key_offsets.tolist()
+        blob, ko = members.key_blob, members.key_offsets.tolist()
+        self.keys = [
+            blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(ko, ko[1:], strict=False)
+        ]
         self.ss = members.sample_start.tolist()
         self.fid = members.member_field.tolist()
         self.off = members.member_offset.tolist()
@@ -127,9 +131,7 @@ class _Table:
         for m in range(self.ss[j], self.ss[j + 1]):
             a = off[m] - base
             sample[fields[fid[m]]] = buf[a : a + size[m]]
-        sample["__key__"] = self.blob[self.ko[j] : self.ko[j + 1]].decode(
-            "utf-8", "surrogateescape"
-        )
+        sample["__key__"] = self.keys[j]
 
 
 def _is_shard_pattern(src: Any) -> bool:
@@ -462,7 +464,8 @@ class ShardListDataset:
                 self._verify(shard, info, members[2])
             reader = self._open_reader(info)
             self._readers[shard] = reader
-            self._tables[shard] = _Table(members[0])
+            loaded = self._load()
+            self._tables[shard] = _Table(members[0], info.url, loaded.dataset_of[shard])
             return reader
 
     def _evict(self) -> None:
@@ -578,13 +581,12 @@ class ShardListDataset:
     def _assemble(
         self, table: _Table, i: int, shard: int, local: int, buf: bytes, base: int
     ) -> dict[str, Any]:
-        loaded = self._loaded or self._load()
         sample: dict[str, Any] = {}
         table.fill(sample, local, buf, base)
         sample["__index__"] = i
-        sample["__shard__"] = loaded.infos[shard].url
+        sample["__shard__"] = table.url
         sample["__shardindex__"] = local
-        sample["__dataset__"] = loaded.dataset_of[shard]
+        sample["__dataset__"] = table.dataset
         return sample
 
     def _transform(self, sample: dict[str, Any]) -> Any:
@@ -597,8 +599,24 @@ class ShardListDataset:
         # The hot path of random access: keep it flat (see tools/bench_read.py).
         if self._pid != os.getpid():
             self._reset_process_state()
-        i, shard, local = self._locate(index)
-        reader = self._reader(shard)
+        i = index if type(index) is int else operator.index(index)
+        loaded = self._loaded or self._load()
+        if i < 0:
+            i += loaded.total
+        if not 0 <= i < loaded.total:
+            raise IndexError(f"index {index} out of range for a dataset of {loaded.total} samples")
+        cum = loaded.cum_list
+        shard = bisect.bisect_right(cum, i)
+        local = i - cum[shard - 1] if shard else i
+        reader = self._readers.get(shard)
+        if reader is None or self._promoter is not None:
+            reader = self._reader(shard)
+        else:  # the fast path of _reader
+            self._counts["accesses"] += 1
+            try:
+                self._readers.move_to_end(shard)
+            except KeyError:  # another thread has just evicted it
+                pass
         table = self._tables[shard]
         ss, off, size = table.ss, table.off, table.size
         first, stop = ss[local], ss[local + 1]
@@ -614,18 +632,16 @@ class ShardListDataset:
         counts["samples"] += 1
         if reader.cached:
             counts["cache_hits"] += 1
-        loaded = self._loaded or self._load()
         fields, fid = table.fields, table.fid
         sample: dict[str, Any] = {}
         for m in range(first, stop):
             a = off[m] - start
             sample[fields[fid[m]]] = buf[a : a + size[m]]
-        ko = table.ko
-        sample["__key__"] = table.blob[ko[local] : ko[local + 1]].decode("utf-8", "surrogateescape")
+        sample["__key__"] = table.keys[local]
         sample["__index__"] = i
-        sample["__shard__"] = loaded.infos[shard].url
+        sample["__shard__"] = table.url
         sample["__shardindex__"] = local
-        sample["__dataset__"] = loaded.dataset_of[shard]
+        sample["__dataset__"] = table.dataset
         return sample
 
     def __getitem__(self, index: Any) -> Any:
@@ -635,7 +651,10 @@ class ShardListDataset:
             IndexError: ``index`` is out of range.
             TypeError: ``index`` is not an integer.
         """
-        return self._transform(self._raw(index))
+        sample: Any = self._raw(index)
+        for t in self.transformations:
+            sample = t(sample)
+        return sample
 
     def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
         """Many samples at once (torch's DataLoader calls this for a batch).
