@@ -516,3 +516,38 @@ class TestHTTP(_ServerContract):
 @pytest.mark.servers
 class TestGCS(_ServerContract):
     server_fixture = "gcs_server"
+
+
+class ChangingMemoryFileSystem(MemoryFileSystem):
+    """memory:// where somebody overwrites the object right after its first block is read."""
+
+    protocol = "changingmem"
+    replacement = b""
+
+    @classmethod
+    def _strip_protocol(cls, path: str) -> str:
+        return super()._strip_protocol(path.removeprefix("changingmem://"))
+
+    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kw: Any):
+        data = super().cat_file(path, start=start, end=end, **kw)
+        if start == 0 and type(self).replacement:
+            self.pipe_file(path, type(self).replacement)
+            type(self).replacement = b""
+        return data
+
+
+def test_download_refuses_a_file_changed_midway(tmp_path: Any) -> None:
+    fsspec.register_implementation("changingmem", ChangingMemoryFileSystem, clobber=True)
+    fs = fsspec.filesystem("changingmem")
+    big = os.urandom((16 << 20) + 100)
+    fs.pipe_file("/changing/x.bin", big)
+    src = Source("changingmem://changing/x.bin", retry=FAST)
+    assert src.download(str(tmp_path / "a"), expected_size=len(big)).size == len(big)
+    ChangingMemoryFileSystem.replacement = os.urandom(len(big) + 1)
+    try:
+        with pytest.raises(IndexMismatchError, match="changed while"):
+            src.download(str(tmp_path / "b"), expected_size=len(big))
+        assert not (tmp_path / "b").exists()
+    finally:
+        ChangingMemoryFileSystem.replacement = b""
+        fs.rm_file("/changing/x.bin")

@@ -750,13 +750,18 @@ class Source:
 
         ``dest`` is removed again if anything fails; publishing it atomically is the caller's job.
 
+        A download of several blocks (not over HTTP, where one GET is pinned to the etag) ends
+        with a second stat: a file that changed meanwhile is refused, not stitched together.
+
         Raises:
-            IndexMismatchError: The file's size differs from ``expected_size``.
+            IndexMismatchError: The file's size differs from ``expected_size``, or it changed
+                during the download.
             ShortReadError: Fewer bytes arrived than the stat announced.
         """
         try:
             with self.open_stream(stats) as stream, open(dest, "wb") as out:
                 stat: FileStat = stream.stat  # type: ignore[attr-defined]
+                raw: _BlockStream = stream.raw  # type: ignore[attr-defined]
                 if expected_size is not None and stat.size != expected_size:
                     raise IndexMismatchError(
                         f"size is {stat.size}, the index says {expected_size}",
@@ -768,6 +773,8 @@ class Source:
                 raise ShortReadError(
                     f"downloaded {written} of {stat.size} bytes", shard=redact_url(self.url)
                 )
+            if not self.is_local and not isinstance(raw, _HttpStream) and written > raw.block:
+                self._check_unchanged(stat, stats)  # blocks could come from two versions
         except BaseException:
             try:
                 os.unlink(dest)
@@ -775,6 +782,13 @@ class Source:
                 pass
             raise
         return stat
+
+    def _check_unchanged(self, before: FileStat, stats: IOStats | None) -> None:
+        after = self.info(stats)
+        if (after.size, after.etag, after.mtime) != (before.size, before.etag, before.mtime):
+            raise IndexMismatchError(
+                "the file changed while it was being downloaded", shard=redact_url(self.url)
+            )
 
 
 class _BlockStream(io.RawIOBase):
