@@ -532,3 +532,32 @@ def test_threads_random_opens_within_budget(tmp_path):
     assert data_bytes(cache) <= 2 * 3000
     assert listing(cache, "tmp") == []
     assert len(listing(cache, "meta")) == len(listing(cache, "data"))
+
+
+def test_waiting_fetcher_takes_a_copy_fetched_meanwhile(tmp_path):
+    # Regression: an opener waiting to become the fetcher must notice that another process
+    # fetched the entry meanwhile, even if that copy's readers keep it shared indefinitely
+    # (idle DataLoader workers do); before, it waited for the exclusive lock until timeout.
+    store = Store()
+    url = store.put("s3://b/raced.tar", blob(2000))
+    cache = ShardCache(tmp_path, lock_timeout=10)
+    cache._ensure_dirs()
+    key = entry_key(url)
+    reader_hold = FileLock(cache._lockfile(key), shared=True)
+    reader_hold.acquire()  # someone reading (or checking) the entry, for as long as it likes
+    result = {}
+
+    def opener():
+        t0 = time.monotonic()
+        with cache.open_with(url, lambda dest: pytest.fail("fetched twice"), size=2000) as s:
+            result["data"] = s.read_range(0, 2000)
+        result["seconds"] = time.monotonic() - t0
+
+    t = threading.Thread(target=opener)
+    t.start()
+    time.sleep(0.3)  # the opener found nothing cached and waits to become the fetcher
+    cache._fetch(key, url, store.download(url), 2000, None, None)  # "another process"
+    t.join(10)
+    reader_hold.release()
+    assert result["data"] == store.objects[url]
+    assert result["seconds"] < 3

@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 _FORMAT = "wids-cache-entry"
 _VERSION = 1
 _MAX_ATTEMPTS = 5  # fetches of one entry in one open before giving up (eviction thrash)
+_UPGRADE_SLICE = 0.25  # seconds of waiting for an exclusive lock before looking again
 _TOUCH_EVERY = 1.0  # seconds; coarser last-access updates save a metadata write per open
 _CACHEDIR_TAG = (
     "Signature: 8a477f597d28d172789f06886806bc55\n"
@@ -338,8 +339,9 @@ class ShardCache:
         self._ensure_dirs()
         deadline = time.monotonic() + self.lock_timeout
         lock = FileLock(self._lockfile(key), shared=True)
-        for _ in range(_MAX_ATTEMPTS):
-            self._lock(lock, url, deadline, upgrade=False)
+        fetches = 0
+        while True:
+            self._lock(lock, url, deadline)
             try:
                 shard = self._open_valid(key, url, size, etag, md5sum, lock)
                 if shard is not None:
@@ -348,27 +350,47 @@ class ShardCache:
                     raise OfflineError(
                         f"offline, and not in the cache {self.cache_dir}", shard=_redact(url)
                     )
+                if fetches >= _MAX_ATTEMPTS:
+                    raise CacheError(
+                        f"entry was evicted {fetches} times while being opened; the budget "
+                        f"max_bytes={self.max_bytes} is too small for the shards open at once",
+                        shard=_redact(url),
+                    )
             except BaseException:
                 lock.release()
                 raise
-            self._lock(lock, url, deadline, upgrade=True)
+            # Become the fetcher, but wait for the exclusive lock only briefly at a time: if
+            # another process fetched the entry meanwhile, its readers may hold it shared for
+            # as long as they like (idle DataLoader workers do), so look again instead.
+            if not self._try_upgrade(lock, url, deadline):
+                continue
             try:
                 if not self._is_valid(key, url, size, etag, md5sum):
+                    fetches += 1
                     self._fetch(key, url, download, size, etag, md5sum)
                 lock.downgrade(timeout=self.lock_timeout)  # the fetch may have used the deadline
+                shard = self._open_valid(key, url, size, etag, md5sum, lock)
             except BaseException:
                 if lock.locked:
                     lock.release()
                 raise
-            shard = self._open_valid(key, url, size, etag, md5sum, lock)
             if shard is not None:
                 return shard
-            # Evicted or changed in the instant the lock changed mode: try again.
-        raise CacheError(
-            f"entry was evicted {_MAX_ATTEMPTS} times while being opened; the budget "
-            f"max_bytes={self.max_bytes} is too small for the shards open at once",
-            shard=_redact(url),
-        )
+            lock.release()  # evicted or changed while the lock changed mode: look again
+
+    def _try_upgrade(self, lock: FileLock, url: str, deadline: float) -> bool:
+        """Upgrade for at most :data:`_UPGRADE_SLICE` s; ``False`` (lock dropped) if not."""
+        left = deadline - time.monotonic()
+        try:
+            lock.upgrade(timeout=max(0.0, min(_UPGRADE_SLICE, left)))
+            return True
+        except LockTimeoutError as e:
+            if left > _UPGRADE_SLICE:
+                return False
+            raise LockTimeoutError(
+                f"cache entry busy for {self.lock_timeout:g} s; lock file {lock.path}",
+                shard=_redact(url),
+            ) from e
 
     def open_cached(
         self,
@@ -398,13 +420,9 @@ class ShardCache:
             lock.release()
         return shard
 
-    def _lock(self, lock: FileLock, url: str, deadline: float, *, upgrade: bool) -> None:
-        left = max(0.0, deadline - time.monotonic())
+    def _lock(self, lock: FileLock, url: str, deadline: float) -> None:
         try:
-            if upgrade:
-                lock.upgrade(timeout=left)
-            else:
-                lock.acquire(timeout=left)
+            lock.acquire(timeout=max(0.0, deadline - time.monotonic()))
         except LockTimeoutError as e:
             raise LockTimeoutError(
                 f"cache entry busy for {self.lock_timeout:g} s (another process fetching it?); "
