@@ -205,3 +205,37 @@ def test_snapshot_roundtrip_and_refresh(tmp_path):
     assert [s.size for s in snap.shards] == [os.path.getsize(p) for p in paths]
     assert snap.name == "snap" and snap.members(0) is None
     fs.rm("/wids-snap", recursive=True)
+
+
+@pytest.mark.servers
+def test_remote_index_offline_from_the_cache_with_the_server_stopped(tmp_path):
+    root = tmp_path / "www"
+    paths = write_dataset(
+        str(root / "d"), shards=3, samples_per_shard=NSAMPLES, real_images=False, jpg_bytes=800
+    )
+    oracle = dataset_samples(paths)
+    cache_dir = tmp_path / "cache"
+    proc, base = _start_nginx(tmp_path, root)
+    try:
+        urls = [f"{base}/d/{os.path.basename(p)}" for p in paths]
+        build_index(urls, str(root / "train.json"), name="train")
+        index_url = f"{base}/train.json"
+        online = ShardListDataset(
+            index_url, access="shard", cache_dir=cache_dir, transformations=[]
+        )
+        for i in range(2 * NSAMPLES):  # shards 0 and 1 end up in the cache
+            assert strip_meta(online[i]) == oracle[i]
+        online.close()
+    finally:
+        stop_process(proc)
+    for access in ("auto", "shard"):
+        ds = ShardListDataset(
+            index_url, access=access, cache_dir=cache_dir, offline=True, transformations=[]
+        )
+        assert len(ds) == 3 * NSAMPLES and ds.name == "train"
+        for i in range(2 * NSAMPLES):
+            assert strip_meta(ds[i]) == oracle[i], i
+        with pytest.raises(OfflineError, match="synth-000002.tar"):
+            ds[2 * NSAMPLES]
+    with pytest.raises(OfflineError, match="train.json"):
+        len(ShardListDataset(index_url, cache_dir=tmp_path / "empty", offline=True))
