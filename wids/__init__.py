@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .build import BuildReport, build_index
+from .cache import ShardCache
 from .dataset import DatasetStats, ShardListDataset
 from .decode import Decoder, default_decoders
 from .errors import (
@@ -24,13 +26,16 @@ from .errors import (
     UnsafeDecodeError,
     WidsError,
 )
+from .index import IndexReader, ShardInfo, ShardMembers, open_index
 from .index_convert import convert_index, create_index_writer
 from .index_json import JsonIndex, JsonIndexWriter
 from .index_sqlite import SqliteIndex, SqliteIndexWriter
+from .remote import IOStats, RetryPolicy
 from .sampler import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
 from .spec import Component, Spec, expand_braces, load_spec
 
 __all__ = [
+    "BuildReport",
     "CacheBudgetError",
     "CacheError",
     "ChunkedSampler",
@@ -40,8 +45,10 @@ __all__ = [
     "Decoder",
     "DistributedChunkedSampler",
     "HeaderChecksumError",
+    "IOStats",
     "IndexFormatError",
     "IndexMismatchError",
+    "IndexReader",
     "JsonIndex",
     "JsonIndexWriter",
     "LockTimeoutError",
@@ -49,8 +56,12 @@ __all__ = [
     "PermanentRemoteError",
     "RemoteError",
     "RetriesExhaustedError",
+    "RetryPolicy",
     "SampleLayoutError",
+    "ShardCache",
+    "ShardInfo",
     "ShardListDataset",
+    "ShardMembers",
     "ShardNotFoundError",
     "ShardedSampler",
     "ShortReadError",
@@ -61,9 +72,11 @@ __all__ = [
     "TruncatedTarError",
     "UnsafeDecodeError",
     "WidsError",
+    "build_index",
     "convert_index",
     "create_index_writer",
     "default_decoders",
     "expand_braces",
     "load_spec",
+    "open_index",
 ]

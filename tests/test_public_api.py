@@ -1,0 +1,86 @@
+"""The public API: what `import wids` offers, and what importing it does not do."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import wids
+
+EXPECTED = [
+    "BuildReport",
+    "CacheBudgetError",
+    "CacheError",
+    "ChunkedSampler",
+    "Component",
+    "DatasetStats",
+    "DecodeError",
+    "Decoder",
+    "DistributedChunkedSampler",
+    "HeaderChecksumError",
+    "IOStats",
+    "IndexFormatError",
+    "IndexMismatchError",
+    "IndexReader",
+    "JsonIndex",
+    "JsonIndexWriter",
+    "LockTimeoutError",
+    "OfflineError",
+    "PermanentRemoteError",
+    "RemoteError",
+    "RetriesExhaustedError",
+    "RetryPolicy",
+    "SampleLayoutError",
+    "ShardCache",
+    "ShardInfo",
+    "ShardListDataset",
+    "ShardMembers",
+    "ShardNotFoundError",
+    "ShardedSampler",
+    "ShortReadError",
+    "Spec",
+    "SqliteIndex",
+    "SqliteIndexWriter",
+    "TarFormatError",
+    "TruncatedTarError",
+    "UnsafeDecodeError",
+    "WidsError",
+    "build_index",
+    "convert_index",
+    "create_index_writer",
+    "default_decoders",
+    "expand_braces",
+    "load_spec",
+    "open_index",
+]
+
+
+def test_export_list_is_pinned_and_sorted():
+    assert wids.__all__ == EXPECTED
+    assert sorted(wids.__all__) == wids.__all__
+    for name in EXPECTED:
+        assert getattr(wids, name) is not None
+
+
+def test_every_error_is_a_wids_error_and_a_builtin():
+    for name in EXPECTED:
+        obj = getattr(wids, name)
+        if isinstance(obj, type) and issubclass(obj, Exception) and obj is not wids.WidsError:
+            assert issubclass(obj, wids.WidsError)
+            assert len([b for b in obj.__mro__ if b.__module__ == "builtins"]) > 2, name
+
+
+def test_import_has_no_side_effects(tmp_path):
+    """No torch/PIL/s3fs import, and no directory created (the reference made /tmp/_wids_cache)."""
+    home, tmp = tmp_path / "home", tmp_path / "tmp"
+    home.mkdir()
+    tmp.mkdir()
+    code = (
+        "import sys; import wids;"
+        "heavy = [m for m in ('torch', 'PIL', 's3fs', 'gcsfs', 'aiohttp') if m in sys.modules];"
+        "assert not heavy, heavy"
+    )
+    env = {"HOME": str(home), "TMPDIR": str(tmp), "PATH": "/usr/bin:/bin"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert list(home.iterdir()) == [] and list(tmp.iterdir()) == []
