@@ -139,8 +139,8 @@ def child(rank: int, cfg: dict[str, Any], results: Any) -> None:
             out = next(it)
         except StopIteration:
             break
-        except RuntimeError as exc:  # DataLoader(timeout=...): a worker is stuck
-            hung = f"no batch for {cfg['batch_timeout']} s: {exc}"
+        except RuntimeError as exc:  # DataLoader(timeout=...): a worker is stuck, or died
+            hung = f"DataLoader stopped (batch timeout {cfg['batch_timeout']:g} s): {exc}"
             break
         batches += 1
         served += out["n"]
