@@ -142,7 +142,7 @@ def test_permanent_fault_raises_at_once(through: Through, status: int, error: ty
         t0 = time.monotonic()
         with pytest.raises(error) as info:
             op()
-        assert time.monotonic() - t0 < 1.0
+        assert time.monotonic() - t0 < 2.0  # no retries: one round trip
         assert info.value.shard == src.url
     msg = _summary(f"{through.server.protocol} permanent {status}", through.proxy, stats)
     assert stats.retries == 0 and stats.errors == 2, msg
@@ -165,7 +165,7 @@ def test_persistent_fault_exhausts_retries(through: Through, kind: str) -> None:
         src.read_range(0, 100_000, stats)
     elapsed = time.monotonic() - t0
     msg = _summary(f"{through.server.protocol} persistent {kind}", through.proxy, stats)
-    assert elapsed < policy.attempts * (policy.timeout + policy.max_backoff) + 1.0, msg
+    assert elapsed < policy.attempts * (policy.timeout + policy.max_backoff) + 1.5, msg
     assert info.value.attempts == policy.attempts, msg  # type: ignore[attr-defined]
     assert stats.requests == 3 and stats.retries == 2 and stats.errors == 1, msg
     assert through.proxy.forwarded == 0, msg
