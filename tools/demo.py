@@ -4,7 +4,7 @@
 1. writes a small dataset of WebDataset shards (real JPEGs with labels, ``wids.synth``);
 2. serves them from nginx (HTTP) or moto_server (S3) on 127.0.0.1, whichever is installed
    (else reads the local files, and says so);
-3. builds the member-offset index with a progress bar (one pass over the tar headers);
+3. builds the member-offset index with a progress bar (one pass over each shard);
 4. runs one epoch through a DataLoader (2 workers) with ``DistributedChunkedSampler``
    (``num_replicas=1, rank=0``), decoding the images to uint8 tensors, reading each sample
    with a range request and moving shards into a local cache once they are being read
@@ -345,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         options = server.storage_options if server else {}
 
         index = str(work / "index" / "demo.json")
-        print("[3/5] building the index: one pass over the tar headers of each shard")
+        how = "its tar headers" if server is None else "a single stream of it"
+        print(f"[3/5] building the index: one pass over each shard, reading {how}")
         report = build_index(urls, index, storage_options=options, name="demo", progress=True)
         index_bytes = sum(f.stat().st_size for f in Path(index).parent.rglob("*") if f.is_file())
         print(
