@@ -20,6 +20,8 @@ Layout of ``cache_dir`` (created on first use)::
     locks/<key>.lock                 the entry's flock (shared: open; exclusive: writing)
     tmp/.<key>.<random>.tmp          downloads in progress (or left by a killed process)
     .evict.lock                      serialises eviction
+    indexes/<key>.json               offline copies of remote indexes (``wids.subset``)
+    scans/                           member tables of scanned shards (``wids.build``)
 
 ``<key>`` is 24 hex digits of the SHA-256 of the full URL plus the URL's basename reduced to
 ``[A-Za-z0-9._-]``: two ``train-000000.tar`` from different buckets never alias, and no URL
@@ -28,9 +30,10 @@ never decides identity.
 
 Protocol: an open takes the entry's lock shared and checks the entry (record present, data
 file's size, inode and mtime as recorded, and the caller's size/etag/md5 when given). If the
-check fails it upgrades to exclusive, checks again (another process may just have fetched
-it), removes temporary files left by killed downloads of this entry, downloads into ``tmp/``,
-verifies size, etag and md5, publishes with ``os.replace`` and writes the record atomically.
+check fails it upgrades to exclusive (waiting a quarter second at a time, then checking again:
+a copy another process fetched meanwhile may be held shared by its readers indefinitely),
+checks again, removes temporary files left by killed downloads of this entry, downloads into
+``tmp/``, verifies size, etag and md5, publishes with ``os.replace`` and writes the record.
 The returned :class:`CachedShard` keeps the shared lock until closed, so eviction, which
 takes entries only with a non-blocking exclusive lock, never removes an entry being read.
 Eviction is least-recently-used by the record's ``last_access``. While more shards are open
