@@ -31,6 +31,7 @@ import tempfile
 import textwrap
 import time
 import urllib.request
+from typing import Any
 
 import numpy as np
 
@@ -155,7 +156,7 @@ def bench_dataloader(index: str, order: list[int], spans: tuple) -> tuple[float,
     from torch.utils.data import DataLoader
 
     def run(ds: object) -> float:
-        loader = DataLoader(
+        loader: Any = DataLoader(
             ds,  # type: ignore[arg-type]
             batch_size=32,
             num_workers=2,
@@ -373,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         hours, hfloor, rps, floor_rps = bench_http(server, order, spans, data)
         rows.append(("HTTP __getitems__(32)", hours, "fs.cat_ranges(32)", hfloor, ">= 0.8"))
-        ref_http = None
+        ref_local = ref_http = None
         if args.reference:
             ref_local = bench_reference(args.reference, index, order, args.ref_seconds)
             if ref_local is not None:
@@ -389,9 +390,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{args.shards} shards x {args.samples} samples, {len(order)} random reads, {data}")
     print(f"{'measurement':34} {'samples/s':>10}  {'floor':20} {'floor/s':>10} {'ratio':>6}  goal")
     for name, rate, fname, frate, goal in rows:
-        ratio = f"{rate / frate:6.2f}" if frate else "     -"
+        ratio = f"{rate / frate:6.3g}" if frate else "     -"
         print(f"{name:34} {rate:10.0f}  {fname:20} {frate or 0:10.0f} {ratio}  {goal}")
     print(f"HTTP requests per sample: ours {rps:.3f}, floor {floor_rps:.3f}")
+    if ref_local is not None or ref_http is not None:
+        local_x = f"{ours / ref_local:.0f}x" if ref_local else "-"
+        http_x = f"{hours / ref_http:.0f}x" if ref_http else "-"
+        print(f"ours vs reference wids (random access): local {local_x}, HTTP {http_x}")
     return 0
 
 
