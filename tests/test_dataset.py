@@ -404,3 +404,20 @@ def test_every_tar_format_matches_tarfile(name, tmp_path):
     assert [strip_meta(s) for s in ds.__getitems__(batch)] == [expected[i] for i in batch]
     with pytest.raises(IndexError):
         ds[len(expected)]
+
+
+def test_duplicates_policy_with_offsets_index_warns(json_index):
+    ds = ShardListDataset(json_index, transformations=[], duplicates="split")
+    with pytest.warns(UserWarning, match="duplicates='split' has no effect"):
+        ds[0]
+
+
+def test_duplicates_policy_applies_when_scanning(tmp_path):
+    path = str(tmp_path / "dup.tar")
+    write_shard(path, [("a.cls", b"1"), ("b.cls", b"2"), ("a.txt", b"x")])
+    ds = ShardListDataset([{"url": path, "nsamples": 3}], transformations=[])
+    with pytest.raises(Exception, match="reappears"):
+        ds[0]
+    ds = ShardListDataset([{"url": path, "nsamples": 3}], transformations=[], duplicates="split")
+    assert [ds[i]["__key__"] for i in range(3)] == ["a", "b", "a"]
+    assert ds[2][".txt"] == b"x"

@@ -281,6 +281,7 @@ class ShardListDataset:
         self._loaded: _Loaded | None = None
         self._members: dict[int, tuple[ShardMembers, np.ndarray, np.ndarray]] = {}
         self._scanned: set[int] = set()  # member tables that came from scanning (costly)
+        self._warned_duplicates = False
         self._counts = {"samples": 0, "accesses": 0, "misses": 0, "cache_hits": 0}
         self._io = IOStats()
         self._reset_process_state()
@@ -424,6 +425,14 @@ class ShardListDataset:
             info = loaded.infos[shard]
             members = loaded.indexed(shard) if loaded.indexed is not None else None
             scanned = members is None
+            if not scanned and self.duplicates != "error" and not self._warned_duplicates:
+                self._warned_duplicates = True
+                warnings.warn(
+                    f"duplicates={self.duplicates!r} has no effect on shards the index already "
+                    "records members for (it applies when a shard is scanned); rebuild the index "
+                    "with that policy instead",
+                    stacklevel=5,  # the caller of ds[i]
+                )
             if members is None:
                 members = self._scan(self._source(info.url), info)
                 self._verified.add(shard)  # the scan just looked at the shard itself
