@@ -270,3 +270,9 @@ def test_no_import_side_effects():
     code = "import sys, os, wids; print('torch' in sys.modules, os.path.exists('/tmp/_wids_cache'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split()[0] == "False"
+
+
+def test_concatenation_like_a_torch_dataset(dataset_dir):
+    ds = _ds(dataset_dir)
+    both = ds + _ds(dataset_dir)
+    assert len(both) == 20 and both[12]["__key__"] == ds[2]["__key__"]

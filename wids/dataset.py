@@ -747,6 +747,12 @@ class ShardListDataset:
     def __len__(self) -> int:
         return self.total_length
 
+    def __add__(self, other: Any) -> Any:
+        """``ds1 + ds2`` as with a torch ``Dataset``: a ``torch.utils.data.ConcatDataset``."""
+        from torch.utils.data import ConcatDataset
+
+        return ConcatDataset([self, other])
+
     def add_transform(self, transform: Transform) -> ShardListDataset:
         """Append a transformation (applied after the others). Returns ``self``."""
         if not callable(transform):
