@@ -751,7 +751,7 @@ class ShardListDataset:
         """``ds1 + ds2`` as with a torch ``Dataset``: a ``torch.utils.data.ConcatDataset``."""
         from torch.utils.data import ConcatDataset
 
-        return ConcatDataset([self, other])
+        return ConcatDataset([self, other])  # type: ignore[list-item]  # duck-typed
 
     def add_transform(self, transform: Transform) -> ShardListDataset:
         """Append a transformation (applied after the others). Returns ``self``."""
