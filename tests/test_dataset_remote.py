@@ -59,6 +59,27 @@ def test_remote_index_every_sample(remote_server, local):
     assert ds.stats.errors == 0
 
 
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_local_and_memory_every_sample(where, local, tmp_path):
+    d, paths, oracle = local
+    if where == "local":
+        index = str(d / "train.json")
+    else:
+        import fsspec
+
+        fs = fsspec.filesystem("memory")
+        urls = []
+        for p in paths:
+            url = f"memory://wids-remote-test/{os.path.basename(p)}"
+            with open(p, "rb") as f:
+                fs.pipe_file(url, f.read())
+            urls.append(url)
+        index = str(tmp_path / "mem.json")
+        build_index(urls, index, name="train")
+    ds = ShardListDataset(index, transformations=[])
+    _check(ds, oracle)
+
+
 def test_remote_list_of_dicts_scanned(remote_server, local, tmp_path):
     d, _, oracle = local
     prefix, _ = _upload(remote_server, d)
