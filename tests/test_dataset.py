@@ -421,3 +421,18 @@ def test_duplicates_policy_applies_when_scanning(tmp_path):
     ds = ShardListDataset([{"url": path, "nsamples": 3}], transformations=[], duplicates="split")
     assert [ds[i]["__key__"] for i in range(3)] == ["a", "b", "a"]
     assert ds[2][".txt"] == b"x"
+
+
+def test_decode_error_names_shard_key_field(tmp_path):
+    from wids.errors import DecodeError, UnsafeDecodeError
+
+    path = str(tmp_path / "bad.tar")
+    write_shard(path, [("k1.json", b"{oops"), ("k2.pkl", b"\x80\x04K\x01."), ("k3.txt", b"ok")])
+    ds = ShardListDataset([{"url": path, "nsamples": 3}])
+    with pytest.raises(DecodeError) as e:
+        ds[0]
+    assert e.value.shard == path and "'k1'" in str(e.value) and ".json" in str(e.value)
+    with pytest.raises(UnsafeDecodeError, match="allow_pickle=True"):
+        ds[1]
+    assert ShardListDataset([{"url": path, "nsamples": 3}], allow_pickle=True)[1][".pkl"] == 1
+    assert ds[2][".txt"] == "ok"
