@@ -200,3 +200,21 @@ def test_dataloader_after_parent_read(remote_server, local, ctx):
 
 def _as_list(batch):
     return batch
+
+
+def test_s3_etag_checked(s3_server, local, tmp_path):
+    d, paths, oracle = local
+    prefix = f"e{uuid.uuid4().hex[:8]}"
+    urls = [s3_server.put(p, f"{prefix}/{os.path.basename(p)}") for p in paths]
+    index = str(tmp_path / "s3.json")
+    build_index(urls, index, storage_options=s3_server.storage_options)
+    ds = ShardListDataset(index, transformations=[], storage_options=s3_server.storage_options)
+    assert ds._load().infos[0].etag  # the index recorded the etag
+    assert strip_meta(ds[0]) == oracle[0]
+    # same size, other bytes: only the etag tells
+    with open(paths[1], "rb") as f:
+        data = bytearray(f.read())
+    data[-1] ^= 0xFF
+    s3_server.put_bytes(bytes(data), f"{prefix}/{os.path.basename(paths[1])}")
+    with pytest.raises(IndexMismatchError, match="etag"):
+        ds[NSAMPLES]
