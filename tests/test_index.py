@@ -76,3 +76,10 @@ def test_malformed_columns_raise_index_format_error(mutate):
 def test_arrays_have_fixed_dtypes():
     t = ShardMembers.from_samples(SAMPLES)
     assert t.member_offset.dtype == np.int64 and t.member_field.dtype == np.uint16
+
+
+def test_keys_fast_path_equals_per_key_decode():
+    ascii_t = ShardMembers.from_samples([(f"k{i}", [(".a", i * 1024, 1)]) for i in range(50)])
+    mixed_t = ShardMembers.from_samples(SAMPLES)
+    for t in (ascii_t, mixed_t):
+        assert t.keys() == [t.key(i) for i in range(len(t))]

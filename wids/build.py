@@ -138,13 +138,14 @@ def scan_shard(
         ShardNotFoundError: The shard does not exist.
     """
     name = redact_url(source.url)
-    stat = source.info(stats)
     if source.local_path is not None:
+        stat = source.info(stats)
         rows = scan_local_rows(source.local_path, shard=name)
         regular = [(r[0], r[1], r[2]) for r in rows if r[3] in _REGULAR_TYPES]
         grouped = group_regular(regular, duplicates=duplicates, shard=name)
     else:
         with source.open_stream(stats) as stream:
+            stat = stream.stat  # type: ignore[attr-defined]  # stat'ed once, by the stream
             members = list(iter_members_stream(stream, shard=name))
         grouped = group_members(members, duplicates=duplicates, shard=name)
     return stat, ShardMembers.from_samples(grouped), len(grouped.skipped)

@@ -126,7 +126,7 @@ class ShardMembers:
         """Plain lists, for storage: fields, keys, sample_start, member_field/offset/size."""
         return {
             "fields": list(self.fields),
-            "keys": [self.key(i) for i in range(len(self))],
+            "keys": self.keys(),
             "sample_start": self.sample_start.tolist(),
             "member_field": self.member_field.tolist(),
             "member_offset": self.member_offset.tolist(),
@@ -176,6 +176,14 @@ class ShardMembers:
         """The key of sample ``i``."""
         a, b = int(self.key_offsets[i]), int(self.key_offsets[i + 1])
         return self.key_blob[a:b].decode("utf-8", "surrogateescape")
+
+    def keys(self) -> list[str]:
+        """All keys, in order (one decode of the whole blob when it is ASCII)."""
+        bounds = self.key_offsets.tolist()
+        if self.key_blob.isascii():
+            text = self.key_blob.decode("ascii")
+            return [text[a:b] for a, b in zip(bounds, bounds[1:])]  # noqa: B905 - n+1 bounds
+        return [self.key(i) for i in range(len(self))]
 
     def span(self, i: int) -> tuple[int, int]:
         """Byte range ``(start, end)`` of sample ``i``: first member's data to last one's end."""
