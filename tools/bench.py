@@ -50,6 +50,7 @@ import bench_cache  # noqa: E402
 import bench_index  # noqa: E402
 import bench_read  # noqa: E402
 import bench_sqlite  # noqa: E402
+from localservers import Nginx  # noqa: E402
 
 from wids.build import build_index  # noqa: E402
 from wids.sampler import ChunkedSampler  # noqa: E402
@@ -128,13 +129,6 @@ def _best(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
         result = fn()
         best = min(best, time.perf_counter() - t0)
     return best, result
-
-
-class Nginx(bench_cache.Nginx):
-    """bench_cache's nginx (requests and bytes from its log), also as bench_read expects it."""
-
-    def requests(self) -> int:
-        return self.counts()[0]
 
 
 # -- sections ---------------------------------------------------------------------------------

@@ -28,15 +28,15 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from localservers import Moto, Nginx, which  # noqa: E402
 
 # s3fs must never look for credentials or instance metadata off this machine.
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
@@ -52,166 +52,23 @@ def _mb(n: float) -> str:
 # -- servers on 127.0.0.1 ---------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 - 127.0.0.1 only
-            r.read()
-        return True
-    except urllib.error.HTTPError:
-        return True  # any HTTP answer: the server is up
-    except OSError:
-        return False
-
-
-class _Server:
-    """A server process we started: waited for, and stopped by its pid."""
-
-    kind = "local"
-    storage_options: dict[str, Any] = {}
-
-    def __init__(self, cmd: list[str], probe: str, log: Path, **kw: Any) -> None:
-        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, **kw)
-        deadline = time.monotonic() + 30
-        while not _answers(probe):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                tail = log.read_text(errors="replace")[-1500:]
-                raise RuntimeError(f"{cmd[0]} did not start:\n{tail}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._log.close()
-
-    def requests(self) -> tuple[int, int] | None:
-        """(requests, body bytes) served so far, if the server logs them."""
-        return None
-
-
-_NGINX_CONF = """\
-{user}
-daemon off;
-worker_processes 2;
-pid {work}/nginx.pid;
-error_log {work}/error.log warn;
-events {{ worker_connections 512; }}
-http {{
-    client_body_temp_path {work}/client_temp;
-    proxy_temp_path {work}/proxy_temp;
-    fastcgi_temp_path {work}/fastcgi_temp;
-    uwsgi_temp_path {work}/uwsgi_temp;
-    scgi_temp_path {work}/scgi_temp;
-    default_type application/octet-stream;
-    sendfile on;
-    keepalive_requests 100000;
-    log_format counts '$uri $status $body_bytes_sent';
-    server {{
-        listen 127.0.0.1:{port};
-        root {root};
-        access_log {work}/access.log counts;
-        location / {{ }}
-    }}
-}}
-"""
-
-
-class Nginx(_Server):
-    """nginx serving ``root`` over HTTP (it honours Range), counting requests in its log."""
-
-    kind = "http"
-
-    def __init__(self, exe: str, root: Path, work: Path) -> None:
-        work.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
-        self.work = work
-        user = "user root;" if os.geteuid() == 0 else ""  # else workers can't read mkdtemp dirs
-        conf = work / "nginx.conf"
-        conf.write_text(_NGINX_CONF.format(user=user, work=work, port=self.port, root=root))
-        self.base = f"http://127.0.0.1:{self.port}"
-        super().__init__([exe, "-c", str(conf), "-p", str(work)], self.base + "/", work / "out.log")
-
-    def url(self, path: Path, root: Path) -> str:
-        return f"{self.base}/{path.relative_to(root).as_posix()}"
-
-    def requests(self) -> tuple[int, int] | None:
-        n = total = 0
-        log = self.work / "access.log"
-        if log.exists():
-            for line in log.read_text(errors="replace").splitlines():
-                n += 1
-                total += int(line.rsplit(" ", 1)[-1])
-        return n, total
-
-
-class Moto(_Server):
-    """moto_server: a local S3; the shards are uploaded to bucket ``wids-demo``."""
-
-    kind = "s3"
-    bucket = "wids-demo"
-
-    def __init__(self, exe: str, work: Path) -> None:
-        work.mkdir(parents=True, exist_ok=True)
-        self.port = _free_port()
-        endpoint = f"http://127.0.0.1:{self.port}"
-        self.storage_options = {
-            "key": "testing",
-            "secret": "testing",
-            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-        }
-        cmd = [exe, "-H", "127.0.0.1", "-p", str(self.port)]
-        super().__init__(cmd, endpoint + "/moto-api/", work / "moto.log")
-        try:
-            import fsspec
-
-            self.fs = fsspec.filesystem("s3", skip_instance_cache=True, **self.storage_options)
-            self.fs.call_s3("create_bucket", Bucket=self.bucket)
-        except BaseException:
-            self.stop()
-            raise
-
-    def upload(self, path: Path) -> str:
-        self.fs.put_file(str(path), f"{self.bucket}/{path.name}")
-        return f"s3://{self.bucket}/{path.name}"
-
-
-def _which(name: str, *extra: str) -> str | None:
-    here = Path(sys.executable).with_name(name)
-    if here.exists():
-        return str(here)
-    found = shutil.which(name)
-    if found:
-        return found
-    return next((p for p in extra if os.path.exists(p)), None)
-
-
-def start_server(kind: str, shards: list[Path], work: Path) -> tuple[_Server | None, list[str]]:
+def start_server(
+    kind: str, shards: list[Path], work: Path
+) -> tuple[Nginx | Moto | None, list[str]]:
     """Start the server (``auto``: nginx, else moto); return it and the shards' URLs."""
     root = shards[0].parent
-    nginx = _which("nginx", "/usr/sbin/nginx")
-    moto = _which("moto_server")
+    nginx = which("nginx", "/usr/sbin/nginx")
+    moto = which("moto_server")
     if kind in ("auto", "http") and nginx:
-        server: _Server = Nginx(nginx, root.parent, work / "nginx")
-        return server, [server.url(p, root.parent) for p in shards]
+        server: Nginx | Moto = Nginx(root.parent, work / "nginx")
+        return server, [server.url(p) for p in shards]
     if kind in ("auto", "s3") and moto:
         try:
             import s3fs  # noqa: F401
         except ImportError:
             moto = None
         if moto:
-            s3 = Moto(moto, work / "moto")
+            s3 = Moto("wids-demo", work / "moto")
             try:
                 return s3, [s3.upload(p) for p in shards]
             except BaseException:
@@ -309,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     t_start = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="wids-demo-"))
-    server: _Server | None = None
+    server: Nginx | Moto | None = None
     try:
         n = args.shards * args.samples
         print(f"wids demo (wids from {os.path.dirname(wids.__file__)})")
@@ -337,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         elif isinstance(server, Moto):
             where = (
                 f"served by moto_server (S3) at 127.0.0.1:{server.port}, bucket "
-                f"s3://{Moto.bucket} (pid {server.proc.pid})"
+                f"s3://{server.bucket} (pid {server.proc.pid})"
             )
         else:
             where = f"read from local files in {paths[0].parent} (no server)"
@@ -359,12 +216,12 @@ def main(argv: list[str] | None = None) -> int:
             "DistributedChunkedSampler(num_replicas=1, rank=0), JPEG -> uint8 tensor, "
             'access="auto" (range reads; shards being read move into a local cache)'
         )
-        if server is not None:
-            before = server.requests()
+        counted = isinstance(server, Nginx)
+        before = server.counts() if isinstance(server, Nginx) else None
         cache_dir = work / "cache"
         epoch = run_epoch(index, options, cache_dir)
-        served = server.requests() if server is not None else None
-        _summary(epoch, n, size, served, before if server is not None else None, cache_dir)
+        served = server.counts() if isinstance(server, Nginx) else None
+        _summary(epoch, n, size, served, before if counted else None, cache_dir)
         cached = ShardCache(str(cache_dir)).entries()
         if server is None:
             print("      cache: not used, local shards are read in place")
