@@ -631,9 +631,9 @@ class ShardListDataset:
         first, stop = ss[local], ss[local + 1]
         start, end = off[first], off[stop - 1] + size[stop - 1]
         try:
-            buf = reader.read_span(start, end, self._io)
-            if self._promotable:
+            if self._promotable:  # before the read: a promotion then overlaps with it
                 self._requested(shard, reader, end - start)
+            buf = reader.read_span(start, end, self._io)
         finally:
             if len(self._readers) > self.lru_size:
                 self._evict()
@@ -679,10 +679,10 @@ class ShardListDataset:
         blocks, where = plan_batch(spans, self.merge_gap)
         raws = []
         try:  # readers stay open until every block is read: evict only afterwards
-            data = fetch_blocks(blocks, readers, self._io, defer_local=True)
-            if self._promotable:
+            if self._promotable:  # before the reads: a promotion then overlaps with them
                 for blk in blocks:
                     self._requested(blk.shard, readers[blk.shard], blk.end - blk.start)
+            data = fetch_blocks(blocks, readers, self._io, defer_local=True)
             uses = [0] * len(blocks)
             for b, _ in where:
                 uses[b] += 1
