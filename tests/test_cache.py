@@ -561,3 +561,41 @@ def test_waiting_fetcher_takes_a_copy_fetched_meanwhile(tmp_path):
     reader_hold.release()
     assert result["data"] == store.objects[url]
     assert result["seconds"] < 3
+
+
+def test_promoter_share_wait_failure_and_backoff(tmp_path):
+    import fsspec
+
+    from wids.cache import Promoter
+
+    fs = fsspec.filesystem("memory")
+    data = blob(10_000, 7)
+    fs.pipe_file("/wids-promote/a.tar", data)
+    src = Source("memory://wids-promote/a.tar")
+    cache = ShardCache(tmp_path)
+    promoter = Promoter(cache, share=0.1)
+    promoter.requested(src, 500, shard_bytes=10_000, size=10_000)
+    assert promoter.open_if_ready(src.url) is None  # below the share: nothing started
+    promoter.requested(src, 500, shard_bytes=10_000, size=10_000)  # 10 %: promote
+    with promoter.open_if_ready(src.url, size=10_000) as shard:  # waits for the fetch
+        assert shard.read_range(0, 10_000) == data
+    # Evicted later: promoting again needs twice the share.
+    assert cache.remove(src.url)
+    promoter.requested(src, 1500, shard_bytes=10_000, size=10_000)
+    assert promoter.open_if_ready(src.url) is None
+    promoter.requested(src, 500, shard_bytes=10_000, size=10_000)
+    again = promoter.open_if_ready(src.url)
+    assert again is not None
+    again.close()
+    # A fetch that fails leaves the shard on range requests, for good.
+    missing = Source("memory://wids-promote/missing.tar")
+    promoter.requested(missing, 10_000, shard_bytes=10_000)
+    assert promoter.open_if_ready(missing.url) is None
+    promoter.requested(missing, 10_000, shard_bytes=10_000)
+    assert missing.url not in promoter._futures
+    # Larger than the budget: never promoted.
+    small = Promoter(ShardCache(tmp_path / "small", max_bytes=100), share=0.0)
+    small.requested(src, 1, shard_bytes=10_000, size=10_000)
+    assert src.url not in small._futures
+    promoter.close()
+    fs.rm("/wids-promote", recursive=True)

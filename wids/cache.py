@@ -823,6 +823,7 @@ class Promoter:
         self._futures: dict[str, Future[None]] = {}
         self._failed: set[str] = set()
         self._promotions: dict[str, int] = {}
+        self._slow: set[str] = set()
         self._mutex = threading.Lock()
 
     def requested(
@@ -881,8 +882,11 @@ class Promoter:
             future = self._futures.get(url)
         if future is None:
             return None
-        if self.wait and not future.done():
+        if self.wait and not future.done() and url not in self._slow:
             wait_futures([future], timeout=self.cache.lock_timeout)
+            if not future.done():  # a very slow fetch: read by range meanwhile, do not wait again
+                log.warning("promoting %s takes long; reading it by range meanwhile", _redact(url))
+                self._slow.add(url)
         with self._mutex:
             if not future.done() or self._futures.get(url) is not future:
                 return None
