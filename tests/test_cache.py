@@ -599,3 +599,27 @@ def test_promoter_share_wait_failure_and_backoff(tmp_path):
     assert src.url not in small._futures
     promoter.close()
     fs.rm("/wids-promote", recursive=True)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_closing_a_shard_keeps_the_parents_hold(tmp_path):
+    store = Store()
+    url = store.put("s3://b/fork.tar", blob(500))
+    cache = ShardCache(tmp_path)
+    shard = store.open(cache, url)
+    pid = os.fork()
+    if pid == 0:  # child: reads through the inherited descriptor, then closes its copy
+        code = 0
+        try:
+            code = 0 if shard.read_range(0, 500) == store.objects[url] else 1
+            shard.close()
+        except BaseException:
+            code = 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert not cache._remove_if_free(entry_key(url))  # still held by the parent
+    assert shard.read_range(0, 10) == store.objects[url][:10]
+    shard.close()
+    assert cache._remove_if_free(entry_key(url))
