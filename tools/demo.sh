@@ -18,7 +18,7 @@ fi
 # torch first, pinned: it is a local CPU wheel (an unpinned torch pulls a multi-GB CUDA build);
 # the [all] extra is then already satisfied.
 python -m pip install -q --disable-pip-version-check torch==2.13.0
-python -m pip install -q --disable-pip-version-check -e '.[all]'
+python -m pip install -q --disable-pip-version-check -c tools/constraints.txt -e '.[all]'
 
 export PATH="/usr/sbin:$PATH"
 exec python tools/demo.py "$@"

@@ -15,7 +15,7 @@ fi
 
 # torch first, pinned: it is a local CPU wheel; the [all] extra is then already satisfied.
 python -m pip install -q --disable-pip-version-check torch==2.13.0
-python -m pip install -q --disable-pip-version-check -e '.[all,test]'
+python -m pip install -q --disable-pip-version-check -c tools/constraints.txt -e '.[all,test]'
 
 export PATH="/usr/sbin:$PATH"
 python -m pytest -q "$@"
