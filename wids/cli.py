@@ -426,7 +426,8 @@ def _add_show(sub: argparse._SubParsersAction) -> None:
         epilog="examples:\n"
         "  wids show data/train.json                      # first 16 samples as a table\n"
         "  wids show data/train.json --grid grid.png -n 25 --start 1000\n"
-        "  wids show s3://bucket/train.json -n 5 -s anon=true\n",
+        "  wids show s3://bucket/train.json -n 5 -s anon=true\n"
+        "  wids show s3://bucket/train.json --offline --cache-dir ~/.cache/wids   # no network\n",
     )
     p.add_argument("index", help="path/URL of an index or dataset description")
     p.add_argument("--grid", metavar="OUT.png", help="draw images with key and label to this file")
@@ -435,6 +436,16 @@ def _add_show(sub: argparse._SubParsersAction) -> None:
         "--start", type=int, default=0, help="first sample (default 0; negative: from the end)"
     )
     p.add_argument("--cell", type=int, default=160, help="grid tile size in pixels (default 160)")
+    p.add_argument(
+        "--cache-dir",
+        help="shard cache to read from and fill (default: none; with --offline: $WIDS_CACHE_DIR "
+        "or the per-user cache directory)",
+    )
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="serve only from local files and the cache; fail naming what is missing",
+    )
     _storage_flag(p)
     p.set_defaults(func=_cmd_show)
 
@@ -447,6 +458,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
         start=args.start,
         n=args.n,
         storage_options=parse_storage_options(args.storage_option),
+        cache_dir=args.cache_dir or (default_cache_dir() if args.offline else None),
+        offline=args.offline,
     )
     if args.grid:
         width, height = render_grid(samples, args.grid, cell=args.cell)

@@ -28,6 +28,8 @@ def read_samples(
     start: int = 0,
     n: int = 16,
     storage_options: Mapping[str, Any] | None = None,
+    cache_dir: str | None = None,
+    offline: bool = False,
 ) -> list[dict[str, Any]]:
     """Raw samples ``start .. start + n - 1`` of a dataset (fewer at its end).
 
@@ -36,6 +38,8 @@ def read_samples(
         start: First sample (negative counts from the end).
         n: How many samples.
         storage_options: fsspec options for the index and the shards.
+        cache_dir: Local shard cache to read from (and fill), or ``None``.
+        offline: Serve only from local files and ``cache_dir``; never touch the network.
 
     Returns:
         Sample dicts whose fields are ``bytes``.
@@ -48,7 +52,13 @@ def read_samples(
 
     if n < 1:
         raise ValueError(f"n must be >= 1, not {n}")
-    ds = ShardListDataset(index, transformations=[], storage_options=storage_options)
+    ds = ShardListDataset(
+        index,
+        transformations=[],
+        storage_options=storage_options,
+        cache_dir=cache_dir,
+        offline=offline,
+    )
     try:
         total = len(ds)
         first = start + total if start < 0 else start
