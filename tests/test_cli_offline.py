@@ -25,7 +25,9 @@ def wids(*args: str) -> subprocess.CompletedProcess:
 
 def test_show_offline_serves_from_the_cache_after_the_server_is_gone(tmp_path):
     data = tmp_path / "data"
-    paths = write_dataset(str(data), shards=2, samples_per_shard=10, real_images=False, jpg_bytes=300)
+    paths = write_dataset(
+        str(data), shards=2, samples_per_shard=10, real_images=False, jpg_bytes=300
+    )
     cache, empty = str(tmp_path / "cache"), str(tmp_path / "empty")
     server = Nginx(data)
     try:
