@@ -30,7 +30,8 @@ from .index import IndexReader, ShardInfo, ShardMembers, open_index
 from .index_convert import convert_index, create_index_writer
 from .index_json import JsonIndex, JsonIndexWriter
 from .index_sqlite import SqliteIndex, SqliteIndexWriter
-from .remote import IOStats, RetryPolicy
+from .remote import IOStats
+from .retry import RetryPolicy
 from .sampler import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
 from .spec import Component, Spec, expand_braces, load_spec
 

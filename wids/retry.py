@@ -1,0 +1,278 @@
+"""Retries: the policy, sorting failures into kinds, and the synchronous retry loop.
+
+Failures are sorted into three kinds:
+
+- *not found* (404, no such key) raises :class:`~wids.errors.ShardNotFoundError` at once;
+- *permanent* (403, 416, no bucket, bad credentials) raises
+  :class:`~wids.errors.PermanentRemoteError` at once;
+- *transient* (connection reset or refused, timeouts, HTTP 5xx and 429, short reads) is
+  retried with exponential backoff and full jitter, bounded by :class:`RetryPolicy`'s
+  ``attempts`` and ``max_time``; then :class:`~wids.errors.RetriesExhaustedError` (or
+  :class:`~wids.errors.ShortReadError` when the last failure was a short read).
+
+Exceptions that are none of these (programming errors) propagate unchanged. Backend
+exceptions are recognised by class name and attributes (HTTP status, errno), so no storage
+backend, and not fsspec, is imported here; the I/O itself lives in :mod:`wids.remote`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from .errors import (
+    PermanentRemoteError,
+    RetriesExhaustedError,
+    ShardNotFoundError,
+    ShortReadError,
+)
+from .redact import _scrub, redact_url
+
+if TYPE_CHECKING:
+    from .remote import IOStats, Source
+
+__all__ = ["RetryPolicy"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How hard to try one request.
+
+    Args:
+        attempts: Total tries per request (1 means no retry).
+        max_time: Total seconds for one request, retries and backoff included.
+        backoff: Base delay in seconds; the n-th retry waits a uniformly random time in
+            ``[0, min(max_backoff, backoff * 2**n)]`` ("full jitter").
+        max_backoff: Upper bound of one delay.
+        timeout: Seconds after which a stalled attempt is abandoned (a transient failure).
+    """
+
+    attempts: int = 5
+    max_time: float = 60.0
+    backoff: float = 0.05
+    max_backoff: float = 2.0
+    timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(f"attempts must be >= 1, not {self.attempts}")
+        for name in ("max_time", "timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, not {getattr(self, name)}")
+        if self.backoff < 0 or self.max_backoff < 0:
+            raise ValueError("backoff and max_backoff must be >= 0")
+
+
+# ---------------------------------------------------------------------------------------------
+# Classifying failures
+
+_NOT_FOUND, _PERMANENT, _TRANSIENT, _UNKNOWN = "not found", "permanent", "transient", "unknown"
+
+_TRANSIENT_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ECONNRESET",
+        "ECONNREFUSED",
+        "ECONNABORTED",
+        "ETIMEDOUT",
+        "EPIPE",
+        "EIO",
+        "EBUSY",
+        "EAGAIN",
+        "EHOSTUNREACH",
+        "ENETUNREACH",
+        "ENETDOWN",
+        "EREMOTEIO",
+    )
+    if hasattr(errno, name)
+)
+
+# Connection-level failures of aiohttp, botocore, urllib3/requests and fsspec, matched by class
+# name so that no optional backend has to be imported here.
+_TRANSIENT_NAMES = frozenset(
+    {
+        "TimeoutError",
+        "FSTimeoutError",
+        "ConnectionError",
+        "ClientConnectionError",
+        "ClientPayloadError",
+        "ServerTimeoutError",
+        "ServerDisconnectedError",
+        "ClientOSError",
+        "EndpointConnectionError",
+        "ConnectionClosedError",
+        "ReadTimeoutError",
+        "ConnectTimeoutError",
+        "ResponseStreamingError",
+        "IncompleteReadError",
+        "HTTPClientError",
+        "IncompleteRead",
+        "ChunkedEncodingError",
+        "ProtocolError",
+        "ShortReadError",
+        "FlexibleChecksumError",  # botocore: body does not match its checksum (cut short)
+        "ChecksumError",  # gcsfs: the same
+    }
+)
+
+
+# S3 error codes that arrive as 404 but mean a configuration problem, not a missing shard.
+_PERMANENT_CODES = frozenset({"NoSuchBucket"})
+
+
+def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status carried by a backend exception, if any."""
+    for attr in ("status", "code", "status_code"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int) and 100 <= value < 600:
+            return value
+    response = getattr(exc, "response", None)  # botocore ClientError
+    if isinstance(response, Mapping):
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(status, int):
+            return status
+    return None
+
+
+def _classify_status(status: int) -> str:
+    if status == 404 or status == 410:
+        return _NOT_FOUND
+    if status in (408, 429) or (status >= 500 and status not in (501, 505)):
+        return _TRANSIENT
+    return _PERMANENT
+
+
+def _classify(exc: BaseException) -> str:
+    """Sort a failure into not found / permanent / transient / unknown."""
+    if isinstance(exc, ShortReadError):
+        return _TRANSIENT
+    if isinstance(exc, (ShardNotFoundError, PermanentRemoteError)):
+        return _NOT_FOUND if isinstance(exc, ShardNotFoundError) else _PERMANENT
+    response = getattr(exc, "response", None)  # botocore ClientError
+    if isinstance(response, Mapping) and response.get("Error", {}).get("Code") in _PERMANENT_CODES:
+        return _PERMANENT
+    status = _status_of(exc)
+    if status is not None and status >= 400:
+        return _classify_status(status)
+    if isinstance(exc, FileNotFoundError):
+        # fsspec's HTTP info() turns *any* failure into FileNotFoundError; trust the cause.
+        cause = exc.__cause__
+        if cause is not None and not isinstance(cause, FileNotFoundError):
+            kind = _classify(cause)
+            return _NOT_FOUND if kind == _UNKNOWN else kind
+        return _NOT_FOUND
+    if isinstance(exc, PermissionError):
+        return _PERMANENT
+    names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & _TRANSIENT_NAMES:
+        return _TRANSIENT
+    if isinstance(exc, OSError):
+        if exc.errno in _TRANSIENT_ERRNOS:
+            return _TRANSIENT
+        return _PERMANENT
+    return _UNKNOWN
+
+
+def _describe(exc: BaseException, secrets: Sequence[str]) -> str:
+    status = _status_of(exc)
+    text = str(exc) or repr(exc)
+    head = f"{type(exc).__name__}" + (f" (HTTP {status})" if status else "")
+    if isinstance(exc, FileNotFoundError) and exc.__cause__ is not None:
+        return f"{head} caused by {_describe(exc.__cause__, secrets)}"
+    return _scrub(f"{head}: {text}", secrets)
+
+
+def _jitter() -> float:
+    # os.urandom, not the random module: retries must not perturb a user's seeded RNG.
+    return int.from_bytes(os.urandom(4), "little") / 2**32
+
+
+class _Attempts:
+    """Book-keeping for one request under a retry policy (shared by the sync and async loops)."""
+
+    def __init__(
+        self, source: Source, what: str, stats: IOStats | None, *, count_requests: bool = True
+    ) -> None:
+        self.source = source
+        self.what = what
+        self.stats = stats
+        self.count_requests = count_requests
+        self.policy = source.retry
+        self.start = time.monotonic()
+        self.count = 0
+
+    def begin(self) -> float:
+        """Count one attempt and return its timeout."""
+        self.count += 1
+        if self.stats is not None and self.count_requests:
+            self.stats.requests += 1
+        remaining = self.policy.max_time - (time.monotonic() - self.start)
+        return max(0.001, min(self.policy.timeout, remaining))
+
+    def done(self, nbytes: int) -> None:
+        if self.stats is not None:
+            self.stats.bytes_read += nbytes
+
+    def failed(self, exc: BaseException) -> float:
+        """Raise the final error for ``exc``, or return the delay before the next attempt."""
+        kind = _classify(exc)
+        if kind == _UNKNOWN:
+            self._count_error()
+            raise exc
+        src = self.source
+        if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) and not str(exc):
+            desc = f"TimeoutError: no answer within {self.policy.timeout:g}s"
+        else:
+            desc = _describe(exc, src._secrets())
+        shard = redact_url(src.url)
+        if kind == _NOT_FOUND:
+            self._count_error()
+            raise ShardNotFoundError(f"{self.what}: not found ({desc})", shard=shard) from None
+        if kind == _PERMANENT:
+            self._count_error()
+            err = PermanentRemoteError(f"{self.what}: {desc}", shard=shard)
+            vars(err).update(attempts=self.count, status=_status_of(exc))
+            raise err from None
+        elapsed = time.monotonic() - self.start
+        delay = _jitter() * min(
+            self.policy.max_backoff, self.policy.backoff * 2 ** (self.count - 1)
+        )
+        if self.count >= self.policy.attempts or elapsed + delay >= self.policy.max_time:
+            self._count_error()
+            msg = (
+                f"{self.what}: gave up after {self.count} attempts in {elapsed:.1f}s; last: {desc}"
+            )
+            cls = ShortReadError if isinstance(exc, ShortReadError) else RetriesExhaustedError
+            final = cls(msg, shard=shard)
+            vars(final).update(attempts=self.count, status=_status_of(exc))
+            raise final from None
+        if self.stats is not None:
+            self.stats.retries += 1
+        logger.debug("retrying %s of %s in %.3fs after %s", self.what, shard, delay, desc)
+        return delay
+
+    def _count_error(self) -> None:
+        if self.stats is not None:
+            self.stats.errors += 1
+
+
+def _retry_sync(attempts: _Attempts, fn: Callable[[], T], size: Callable[[T], int]) -> T:
+    while True:
+        attempts.begin()
+        try:
+            result = fn()
+        except Exception as exc:
+            time.sleep(attempts.failed(exc))
+            continue
+        attempts.done(size(result))
+        return result
