@@ -1,0 +1,147 @@
+"""Promotion for ``access="auto"``: fetch a remote shard whole once enough of it is read.
+
+:class:`Promoter` counts the bytes a dataset requests by range from each remote shard and,
+past a share of the shard's size, has the local shard cache (:mod:`wids.cache`) fetch the
+whole shard in the background; later reads then come from the cached copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
+from typing import TYPE_CHECKING
+
+from .redact import redact_url
+
+if TYPE_CHECKING:
+    from .cache import CachedShard, ShardCache
+    from .remote import IOStats, Source
+
+__all__ = ["Promoter"]
+
+log = logging.getLogger(__name__)
+
+
+class Promoter:
+    """Moves remote shards that are read by range requests into the cache (``access="auto"``).
+
+    The dataset reports the bytes it requests from each remote shard; once they reach
+    ``share`` of the shard's size, the shard is fetched into the cache in a background thread
+    (:meth:`ShardCache.prefetch`), and :meth:`open_if_ready` hands out the cached copy (with
+    ``wait``, waiting for the fetch rather than requesting more of the shard by range, so
+    about ``1 + share`` of the shard is downloaded). A chunked sampler reads most of a shard in
+    a row, so the first samples come fast by range requests and the rest from local disk;
+    other shards are read meanwhile. A failed fetch is logged and the shard stays on range
+    requests. A shard that must be promoted again (its copy was evicted:
+    the access is random, or the budget small) needs twice the share each time, so a cache
+    too small for the access pattern does not turn into repeated whole-shard downloads. One
+    per process (holds threads and futures).
+
+    Args:
+        cache: Where promoted shards go.
+        share: Fraction (0 to 1) of a shard's bytes requested before it is fetched whole;
+            ``0`` fetches on first use.
+        wait: Once a shard's fetch has started, :meth:`open_if_ready` waits for it (up to the
+            cache's ``lock_timeout``); ``False`` returns ``None`` until it is done, so range
+            reads go on meanwhile (faster when requests are cheap, but more bytes).
+
+    Raises:
+        ValueError: ``share`` is outside ``[0, 1]``.
+    """
+
+    def __init__(self, cache: ShardCache, share: float = 0.05, *, wait: bool = True) -> None:
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"share must be between 0 and 1, got {share!r}")
+        self.cache = cache
+        self.share = float(share)
+        self.wait = bool(wait)
+        self._requested: dict[str, int] = {}
+        self._futures: dict[str, Future[None]] = {}
+        self._failed: set[str] = set()
+        self._promotions: dict[str, int] = {}
+        self._slow: set[str] = set()
+        self._mutex = threading.Lock()
+
+    def requested(
+        self,
+        source: Source,
+        nbytes: int,
+        *,
+        shard_bytes: int,
+        size: int | None = None,
+        etag: str | None = None,
+        md5sum: str | None = None,
+        stats: IOStats | None = None,
+    ) -> None:
+        """Count ``nbytes`` requested by range from ``source``; start the fetch at the share.
+
+        Args:
+            source: The remote shard.
+            nbytes: Bytes just requested.
+            shard_bytes: The shard's size, or an estimate (the end of its last member).
+            size: The exact size from the index, if known (verified after the fetch).
+            etag: Expected etag, if known.
+            md5sum: Expected MD5, if known.
+            stats: I/O counters for the fetch.
+        """
+        url = source.url
+        with self._mutex:
+            if url in self._futures or url in self._failed:
+                return
+            total = self._requested.get(url, 0) + nbytes
+            self._requested[url] = total
+            if total < self.share * 2 ** self._promotions.get(url, 0) * shard_bytes:
+                return
+            if self.cache.max_bytes is not None and shard_bytes > self.cache.max_bytes:
+                self._failed.add(url)  # would never fit: stay on range requests
+                return
+            log.debug("promoting %s into the cache", redact_url(url))
+            self._futures[url] = self.cache.prefetch(
+                source, size=size, etag=etag, md5sum=md5sum, stats=stats
+            )
+
+    def open_if_ready(
+        self,
+        url: str,
+        *,
+        size: int | None = None,
+        etag: str | None = None,
+        md5sum: str | None = None,
+    ) -> CachedShard | None:
+        """The cached copy of a shard being promoted, once its fetch has finished.
+
+        Returns:
+            The open cached shard; ``None`` if the shard is not being promoted, its fetch is
+            still running (and ``wait`` is off) or failed.
+        """
+        with self._mutex:
+            future = self._futures.get(url)
+        if future is None:
+            return None
+        if self.wait and not future.done() and url not in self._slow:
+            wait_futures([future], timeout=self.cache.lock_timeout)
+            if not future.done():  # a very slow fetch: read by range meanwhile, do not wait again
+                log.warning(
+                    "promoting %s takes long; reading it by range meanwhile", redact_url(url)
+                )
+                self._slow.add(url)
+        with self._mutex:
+            if not future.done() or self._futures.get(url) is not future:
+                return None
+            del self._futures[url]
+            if future.cancelled():  # the cache was closed
+                return None
+            error = future.exception()
+            if error is not None:
+                self._failed.add(url)
+                log.warning("could not promote %s into the cache: %s", redact_url(url), error)
+                return None
+            self._requested.pop(url, None)
+            self._promotions[url] = self._promotions.get(url, 0) + 1
+        return self.cache.open_cached(url, size=size, etag=etag, md5sum=md5sum)
+
+    def close(self) -> None:
+        """Stop background fetches."""
+        self.cache.close()
