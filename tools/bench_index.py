@@ -370,7 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"remote build over HTTP (nginx, 127.0.0.1): {r['seconds']:.2f} s, "
                 f"{r['members'] / r['seconds']:,.0f} members/s; bytes read / shard bytes: "
-                f"{r['client_bytes_ratio']:.4f} (client), {r['server_bytes_ratio']:.4f} (nginx log) "
+                f"{r['client_bytes_ratio']:.4f} (client), "
+                f"{r['server_bytes_ratio']:.4f} (nginx log) "
                 f"[goal <= 1.01]; requests per shard: {r['requests_per_shard']:.2f}"
             )
         if args.sqlite_shards:
