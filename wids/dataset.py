@@ -5,12 +5,14 @@ sample's byte span comes from the shard's member table (``ShardMembers``, loaded
 and is read with one range request, then sliced into its fields. A batch
 (``__getitems__``) becomes one request per run of nearby samples of a shard, all in flight at
 once. Readers are opened lazily in each process and never pickled.
+
+What the dataset reads (the ``shards`` argument resolved to shards, member tables and
+components) is :mod:`wids.sources`; how it reads a shard's bytes is :mod:`wids.access`.
 """
 
 from __future__ import annotations
 
 import bisect
-import concurrent.futures as cf
 import operator
 import os
 import threading
@@ -24,25 +26,15 @@ import numpy as np
 
 from .access import CachedReader, LocalReader, RangeReader, ShardReader, fetch_blocks, plan_batch
 from .decode import Decoder, interpret_transformations
-from .errors import IndexFormatError, IndexMismatchError, OfflineError
-from .index import ShardInfo, ShardMembers
-from .remote import IOStats, RetryPolicy, Source, redact_url
+from .index import ShardInfo
+from .remote import IOStats, RetryPolicy
 from .samples import DUPLICATE_POLICIES, DuplicatePolicy
+from .sources import DatasetComponent, MemberTable, ShardSources, display_url
 
 __all__ = ["DatasetComponent", "DatasetStats", "ShardListDataset"]
 
 ACCESS_MODES = ("auto", "range", "shard")
 Transform = Callable[[dict[str, Any]], Any]
-
-
-@dataclass(frozen=True, slots=True)
-class DatasetComponent:
-    """One (sub-)dataset as a range of global sample indices ``[start, stop)``."""
-
-    name: str
-    weight: float | None
-    start: int
-    stop: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,80 +62,7 @@ class DatasetStats:
     errors: int
 
 
-class _Loaded:
-    """The dataset's description, loaded once: shard infos, components, where members are."""
-
-    def __init__(
-        self,
-        shards: list[ShardInfo],
-        components: list[Any],
-        name: str,
-        indexed: Callable[[int], ShardMembers | None] | None,
-    ) -> None:
-        self.infos = shards
-        self.name = name
-        self.lengths = [int(s.nsamples) for s in shards]
-        self.cum = np.cumsum(np.asarray(self.lengths, dtype=np.int64))
-        self.cum_list: list[int] = self.cum.tolist()
-        self.total = self.cum_list[-1] if self.cum_list else 0
-        starts = np.concatenate([[0], self.cum]).astype(np.int64)
-        self.components = [
-            DatasetComponent(
-                c.name or name, c.weight, int(starts[c.first_shard]), int(starts[c.stop_shard])
-            )
-            for c in components
-        ]
-        self.dataset_of = [""] * len(shards)
-        for c in components:
-            for i in range(c.first_shard, c.stop_shard):
-                self.dataset_of[i] = c.name or name or ""
-        self.indexed = indexed
-        self.shard_dicts: list[dict[str, Any]] | None = None  # built when .shards is read
-
-
-class _Table:
-    """One open shard's member table as Python lists: the hot path indexes lists, not numpy.
-
-    Built when a shard's reader opens and dropped with it, so at most ``lru_size`` exist.
-    """
-
-    __slots__ = ("dataset", "fid", "fields", "keys", "off", "size", "ss", "url")
-
-    def __init__(self, members: ShardMembers, url: str, dataset: str) -> None:
-        self.url = url
-        self.dataset = dataset
-        self.fields = members.fields
-        blob, ko = members.key_blob, members.key_offsets.tolist()
-        self.keys = [
-            blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(ko, ko[1:], strict=False)
-        ]
-        self.ss = members.sample_start.tolist()
-        self.fid = members.member_field.tolist()
-        self.off = members.member_offset.tolist()
-        self.size = members.member_size.tolist()
-
-    def span(self, j: int) -> tuple[int, int]:
-        last = self.ss[j + 1] - 1
-        return self.off[self.ss[j]], self.off[last] + self.size[last]
-
-    def fill(self, sample: dict[str, Any], j: int, buf: bytes, base: int) -> None:
-        fields, fid, off, size = self.fields, self.fid, self.off, self.size
-        for m in range(self.ss[j], self.ss[j + 1]):
-            a = off[m] - base
-            sample[fields[fid[m]]] = buf[a : a + size[m]]
-        sample["__key__"] = self.keys[j]
-
-
-def _is_shard_pattern(src: Any) -> bool:
-    if isinstance(src, (list, tuple)):
-        return len(src) > 0 and all(isinstance(s, str) for s in src)
-    if not isinstance(src, (str, os.PathLike)):
-        return False
-    s = os.fspath(src)
-    return ("{" in s and "}" in s) or s.endswith((".tar", ".tgz", ".tar.gz"))
-
-
-class ShardListDataset:
+class ShardListDataset(ShardSources):
     """A map-style dataset over WebDataset tar shards, reading only the samples asked for.
 
     A drop-in for the reference ``wids.ShardListDataset`` (see ``COMPAT.md``), with member
@@ -278,9 +197,9 @@ class ShardListDataset:
         self.promote_share = float(promote_share)
         # range reads are counted towards promotion only in this configuration
         self._promotable = access == "auto" and self.cache_dir is not None
-        self._loaded: _Loaded | None = None
-        self._members: dict[int, tuple[ShardMembers, np.ndarray, np.ndarray]] = {}
-        self._scanned: set[int] = set()  # member tables that came from scanning (costly)
+        self._loaded = None
+        self._members = {}
+        self._scanned = set()
         self._warned_duplicates = False
         self._counts = {"samples": 0, "accesses": 0, "misses": 0, "cache_hits": 0}
         self._io = IOStats()
@@ -291,8 +210,8 @@ class ShardListDataset:
     def _reset_process_state(self) -> None:
         self._pid = os.getpid()
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
-        self._verified: set[int] = set()
-        self._tables: dict[int, _Table] = {}
+        self._verified = set()
+        self._tables: dict[int, MemberTable] = {}
         self._lock = threading.RLock()
         self._shard_cache: Any = None
         self._promoter: Any = None
@@ -316,142 +235,7 @@ class ShardListDataset:
         self.__dict__.update(state)
         self._reset_process_state()
 
-    # -- the description ----------------------------------------------------------------------
-
-    def _load(self) -> _Loaded:
-        loaded = self._loaded
-        if loaded is None:
-            with self._lock:
-                if self._loaded is None:
-                    self._loaded = self._load_description()
-                loaded = self._loaded
-        return loaded
-
-    def _load_description(self) -> _Loaded:
-        src = self._src
-        if _is_shard_pattern(src):
-            return self._load_pattern(src)
-        if isinstance(src, (str, os.PathLike)):
-            reader = self._open_index(os.fspath(src))
-            shards, components = list(reader.shards), list(reader.components)
-            name = self.dataset_name or reader.name or ""
-            loaded = _Loaded(shards, components, name, reader.members)
-        else:
-            from .spec import load_spec
-
-            spec = load_spec(src, storage_options=self.storage_options, base=self.base)
-            name = self.dataset_name or spec.name or ""
-            loaded = _Loaded(list(spec.shards), list(spec.components), name, None)
-        if not loaded.infos:
-            raise IndexFormatError("the dataset has no shards", shard=_where(src))
-        return loaded
-
-    def _open_index(self, url: str) -> Any:
-        """Open the index; with ``cache_dir``, a remote index's shard list is kept for offline."""
-        from .index import open_index
-
-        remote = self.cache_dir is not None and not Source(url).is_local
-        if self.offline and remote:
-            from .subset import open_snapshot
-
-            return open_snapshot(url, self.cache_dir)  # type: ignore[arg-type]
-        self._check_offline(url)
-        kwargs = {"base": self.base} if self.base is not None else {}
-        reader = open_index(url, self.storage_options, **kwargs)
-        if remote:
-            from .subset import save_snapshot
-
-            save_snapshot(reader, url, self.cache_dir, self.storage_options)  # type: ignore[arg-type]
-        return reader
-
-    def _load_pattern(self, src: Any) -> _Loaded:
-        from .spec import Component, expand_braces
-
-        urls: list[str] = []
-        for s in [src] if isinstance(src, (str, os.PathLike)) else src:
-            urls += expand_braces(os.fspath(s))
-        if self.base is not None:
-            from .spec import resolve_url
-
-            urls = [resolve_url(u, self.base) for u in urls]
-        if not urls:
-            raise IndexFormatError("the shard pattern names no shards", shard=_where(src))
-        with cf.ThreadPoolExecutor(max_workers=min(8, len(urls))) as pool:
-            tables = list(pool.map(lambda u: self._scan(self._source(u)), urls))
-        infos = [ShardInfo(u, len(m)) for u, m in zip(urls, tables, strict=True)]
-        for i, m in enumerate(tables):
-            self._keep_members(i, m, scanned=True)
-        name = self.dataset_name or ""
-        return _Loaded(infos, [Component(name, None, 0, len(infos))], name, None)
-
-    # -- members ------------------------------------------------------------------------------
-
-    def _scan(self, source: Source, expected: ShardInfo | None = None) -> ShardMembers:
-        from .build import scan_cached, scan_shard
-
-        if self.offline and self.cache_dir is not None and not source.is_local:
-            # Offline (index snapshot without member tables): scan the cached copy.
-            info = expected or ShardInfo(source.url, 0)
-            expect = {"size": info.size, "etag": info.etag, "md5sum": info.md5sum}
-            with self._cache().open(source, **expect) as cached:
-                return self._scan(Source(cached.path))
-        self._check_offline(source.url)
-        if self.cache_dir is not None:
-            return scan_cached(
-                source,
-                cache_dir=self.cache_dir,
-                expected=expected,
-                duplicates=self.duplicates,
-                stats=self._io,
-            )
-        _, members, _ = scan_shard(source, duplicates=self.duplicates, stats=self._io)
-        return members
-
-    def _keep_members(self, shard: int, members: ShardMembers, *, scanned: bool) -> None:
-        starts, ends = members.spans()
-        self._members[shard] = (members, starts, ends)
-        if scanned:
-            self._scanned.add(shard)
-
-    def _shard_members(self, shard: int) -> tuple[ShardMembers, np.ndarray, np.ndarray]:
-        got = self._members.get(shard)
-        if got is not None:
-            return got
-        with self._lock:
-            got = self._members.get(shard)
-            if got is not None:
-                return got
-            loaded = self._load()
-            info = loaded.infos[shard]
-            members = loaded.indexed(shard) if loaded.indexed is not None else None
-            scanned = members is None
-            if not scanned and self.duplicates != "error" and not self._warned_duplicates:
-                self._warned_duplicates = True
-                warnings.warn(
-                    f"duplicates={self.duplicates!r} has no effect on shards the index already "
-                    "records members for (it applies when a shard is scanned); rebuild the index "
-                    "with that policy instead",
-                    stacklevel=5,  # the caller of ds[i]
-                )
-            if members is None:
-                members = self._scan(self._source(info.url), info)
-                self._verified.add(shard)  # the scan just looked at the shard itself
-            if len(members) != info.nsamples:
-                raise IndexMismatchError(
-                    f"has {len(members)} samples but the index says {info.nsamples}",
-                    shard=redact_url(info.url),
-                )
-            self._keep_members(shard, members, scanned=scanned)
-            return self._members[shard]
-
     # -- readers ------------------------------------------------------------------------------
-
-    def _source(self, url: str) -> Source:
-        return Source(url, self.storage_options, self.retry)
-
-    def _check_offline(self, url: str) -> None:
-        if self.offline and not Source(url).is_local:
-            raise OfflineError("offline, and this is not a local file", shard=redact_url(url))
 
     def _reader(self, shard: int) -> ShardReader:
         """The open reader of a shard (opening and verifying it if needed); counts an access."""
@@ -474,7 +258,7 @@ class ShardListDataset:
             reader = self._open_reader(info)
             self._readers[shard] = reader
             loaded = self._load()
-            self._tables[shard] = _Table(members[0], info.url, loaded.dataset_of[shard])
+            self._tables[shard] = MemberTable(members[0], info.url, loaded.dataset_of[shard])
             return reader
 
     def _evict(self) -> None:
@@ -551,27 +335,6 @@ class ShardListDataset:
             self._readers[shard] = new
             return new
 
-    def _verify(self, shard: int, info: ShardInfo, ends: np.ndarray) -> None:
-        if self.offline and self.cache_dir is not None and not Source(info.url).is_local:
-            return  # the cache checks its copy against the index's size, etag and md5
-        self._check_offline(info.url)
-        stat = self._source(info.url).info(self._io)
-        name = redact_url(info.url)
-        if info.size is not None and stat.size != info.size:
-            raise IndexMismatchError(
-                f"size is {stat.size} bytes but the index says {info.size}", shard=name
-            )
-        if info.etag is not None and stat.etag is not None and _etag(stat.etag) != _etag(info.etag):
-            raise IndexMismatchError(
-                f"etag is {stat.etag!r} but the index says {info.etag!r}", shard=name
-            )
-        if len(ends) and int(ends.max()) > stat.size:
-            raise IndexMismatchError(
-                f"is {stat.size} bytes but the index has members up to byte {int(ends.max())}",
-                shard=name,
-            )
-        self._verified.add(shard)
-
     # -- indexing -----------------------------------------------------------------------------
 
     def _locate(self, index: Any) -> tuple[int, int, int]:
@@ -588,7 +351,7 @@ class ShardListDataset:
         return i, shard, (i - cum[shard - 1] if shard else i)
 
     def _assemble(
-        self, table: _Table, i: int, shard: int, local: int, buf: bytes, base: int
+        self, table: MemberTable, i: int, shard: int, local: int, buf: bytes, base: int
     ) -> dict[str, Any]:
         sample: dict[str, Any] = {}
         table.fill(sample, local, buf, base)
@@ -799,7 +562,7 @@ class ShardListDataset:
                 r.close()
 
     def __repr__(self) -> str:
-        what = _where(self._src) if isinstance(self._src, (str, os.PathLike)) else "<list>"
+        what = display_url(self._src) if isinstance(self._src, (str, os.PathLike)) else "<list>"
         n = "?" if self._loaded is None else str(len(self))
         return f"ShardListDataset({what!r}, samples={n}, access={self.access!r})"
 
@@ -824,13 +587,3 @@ class _ShardView:
             raise IndexError(f"index {j} out of range for a shard of {n} samples")
         start = int(self.dataset._load().cum[self.shard - 1]) if self.shard else 0
         return self.dataset._raw(start + j)
-
-
-def _etag(etag: str) -> str:
-    return etag.removeprefix("W/").strip('"')
-
-
-def _where(src: Any) -> str | None:
-    if isinstance(src, (str, os.PathLike)):
-        return redact_url(os.fspath(src))
-    return None

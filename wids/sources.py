@@ -1,0 +1,315 @@
+"""What a dataset reads: its ``shards`` argument resolved to shards, member tables and components.
+
+``ShardListDataset(shards)`` takes our index (JSON or SQLite, path or URL), a reference
+``wids-shard-index-v1`` description (path, URL, open text stream, list of dicts) or a brace
+pattern / list of shard URLs. :class:`ShardSources` loads it once, lazily, into shard infos,
+cumulative lengths and :class:`DatasetComponent` ranges; finds each shard's member table (in the
+index, or by scanning the shard, kept in ``cache_dir`` when given); keeps a remote index's shard
+list in ``cache_dir`` for ``offline`` use; and checks a shard against the index on first touch.
+
+:class:`ShardSources` is a mixin of :class:`~wids.dataset.ShardListDataset`: its state lives in
+the dataset's ``__dict__`` (assigned by the dataset's constructor and per-process reset, pickled
+by its ``__getstate__``) and is declared here. :class:`MemberTable` is one open shard's member
+table as Python lists, for the hot path.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import os
+import threading
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .errors import IndexFormatError, IndexMismatchError, OfflineError
+from .index import ShardInfo, ShardMembers
+from .remote import IOStats, RetryPolicy, Source, redact_url
+from .samples import DuplicatePolicy
+
+__all__ = ["DatasetComponent", "MemberTable", "ShardSources", "display_url"]
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetComponent:
+    """One (sub-)dataset as a range of global sample indices ``[start, stop)``."""
+
+    name: str
+    weight: float | None
+    start: int
+    stop: int
+
+
+class _Loaded:
+    """The dataset's description, loaded once: shard infos, components, where members are."""
+
+    def __init__(
+        self,
+        shards: list[ShardInfo],
+        components: list[Any],
+        name: str,
+        indexed: Callable[[int], ShardMembers | None] | None,
+    ) -> None:
+        self.infos = shards
+        self.name = name
+        self.lengths = [int(s.nsamples) for s in shards]
+        self.cum = np.cumsum(np.asarray(self.lengths, dtype=np.int64))
+        self.cum_list: list[int] = self.cum.tolist()
+        self.total = self.cum_list[-1] if self.cum_list else 0
+        starts = np.concatenate([[0], self.cum]).astype(np.int64)
+        self.components = [
+            DatasetComponent(
+                c.name or name, c.weight, int(starts[c.first_shard]), int(starts[c.stop_shard])
+            )
+            for c in components
+        ]
+        self.dataset_of = [""] * len(shards)
+        for c in components:
+            for i in range(c.first_shard, c.stop_shard):
+                self.dataset_of[i] = c.name or name or ""
+        self.indexed = indexed
+        self.shard_dicts: list[dict[str, Any]] | None = None  # built when .shards is read
+
+
+class MemberTable:
+    """One open shard's member table as Python lists: the hot path indexes lists, not numpy.
+
+    Built when a shard's reader opens and dropped with it, so at most ``lru_size`` exist.
+    """
+
+    __slots__ = ("dataset", "fid", "fields", "keys", "off", "size", "ss", "url")
+
+    def __init__(self, members: ShardMembers, url: str, dataset: str) -> None:
+        self.url = url
+        self.dataset = dataset
+        self.fields = members.fields
+        blob, ko = members.key_blob, members.key_offsets.tolist()
+        self.keys = [
+            blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(ko, ko[1:], strict=False)
+        ]
+        self.ss = members.sample_start.tolist()
+        self.fid = members.member_field.tolist()
+        self.off = members.member_offset.tolist()
+        self.size = members.member_size.tolist()
+
+    def span(self, j: int) -> tuple[int, int]:
+        """The byte span ``(start, end)`` of sample ``j``'s members in the shard."""
+        last = self.ss[j + 1] - 1
+        return self.off[self.ss[j]], self.off[last] + self.size[last]
+
+    def fill(self, sample: dict[str, Any], j: int, buf: bytes, base: int) -> None:
+        """Put sample ``j``'s fields and ``__key__`` into ``sample``; ``buf`` starts at ``base``."""
+        fields, fid, off, size = self.fields, self.fid, self.off, self.size
+        for m in range(self.ss[j], self.ss[j + 1]):
+            a = off[m] - base
+            sample[fields[fid[m]]] = buf[a : a + size[m]]
+        sample["__key__"] = self.keys[j]
+
+
+def _is_shard_pattern(src: Any) -> bool:
+    if isinstance(src, (list, tuple)):
+        return len(src) > 0 and all(isinstance(s, str) for s in src)
+    if not isinstance(src, (str, os.PathLike)):
+        return False
+    s = os.fspath(src)
+    return ("{" in s and "}" in s) or s.endswith((".tar", ".tgz", ".tar.gz"))
+
+
+def display_url(src: Any) -> str | None:
+    """The ``shards`` argument as errors and ``repr`` show it: a redacted URL, or ``None``."""
+    if isinstance(src, (str, os.PathLike)):
+        return redact_url(os.fspath(src))
+    return None
+
+
+class ShardSources:
+    """The description, member tables and index checks of a ``ShardListDataset`` (a mixin).
+
+    Holds no state of its own: the attributes below are the dataset's, assigned by its
+    constructor (configuration, ``_loaded``, ``_members`` ...) or per process (``_lock``,
+    ``_verified``). ``_cache()`` is the dataset's per-process ``ShardCache``.
+    """
+
+    _src: Any
+    dataset_name: str | None
+    base: str | None
+    storage_options: dict[str, Any]
+    retry: RetryPolicy | None
+    cache_dir: str | None
+    offline: bool
+    duplicates: DuplicatePolicy
+    _io: IOStats
+    _lock: threading.RLock
+    _loaded: _Loaded | None
+    _members: dict[int, tuple[ShardMembers, np.ndarray, np.ndarray]]
+    _scanned: set[int]  # member tables that came from scanning (costly)
+    _warned_duplicates: bool
+    _verified: set[int]
+
+    def _cache(self) -> Any:
+        raise NotImplementedError  # the dataset's
+
+    # -- the description ----------------------------------------------------------------------
+
+    def _load(self) -> _Loaded:
+        loaded = self._loaded
+        if loaded is None:
+            with self._lock:
+                if self._loaded is None:
+                    self._loaded = self._load_description()
+                loaded = self._loaded
+        return loaded
+
+    def _load_description(self) -> _Loaded:
+        src = self._src
+        if _is_shard_pattern(src):
+            return self._load_pattern(src)
+        if isinstance(src, (str, os.PathLike)):
+            reader = self._open_index(os.fspath(src))
+            shards, components = list(reader.shards), list(reader.components)
+            name = self.dataset_name or reader.name or ""
+            loaded = _Loaded(shards, components, name, reader.members)
+        else:
+            from .spec import load_spec
+
+            spec = load_spec(src, storage_options=self.storage_options, base=self.base)
+            name = self.dataset_name or spec.name or ""
+            loaded = _Loaded(list(spec.shards), list(spec.components), name, None)
+        if not loaded.infos:
+            raise IndexFormatError("the dataset has no shards", shard=display_url(src))
+        return loaded
+
+    def _open_index(self, url: str) -> Any:
+        """Open the index; with ``cache_dir``, a remote index's shard list is kept for offline."""
+        from .index import open_index
+
+        remote = self.cache_dir is not None and not Source(url).is_local
+        if self.offline and remote:
+            from .subset import open_snapshot
+
+            return open_snapshot(url, self.cache_dir)  # type: ignore[arg-type]
+        self._check_offline(url)
+        kwargs = {"base": self.base} if self.base is not None else {}
+        reader = open_index(url, self.storage_options, **kwargs)
+        if remote:
+            from .subset import save_snapshot
+
+            save_snapshot(reader, url, self.cache_dir, self.storage_options)  # type: ignore[arg-type]
+        return reader
+
+    def _load_pattern(self, src: Any) -> _Loaded:
+        from .spec import Component, expand_braces
+
+        urls: list[str] = []
+        for s in [src] if isinstance(src, (str, os.PathLike)) else src:
+            urls += expand_braces(os.fspath(s))
+        if self.base is not None:
+            from .spec import resolve_url
+
+            urls = [resolve_url(u, self.base) for u in urls]
+        if not urls:
+            raise IndexFormatError("the shard pattern names no shards", shard=display_url(src))
+        with cf.ThreadPoolExecutor(max_workers=min(8, len(urls))) as pool:
+            tables = list(pool.map(lambda u: self._scan(self._source(u)), urls))
+        infos = [ShardInfo(u, len(m)) for u, m in zip(urls, tables, strict=True)]
+        for i, m in enumerate(tables):
+            self._keep_members(i, m, scanned=True)
+        name = self.dataset_name or ""
+        return _Loaded(infos, [Component(name, None, 0, len(infos))], name, None)
+
+    # -- members ------------------------------------------------------------------------------
+
+    def _scan(self, source: Source, expected: ShardInfo | None = None) -> ShardMembers:
+        from .build import scan_cached, scan_shard
+
+        if self.offline and self.cache_dir is not None and not source.is_local:
+            # Offline (index snapshot without member tables): scan the cached copy.
+            info = expected or ShardInfo(source.url, 0)
+            expect = {"size": info.size, "etag": info.etag, "md5sum": info.md5sum}
+            with self._cache().open(source, **expect) as cached:
+                return self._scan(Source(cached.path))
+        self._check_offline(source.url)
+        if self.cache_dir is not None:
+            return scan_cached(
+                source,
+                cache_dir=self.cache_dir,
+                expected=expected,
+                duplicates=self.duplicates,
+                stats=self._io,
+            )
+        _, members, _ = scan_shard(source, duplicates=self.duplicates, stats=self._io)
+        return members
+
+    def _keep_members(self, shard: int, members: ShardMembers, *, scanned: bool) -> None:
+        starts, ends = members.spans()
+        self._members[shard] = (members, starts, ends)
+        if scanned:
+            self._scanned.add(shard)
+
+    def _shard_members(self, shard: int) -> tuple[ShardMembers, np.ndarray, np.ndarray]:
+        got = self._members.get(shard)
+        if got is not None:
+            return got
+        with self._lock:
+            got = self._members.get(shard)
+            if got is not None:
+                return got
+            loaded = self._load()
+            info = loaded.infos[shard]
+            members = loaded.indexed(shard) if loaded.indexed is not None else None
+            scanned = members is None
+            if not scanned and self.duplicates != "error" and not self._warned_duplicates:
+                self._warned_duplicates = True
+                warnings.warn(
+                    f"duplicates={self.duplicates!r} has no effect on shards the index already "
+                    "records members for (it applies when a shard is scanned); rebuild the index "
+                    "with that policy instead",
+                    stacklevel=5,  # the caller of ds[i]
+                )
+            if members is None:
+                members = self._scan(self._source(info.url), info)
+                self._verified.add(shard)  # the scan just looked at the shard itself
+            if len(members) != info.nsamples:
+                raise IndexMismatchError(
+                    f"has {len(members)} samples but the index says {info.nsamples}",
+                    shard=redact_url(info.url),
+                )
+            self._keep_members(shard, members, scanned=scanned)
+            return self._members[shard]
+
+    # -- storage ------------------------------------------------------------
+
+    def _source(self, url: str) -> Source:
+        return Source(url, self.storage_options, self.retry)
+
+    def _check_offline(self, url: str) -> None:
+        if self.offline and not Source(url).is_local:
+            raise OfflineError("offline, and this is not a local file", shard=redact_url(url))
+
+    def _verify(self, shard: int, info: ShardInfo, ends: np.ndarray) -> None:
+        if self.offline and self.cache_dir is not None and not Source(info.url).is_local:
+            return  # the cache checks its copy against the index's size, etag and md5
+        self._check_offline(info.url)
+        stat = self._source(info.url).info(self._io)
+        name = redact_url(info.url)
+        if info.size is not None and stat.size != info.size:
+            raise IndexMismatchError(
+                f"size is {stat.size} bytes but the index says {info.size}", shard=name
+            )
+        if info.etag is not None and stat.etag is not None and _etag(stat.etag) != _etag(info.etag):
+            raise IndexMismatchError(
+                f"etag is {stat.etag!r} but the index says {info.etag!r}", shard=name
+            )
+        if len(ends) and int(ends.max()) > stat.size:
+            raise IndexMismatchError(
+                f"is {stat.size} bytes but the index has members up to byte {int(ends.max())}",
+                shard=name,
+            )
+        self._verified.add(shard)
+
+
+def _etag(etag: str) -> str:
+    return etag.removeprefix("W/").strip('"')
