@@ -7,7 +7,7 @@ import json
 import os
 
 import pytest
-from serverfixtures import _NGINX_CONF, NGINX, free_port, start_process, stop_process
+from serverfixtures import HttpServer
 from tar_oracle import dataset_samples, strip_meta
 
 from wids.build import build_index
@@ -23,16 +23,8 @@ NS, NSAMPLES = 5, 12
 
 
 def _start_nginx(tmp_path, root):
-    work = tmp_path / "nginx"
-    work.mkdir()
-    port = free_port()
-    user = "user root;" if os.geteuid() == 0 else ""
-    conf = work / "nginx.conf"
-    conf.write_text(_NGINX_CONF.format(user=user, work=work, port=port, root=root))
-    proc = start_process(
-        [NGINX, "-c", str(conf), "-p", str(work)], f"http://127.0.0.1:{port}/", work / "out.log"
-    )
-    return proc, f"http://127.0.0.1:{port}"
+    server = HttpServer(root, tmp_path / "nginx", workers=1)
+    return server, server.base
 
 
 @pytest.mark.servers
@@ -47,7 +39,7 @@ def test_subset_then_offline_with_the_server_stopped(tmp_path, capsys):
         extra_fields=True,
     )
     oracle = dataset_samples(paths)
-    proc, base = _start_nginx(tmp_path, root)
+    server, base = _start_nginx(tmp_path, root)
     try:
         urls = [f"{base}/train/{os.path.basename(p)}" for p in paths]
         build_index(urls, str(root / "train.json"), name="train")  # the index is remote too
@@ -59,7 +51,7 @@ def test_subset_then_offline_with_the_server_stopped(tmp_path, capsys):
         assert main(["subset", index_url, "--shards", "1:3", "--to", str(small), "-q"]) == 0
         assert "(0 copied)" in capsys.readouterr().out
     finally:
-        stop_process(proc)
+        server.stop()
     with pytest.raises(OSError):
         Source(index_url).info()  # really gone
     index = str(small / "train.json")
@@ -215,7 +207,7 @@ def test_remote_index_offline_from_the_cache_with_the_server_stopped(tmp_path):
     )
     oracle = dataset_samples(paths)
     cache_dir = tmp_path / "cache"
-    proc, base = _start_nginx(tmp_path, root)
+    server, base = _start_nginx(tmp_path, root)
     try:
         urls = [f"{base}/d/{os.path.basename(p)}" for p in paths]
         build_index(urls, str(root / "train.json"), name="train")
@@ -227,7 +219,7 @@ def test_remote_index_offline_from_the_cache_with_the_server_stopped(tmp_path):
             assert strip_meta(online[i]) == oracle[i]
         online.close()
     finally:
-        stop_process(proc)
+        server.stop()
     for access in ("auto", "shard"):
         ds = ShardListDataset(
             index_url, access=access, cache_dir=cache_dir, offline=True, transformations=[]

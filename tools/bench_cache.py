@@ -24,101 +24,18 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
-import wids.cache  # noqa: F401 - imported up front, not inside the first timing
-from wids import ShardListDataset
-from wids.build import build_index
-from wids.sampler import ChunkedSampler
-from wids.synth import write_dataset
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from localservers import Nginx  # noqa: E402
 
-_NGINX = """\
-{user}
-daemon off;
-worker_processes 2;
-pid {work}/nginx.pid;
-error_log {work}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    client_body_temp_path {work}/client_temp;
-    proxy_temp_path {work}/proxy_temp;
-    fastcgi_temp_path {work}/fastcgi_temp;
-    uwsgi_temp_path {work}/uwsgi_temp;
-    scgi_temp_path {work}/scgi_temp;
-    default_type application/octet-stream;
-    sendfile on;
-    keepalive_requests 1000000;
-    log_format counts '$uri $status $body_bytes_sent';
-    {zone}
-    server {{
-        listen 127.0.0.1:{port};
-        root {root};
-        access_log {work}/access.log counts;
-        location / {{ {limit} }}
-    }}
-}}
-"""
-
-
-class Nginx:
-    """nginx serving ``root`` on a free port of 127.0.0.1, counting requests and bytes."""
-
-    def __init__(self, root: str, pace: int = 0) -> None:
-        self.work = tempfile.mkdtemp(prefix="wids-bench-cache-nginx-")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        conf = os.path.join(self.work, "nginx.conf")
-        user = "user root;" if os.geteuid() == 0 else ""
-        with open(conf, "w") as f:
-            zone = f"limit_req_zone $server_addr zone=pace:1m rate={pace}r/s;" if pace else ""
-            limit = "limit_req zone=pace burst=1000000;" if pace else ""
-            f.write(
-                _NGINX.format(
-                    user=user, work=self.work, port=self.port, root=root, zone=zone, limit=limit
-                )
-            )
-        exe = shutil.which("nginx") or "/usr/sbin/nginx"
-        self.proc = subprocess.Popen(
-            [exe, "-c", conf, "-p", self.work], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        self.base = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(self.base + "/", timeout=1).read()
-                break
-            except urllib.error.HTTPError:
-                break
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("nginx did not start") from None
-                time.sleep(0.1)
-
-    def counts(self) -> tuple[int, int]:
-        """(requests, body bytes) since the last reset."""
-        n = total = 0
-        with open(os.path.join(self.work, "access.log")) as f:
-            for line in f:
-                n += 1
-                total += int(line.split()[-1])
-        return n, total
-
-    def reset(self) -> None:
-        with open(os.path.join(self.work, "access.log"), "a+b") as f:
-            f.truncate(0)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        shutil.rmtree(self.work, ignore_errors=True)
+import wids.cache  # noqa: E402, F401 - imported up front, not inside the first timing
+from wids import ShardListDataset  # noqa: E402
+from wids.build import build_index  # noqa: E402
+from wids.sampler import ChunkedSampler  # noqa: E402
+from wids.synth import write_dataset  # noqa: E402
 
 
 def run_mode(mode: str, index: str, cache_dir: str | None, args: argparse.Namespace, nginx: Nginx):
@@ -151,7 +68,7 @@ def run_mode(mode: str, index: str, cache_dir: str | None, args: argparse.Namesp
 def scenario(title: str, root: str, paths: list[str], args: argparse.Namespace, pace: int) -> bool:
     """Run the three modes against nginx (request-paced if ``pace``); print; goals met?"""
     total = sum(os.path.getsize(q) for q in paths)
-    nginx = Nginx(root, pace)
+    nginx = Nginx(root, pace=pace)
     try:
         urls = [f"{nginx.base}/data/{os.path.basename(q)}" for q in paths]
         index = os.path.join(root, f"bench-{pace}.json")

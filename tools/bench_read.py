@@ -24,21 +24,22 @@ import json
 import os
 import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
-import urllib.request
 from typing import Any
 
 import numpy as np
 
-from wids import ShardListDataset
-from wids.build import build_index
-from wids.index import open_index
-from wids.synth import write_dataset
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from localservers import Nginx  # noqa: E402
+
+from wids import ShardListDataset  # noqa: E402
+from wids.build import build_index  # noqa: E402
+from wids.index import open_index  # noqa: E402
+from wids.synth import write_dataset  # noqa: E402
 
 
 def _prepare(args: argparse.Namespace) -> tuple[str, str]:
@@ -180,77 +181,6 @@ def bench_dataloader(index: str, order: list[int], spans: tuple) -> tuple[float,
 
 
 # -- HTTP -------------------------------------------------------------------------------------
-
-_NGINX = """\
-{user}
-daemon off;
-worker_processes 2;
-pid {work}/nginx.pid;
-error_log {work}/error.log warn;
-events {{ worker_connections 1024; }}
-http {{
-    client_body_temp_path {work}/client_temp;
-    proxy_temp_path {work}/proxy_temp;
-    fastcgi_temp_path {work}/fastcgi_temp;
-    uwsgi_temp_path {work}/uwsgi_temp;
-    scgi_temp_path {work}/scgi_temp;
-    default_type application/octet-stream;
-    sendfile on;
-    keepalive_requests 1000000;
-    log_format counts '$uri $status $request_method';
-    server {{
-        listen 127.0.0.1:{port};
-        root {root};
-        access_log {work}/access.log counts;
-        location / {{ }}
-    }}
-}}
-"""
-
-
-class Nginx:
-    """nginx serving ``root`` on a free port of 127.0.0.1, counting requests."""
-
-    def __init__(self, root: str) -> None:
-        self.work = tempfile.mkdtemp(prefix="wids-bench-nginx-")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        conf = os.path.join(self.work, "nginx.conf")
-        user = "user root;" if os.geteuid() == 0 else ""
-        with open(conf, "w") as f:
-            f.write(_NGINX.format(user=user, work=self.work, port=self.port, root=root))
-        exe = shutil.which("nginx") or "/usr/sbin/nginx"
-        self.proc = subprocess.Popen(
-            [exe, "-c", conf, "-p", self.work],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.base = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(self.base + "/bench.json", timeout=1).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("nginx did not start") from None
-                time.sleep(0.1)
-
-    def requests(self) -> int:
-        with open(os.path.join(self.work, "access.log")) as f:
-            return sum(1 for _ in f)
-
-    def reset(self) -> None:
-        with open(os.path.join(self.work, "access.log"), "r+b") as f:
-            f.truncate(0)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(10)
-        shutil.rmtree(self.work, ignore_errors=True)
 
 
 def bench_http(

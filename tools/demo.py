@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         if server is not None:
             server.stop()
         shutil.rmtree(work, ignore_errors=True)
-        stopped = f"{server.kind} server (pid {server.proc.pid}) stopped, " if server else ""
+        stopped = f"{server.protocol} server (pid {server.proc.pid}) stopped, " if server else ""
         print(f"done in {time.perf_counter() - t_start:.1f} s; {stopped}{work} removed")
 
 

@@ -31,16 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from faultproxy import FAULT_KINDS, FaultPlan, FaultProxy  # noqa: E402
-from serverfixtures import (  # noqa: E402
-    _NGINX_CONF,
-    NGINX,
-    HttpServer,
-    S3Server,
-    _bin,
-    free_port,
-    start_process,
-    stop_process,
-)
+from localservers import Moto, Nginx  # noqa: E402
 from tar_oracle import dataset_samples  # noqa: E402
 
 BATCH = 8
@@ -173,27 +164,15 @@ def child(rank: int, cfg: dict[str, Any], results: Any) -> None:
     )
 
 
-def start_server(backend: str, work: Path) -> tuple[Any, Any, str]:
-    """Start nginx or moto; return (server object, process, upstream base URL)."""
-    port = free_port()
+def start_server(backend: str, work: Path) -> tuple[Nginx | Moto, str]:
+    """Start nginx or moto; return (server, upstream base URL)."""
     if backend == "http":
         root = work / "www"
         root.mkdir()
-        user = "user root;" if os.geteuid() == 0 else ""
-        conf = work / "nginx.conf"
-        conf.write_text(_NGINX_CONF.format(user=user, work=work, port=port, root=root))
-        proc = start_process(
-            [NGINX, "-c", str(conf), "-p", str(work)], f"http://127.0.0.1:{port}/", work / "o.log"
-        )
-        server: Any = HttpServer(port, root, work / "access.log")
-        return server, proc, server.base
-    proc = start_process(
-        [_bin("moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        f"http://127.0.0.1:{port}/moto-api/",
-        work / "moto.log",
-    )
-    server = S3Server(port)
-    return server, proc, server.endpoint
+        nginx = Nginx(root, work / "nginx", workers=1)
+        return nginx, nginx.base
+    moto = Moto("wids-test", work / "moto")
+    return moto, moto.endpoint
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -233,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         digests = [digest(s) for s in dataset_samples(paths)]
         (work / "digests.json").write_text(json.dumps(digests))
-        server, proc, upstream = start_server(args.backend, work)
+        server, upstream = start_server(args.backend, work)
         proxy = FaultProxy(upstream).start()
         try:
             for p in paths:
@@ -294,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
             counts = proxy.counts()
         finally:
             proxy.stop()
-            stop_process(proc)
+            server.stop()
 
     served = sum(r["served"] for r in reports)
     wrong = sum(r["wrong"] for r in reports)
