@@ -121,6 +121,9 @@ async def _start_session(fs: Any) -> None:
             return
 
 
+_timeout_cm = getattr(asyncio, "timeout", None)
+
+
 async def _retry_async(
     attempts: _Attempts, fn: Callable[[], Awaitable[T]], size: Callable[[T], int], fs: Any
 ) -> T:
@@ -128,7 +131,13 @@ async def _retry_async(
         timeout = attempts.begin()
         try:
             await _start_session(fs)
-            result = await asyncio.wait_for(fn(), timeout)
+            # asyncio.timeout (3.11+) bounds the attempt without wrapping it in a new task,
+            # which wait_for does: a measurable cost at thousands of ranges per second.
+            if _timeout_cm is not None:
+                async with _timeout_cm(timeout):
+                    result = await fn()
+            else:
+                result = await asyncio.wait_for(fn(), timeout)
         except Exception as exc:
             await asyncio.sleep(attempts.failed(exc))
             continue
