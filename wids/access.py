@@ -57,7 +57,8 @@ class RangeReader(ShardReader):
 
     def read_span(self, start: int, end: int, stats: IOStats | None = None) -> bytes:
         """Return exactly the bytes ``[start, end)`` of the shard, with one request."""
-        assert self.source is not None  # for mypy: always set here
+        if self.source is None:  # set by the constructor; cleared only by close()
+            raise RuntimeError("read from a closed shard reader")
         return self.source.read_range(start, end, stats)
 
     def close(self) -> None:
@@ -86,7 +87,8 @@ class LocalReader(RangeReader):
         self._pid = 0
 
     def _open(self) -> int | None:
-        assert self.source is not None and self.source.local_path is not None
+        if self.source is None or self.source.local_path is None:
+            raise RuntimeError("local reader without a local path")
         try:
             self._fd = os.open(self.source.local_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         except OSError:
@@ -235,7 +237,8 @@ def fetch_blocks(
         for i in remote:
             b = blocks[i]
             src = readers[b.shard].source
-            assert src is not None  # for mypy: chosen above
+            if src is None:  # an invariant, kept under python -O
+                raise RuntimeError("internal error: src is not set")
             reqs.append((src, b.start, b.end))
         for i, data in zip(remote, read_ranges(reqs, stats), strict=True):
             out[i] = data

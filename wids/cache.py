@@ -563,7 +563,8 @@ class ShardCache:
             # The data is fsynced (its bytes must be right after a crash); the record and the
             # directory are not: losing either only makes the entry invalid (refetched),
             # since the record names the data file's inode, size and mtime.
-            assert tmp.fd is not None
+            if tmp.fd is None:  # an invariant, kept under python -O
+                raise RuntimeError("internal error: tmp.fd is not set")
             os.fsync(tmp.fd)
             tmp.publish(data, fsync=False)
         st = os.stat(data)
@@ -613,7 +614,8 @@ class ShardCache:
         self.evict_to(self.max_bytes - size)
 
     def _evict_quietly(self) -> None:
-        assert self.max_bytes is not None
+        if self.max_bytes is None:  # an invariant, kept under python -O
+            raise RuntimeError("internal error: self.max_bytes is not set")
         try:
             self.evict_to(self.max_bytes)
         except (OSError, LockTimeoutError) as e:  # a failed eviction must not fail a read

@@ -279,7 +279,8 @@ class ShardListDataset(ShardSources):
         if self._shard_cache is None:
             from .cache import ShardCache
 
-            assert self.cache_dir is not None  # callers check
+            if self.cache_dir is None:  # callers check; a bug if reached
+                raise RuntimeError("the shard cache needs cache_dir")
             self._shard_cache = ShardCache(
                 self.cache_dir, max_bytes=self.cache_size, keep=self.keep, offline=self.offline
             )

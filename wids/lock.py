@@ -212,7 +212,8 @@ class FileLock:
                 raise RuntimeError(f"{self.path}: cannot change the mode of a lock not held")
             if self._count != 1:
                 raise RuntimeError(f"{self.path}: cannot change mode while held re-entrantly")
-            assert self._fd is not None
+            if self._fd is None:  # held locks always have a descriptor
+                raise RuntimeError(f"{self.path}: lock held without a descriptor")
             deadline = None if wait is None else time.monotonic() + wait
             ok = _flock_wait(self._fd, op, wait)
             if ok and not _same_file(self._fd, self.path):
@@ -394,7 +395,8 @@ def atomic_write(
         raise ValueError(f"mode must be 'w' or 'wb', got {mode!r}")
     dest = os.fspath(path)
     with TempFile(os.path.dirname(dest) or ".", os.path.basename(dest)) as tmp:
-        assert tmp.fd is not None
+        if tmp.fd is None:
+            raise RuntimeError(f"{dest}: temporary file is not open")
         with open(
             os.dup(tmp.fd), mode, encoding=(encoding or "utf-8") if mode == "w" else None
         ) as f:

@@ -304,13 +304,15 @@ class Source:
             options = _with_defaults(self.url, self.storage_options, self.retry)
             self._fs, self._path = fsspec.core.url_to_fs(self.url, **options)
             self._pid = pid
-        assert self._path is not None  # for mypy; set together with _fs
+        if self._path is None:  # an invariant, kept under python -O
+            raise RuntimeError("internal error: self._path is not set")
         return self._fs, self._path
 
     def _local_fd(self) -> int:
         pid = os.getpid()
         if self._fd is None or self._pid != pid:
-            assert self.local_path is not None  # for mypy; set for every local Source
+            if self.local_path is None:  # an invariant, kept under python -O
+                raise RuntimeError("internal error: self.local_path is not set")
             try:
                 fd = os.open(self.local_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             except FileNotFoundError:

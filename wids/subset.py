@@ -76,7 +76,8 @@ def select_shards(
     if shards is not None:
         chosen = list(range(len(lengths)))[shards]
     else:
-        assert samples is not None
+        if samples is None:
+            raise ValueError("give shards or samples")
         if samples < 1:
             raise ValueError(f"samples must be >= 1, got {samples}")
         chosen, total = [], 0
