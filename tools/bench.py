@@ -196,6 +196,16 @@ def read_section(t: Table, index: str, order: list[int], spans: tuple) -> None:
     fname = "os.pread of the sample spans"
     t.add("read", fname, floor, "samples/s", note=f"{len(order):,} random samples")
     t.add("read", "ds[i], local shards", ours, "samples/s", fname)
+    ours10, _ = bench_read.bench_local(index, order, spans, lru_size=10)
+    t.add(
+        "read",
+        "ds[i], local, default lru_size=10",
+        ours10,
+        "samples/s",
+        fname,
+        f"{len(spans[0])} shards"
+        + (": random access reopens shards" if len(spans[0]) > 10 else ""),
+    )
 
 
 def loader_section(t: Table, index: str, order: list[int], spans: tuple) -> None:

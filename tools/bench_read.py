@@ -95,14 +95,21 @@ def _rate(n: int, seconds: float) -> float:
 # -- local ----------------------------------------------------------------------------------
 
 
-def bench_local(index: str, order: list[int], spans: tuple) -> tuple[float, float]:
+def bench_local(
+    index: str, order: list[int], spans: tuple, lru_size: int | None = None
+) -> tuple[float, float]:
+    """Random ``ds[i]`` vs ``os.pread`` of the same spans (samples/s, best round of each).
+
+    ``lru_size=None`` keeps every shard open (the floor's situation); the dataset's default
+    (10) with more shards than that reopens shards as random access moves between them.
+    """
     urls, cum, starts, ends = spans
     fds = [os.open(u, os.O_RDONLY) for u in urls]
     plan = []
     for i in order:
         s, j = _locate(cum, i)
         plan.append((fds[s], int(starts[s][j]), int(ends[s][j] - starts[s][j])))
-    ds = ShardListDataset(index, transformations=[], lru_size=len(urls))
+    ds = ShardListDataset(index, transformations=[], lru_size=lru_size or len(urls))
     ds[0]
     floor = ours = 0.0
     for _ in range(ROUNDS):  # alternate, keep the best round of each

@@ -391,9 +391,8 @@ class ShardListDataset(ShardSources):
             except KeyError:  # another thread has just evicted it
                 pass
         table = self._tables[shard]
-        ss, off, size = table.ss, table.off, table.size
-        first, stop = ss[local], ss[local + 1]
-        start, end = off[first], off[stop - 1] + size[stop - 1]
+        fids, offs, sizes = table.rows(local)
+        start, end = offs[0], offs[-1] + sizes[-1]
         try:
             if self._promotable:  # before the read: a promotion then overlaps with it
                 self._requested(shard, reader, end - start)
@@ -405,12 +404,12 @@ class ShardListDataset(ShardSources):
         counts["samples"] += 1
         if reader.cached:
             counts["cache_hits"] += 1
-        fields, fid = table.fields, table.fid
+        fields = table.fields
         sample: dict[str, Any] = {}
-        for m in range(first, stop):
-            a = off[m] - start
-            sample[fields[fid[m]]] = buf[a : a + size[m]]
-        sample["__key__"] = table.keys[local]
+        for f, o, n in zip(fids, offs, sizes, strict=True):
+            a = o - start
+            sample[fields[f]] = buf[a : a + n]
+        sample["__key__"] = table.key(local)
         sample["__index__"] = i
         sample["__shard__"] = table.url
         sample["__shardindex__"] = local

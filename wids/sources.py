@@ -75,38 +75,53 @@ class _Loaded:
 
 
 class MemberTable:
-    """One open shard's member table as Python lists: the hot path indexes lists, not numpy.
+    """One open shard's member table, read one sample at a time.
 
-    Built when a shard's reader opens and dropped with it, so at most ``lru_size`` exist.
+    A thin view over the shard's ``ShardMembers`` arrays: building it costs nothing, so
+    reopening a shard (random access over more shards than ``lru_size``) stays cheap. Each
+    sample's rows are taken with small slices; keys are decoded when their sample is read.
     """
 
-    __slots__ = ("dataset", "fid", "fields", "keys", "off", "size", "ss", "url")
+    __slots__ = ("blob", "dataset", "fields", "fid", "ko", "off", "size", "ss", "url")
 
     def __init__(self, members: ShardMembers, url: str, dataset: str) -> None:
         self.url = url
         self.dataset = dataset
         self.fields = members.fields
-        blob, ko = members.key_blob, members.key_offsets.tolist()
-        self.keys = [
-            blob[a:b].decode("utf-8", "surrogateescape") for a, b in zip(ko, ko[1:], strict=False)
-        ]
-        self.ss = members.sample_start.tolist()
-        self.fid = members.member_field.tolist()
-        self.off = members.member_offset.tolist()
-        self.size = members.member_size.tolist()
+        self.blob = members.key_blob
+        self.ko = members.key_offsets
+        self.ss = members.sample_start
+        self.fid = members.member_field
+        self.off = members.member_offset
+        self.size = members.member_size
+
+    def key(self, j: int) -> str:
+        """The key of sample ``j``."""
+        a, b = self.ko[j : j + 2].tolist()
+        return self.blob[a:b].decode("utf-8", "surrogateescape")
+
+    def rows(self, j: int) -> tuple[list[int], list[int], list[int]]:
+        """Sample ``j``'s members: field ids, data offsets and sizes, as lists."""
+        first, stop = self.ss[j : j + 2].tolist()
+        return (
+            self.fid[first:stop].tolist(),
+            self.off[first:stop].tolist(),
+            self.size[first:stop].tolist(),
+        )
 
     def span(self, j: int) -> tuple[int, int]:
         """The byte span ``(start, end)`` of sample ``j``'s members in the shard."""
-        last = self.ss[j + 1] - 1
-        return self.off[self.ss[j]], self.off[last] + self.size[last]
+        first, stop = self.ss[j : j + 2].tolist()
+        return int(self.off[first]), int(self.off[stop - 1] + self.size[stop - 1])
 
     def fill(self, sample: dict[str, Any], j: int, buf: bytes, base: int) -> None:
         """Put sample ``j``'s fields and ``__key__`` into ``sample``; ``buf`` starts at ``base``."""
-        fields, fid, off, size = self.fields, self.fid, self.off, self.size
-        for m in range(self.ss[j], self.ss[j + 1]):
-            a = off[m] - base
-            sample[fields[fid[m]]] = buf[a : a + size[m]]
-        sample["__key__"] = self.keys[j]
+        fields = self.fields
+        fids, offs, sizes = self.rows(j)
+        for f, o, n in zip(fids, offs, sizes, strict=True):
+            a = o - base
+            sample[fields[f]] = buf[a : a + n]
+        sample["__key__"] = self.key(j)
 
 
 def _is_shard_pattern(src: Any) -> bool:
