@@ -65,6 +65,8 @@ from .errors import (
 )
 from .lock import TEMP_SUFFIX, FileLock, TempFile, atomic_write, remove_stale_temps
 from .promote import Promoter
+from .redact import redact_url
+from .remote import comparable_etag
 
 if TYPE_CHECKING:
     from .remote import IOStats, Source
@@ -94,21 +96,6 @@ def entry_key(url: str) -> str:
 
 def _url_hash(url: str) -> str:
     return hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def _redact(url: str) -> str:
-    from .remote import redact_url
-
-    return redact_url(url)
-
-
-def _norm_etag(etag: str | None) -> str | None:
-    if etag is None:
-        return None
-    etag = etag.strip()
-    if etag.startswith("W/"):
-        etag = etag[2:]
-    return etag.strip('"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +140,7 @@ class CachedShard:
         self._on_close: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
-        return f"CachedShard({_redact(self.url)!r}, {self.path!r})"
+        return f"CachedShard({redact_url(self.url)!r}, {self.path!r})"
 
     def __reduce__(self) -> Any:
         raise TypeError("CachedShard holds a file lock and cannot be pickled; reopen it")
@@ -174,14 +161,14 @@ class CachedShard:
             raise ValueError(f"range {start}:{end} is not inside 0:{self.size}")
         fd = self._fd
         if fd is None:
-            raise CacheError("read from a closed cached shard", shard=_redact(self.url))
+            raise CacheError("read from a closed cached shard", shard=redact_url(self.url))
         parts, pos = [], start
         while pos < end:
             chunk = os.pread(fd, end - pos, pos)
             if not chunk:
                 raise CacheError(
                     f"cached file {self.path} ends at {pos}, expected {self.size} bytes",
-                    shard=_redact(self.url),
+                    shard=redact_url(self.url),
                 )
             parts.append(chunk)
             pos += len(chunk)
@@ -351,13 +338,13 @@ class ShardCache:
                     return shard
                 if self.offline:
                     raise OfflineError(
-                        f"offline, and not in the cache {self.cache_dir}", shard=_redact(url)
+                        f"offline, and not in the cache {self.cache_dir}", shard=redact_url(url)
                     )
                 if fetches >= _MAX_ATTEMPTS:
                     raise CacheError(
                         f"entry was evicted {fetches} times while being opened; the budget "
                         f"max_bytes={self.max_bytes} is too small for the shards open at once",
-                        shard=_redact(url),
+                        shard=redact_url(url),
                     )
             except BaseException:
                 lock.release()
@@ -392,7 +379,7 @@ class ShardCache:
                 return False
             raise LockTimeoutError(
                 f"cache entry busy for {self.lock_timeout:g} s; lock file {lock.path}",
-                shard=_redact(url),
+                shard=redact_url(url),
             ) from e
 
     def open_cached(
@@ -430,14 +417,14 @@ class ShardCache:
             raise LockTimeoutError(
                 f"cache entry busy for {self.lock_timeout:g} s (another process fetching it?); "
                 f"lock file {lock.path}",
-                shard=_redact(url),
+                shard=redact_url(url),
             ) from e
 
     def _check_fits(self, url: str, size: int) -> None:
         if self.max_bytes is not None and size > self.max_bytes:
             raise CacheBudgetError(
                 f"shard is {size} bytes, larger than the cache budget of {self.max_bytes} bytes",
-                shard=_redact(url),
+                shard=redact_url(url),
             )
 
     def _read_record(self, key: str) -> dict[str, Any] | None:
@@ -475,7 +462,7 @@ class ShardCache:
         if size is not None and size != st.st_size:
             return None
         if etag is not None and rec.get("etag") is not None:
-            if _norm_etag(etag) != _norm_etag(rec["etag"]):
+            if comparable_etag(etag) != comparable_etag(rec["etag"]):
                 return None
         if md5sum is not None and rec.get("md5sum") != md5sum.lower():
             return None
@@ -537,27 +524,27 @@ class ShardCache:
     ) -> None:
         self._remove_entry_files(key)
         self._make_room(size or 0, url)
-        log.info("cache: fetching %s", _redact(url))
+        log.info("cache: fetching %s", redact_url(url))
         with TempFile(os.path.join(self.cache_dir, "tmp"), key) as tmp:
             result = download(tmp.path)
             got = os.stat(tmp.path).st_size
             if size is not None and got != size:
                 raise IndexMismatchError(
-                    f"downloaded {got} bytes, the index says {size}", shard=_redact(url)
+                    f"downloaded {got} bytes, the index says {size}", shard=redact_url(url)
                 )
             self._check_fits(url, got)
             got_etag = getattr(result, "etag", None)
             if etag is not None and got_etag is not None:
-                if _norm_etag(etag) != _norm_etag(got_etag):
+                if comparable_etag(etag) != comparable_etag(got_etag):
                     raise IndexMismatchError(
                         f"etag is {got_etag}, the index says {etag}: the shard changed",
-                        shard=_redact(url),
+                        shard=redact_url(url),
                     )
             if md5sum is not None:
                 actual = _md5_file(tmp.path)
                 if actual != md5sum.lower():
                     raise IndexMismatchError(
-                        f"md5 is {actual}, the index says {md5sum}", shard=_redact(url)
+                        f"md5 is {actual}, the index says {md5sum}", shard=redact_url(url)
                     )
             data = self._data(key)
             # The data is fsynced (its bytes must be right after a crash); the record and the
@@ -572,10 +559,10 @@ class ShardCache:
         rec = {
             "format": _FORMAT,
             "version": _VERSION,
-            "url": _redact(url),
+            "url": redact_url(url),
             "url_sha256": _url_hash(url),
             "size": st.st_size,
-            "etag": _norm_etag(got_etag if got_etag is not None else etag),
+            "etag": comparable_etag(got_etag if got_etag is not None else etag),
             "md5sum": md5sum.lower() if md5sum is not None else None,
             "file_ino": st.st_ino,
             "file_mtime_ns": st.st_mtime_ns,
@@ -608,7 +595,7 @@ class ShardCache:
                 raise CacheBudgetError(
                     f"cache holds {total} bytes, adding {size} exceeds the budget of "
                     f"{self.max_bytes} bytes and keep=True forbids eviction",
-                    shard=_redact(url),
+                    shard=redact_url(url),
                 )
             return
         self.evict_to(self.max_bytes - size)

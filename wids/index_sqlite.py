@@ -42,6 +42,7 @@ import numpy as np
 
 from .errors import IndexFormatError
 from .index import ShardInfo, ShardMembers
+from .redact import redact_url
 from .spec import Component, resolve_url, url_dir
 
 __all__ = ["FORMAT", "SCHEMA_VERSION", "SqliteIndex", "SqliteIndexWriter"]
@@ -58,12 +59,6 @@ _MEMBERS_QUERY = (
     'SELECT sample_idx, field_id, "offset", size FROM members WHERE shard_id = ? '
     "ORDER BY sample_idx, rowid"
 )
-
-
-def _redact(url: str) -> str:
-    from .remote import redact_url
-
-    return redact_url(url)
 
 
 def _remove_tree(path: str, pid: int) -> None:
@@ -102,7 +97,7 @@ class SqliteIndex:
         self._fields: list[str] = []
 
     def __repr__(self) -> str:
-        return f"SqliteIndex({_redact(self.url)!r})"
+        return f"SqliteIndex({redact_url(self.url)!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -141,7 +136,7 @@ class SqliteIndex:
                 if not os.path.exists(path):
                     from .errors import ShardNotFoundError
 
-                    raise ShardNotFoundError("no such index file", shard=_redact(self.url))
+                    raise ShardNotFoundError("no such index file", shard=redact_url(self.url))
                 uri = f"file:{quote(path)}?mode=ro&immutable=1"
                 self._conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
                 self._pid = os.getpid()
@@ -156,7 +151,7 @@ class SqliteIndex:
             ) from None
 
     def _where(self) -> str:
-        return _redact(self.url)
+        return redact_url(self.url)
 
     def _load(self) -> tuple[dict[str, str], list[ShardInfo], list[bool], list[Component]]:
         if self._state is not None:

@@ -43,6 +43,7 @@ from .retry import RetryPolicy, _Attempts, _retry_sync
 from .retry import _classify as _classify  # tests import it from here
 
 __all__ = [
+    "comparable_etag",
     "FileStat",
     "IOStats",
     "RetryPolicy",
@@ -220,6 +221,17 @@ def _mtime(info: Mapping[str, Any]) -> float | None:
         except (ValueError, TypeError, OverflowError):
             continue
     return None
+
+
+def comparable_etag(etag: str | None) -> str | None:
+    """An etag reduced to what identifies the bytes: no weak ``W/`` prefix, no quotes.
+
+    Backends and proxies disagree on quoting and weakness for the same object; compare etags
+    (index vs storage vs cache record) only through this.
+    """
+    if etag is None:
+        return None
+    return etag.strip().removeprefix("W/").strip('"')
 
 
 def _etag(info: Mapping[str, Any]) -> str | None:

@@ -27,7 +27,7 @@ import numpy as np
 
 from .errors import IndexFormatError, IndexMismatchError, OfflineError
 from .index import ShardInfo, ShardMembers
-from .remote import IOStats, RetryPolicy, Source, redact_url
+from .remote import IOStats, RetryPolicy, Source, comparable_etag, redact_url
 from .samples import DuplicatePolicy
 
 __all__ = ["DatasetComponent", "MemberTable", "ShardSources", "display_url"]
@@ -314,7 +314,11 @@ class ShardSources:
             raise IndexMismatchError(
                 f"size is {stat.size} bytes but the index says {info.size}", shard=name
             )
-        if info.etag is not None and stat.etag is not None and _etag(stat.etag) != _etag(info.etag):
+        if (
+            info.etag is not None
+            and stat.etag is not None
+            and comparable_etag(stat.etag) != comparable_etag(info.etag)
+        ):
             raise IndexMismatchError(
                 f"etag is {stat.etag!r} but the index says {info.etag!r}", shard=name
             )
@@ -324,7 +328,3 @@ class ShardSources:
                 shard=name,
             )
         self._verified.add(shard)
-
-
-def _etag(etag: str) -> str:
-    return etag.removeprefix("W/").strip('"')

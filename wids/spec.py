@@ -40,6 +40,7 @@ from typing import Any
 
 from .errors import IndexFormatError
 from .index import ShardInfo
+from .redact import redact_url
 
 __all__ = ["KIND", "Component", "Spec", "expand_braces", "load_spec", "resolve_url", "url_dir"]
 
@@ -234,12 +235,6 @@ def _parse_json(data: bytes | str, where: _Where) -> Any:
         raise where.error(f"not valid JSON: {e}") from None
 
 
-def _redact(url: str) -> str:
-    from .remote import redact_url
-
-    return redact_url(url)
-
-
 class _Loader:
     """Walks a description and its sub-datasets, accumulating shards and components."""
 
@@ -252,7 +247,7 @@ class _Loader:
         self.visiting: list[str] = []
 
     def load_file(self, url: str) -> Any:
-        where = _Where(_redact(url))
+        where = _Where(redact_url(url))
         if url in self.visiting:
             raise where.error("source_url cycle: " + " -> ".join(self.visiting))
         if len(self.visiting) >= _MAX_DEPTH:
@@ -317,7 +312,7 @@ class _Loader:
         try:
             self.description(
                 sub,
-                where=_Where(_redact(url)),
+                where=_Where(redact_url(url)),
                 origin=url,
                 base=resolve_url(sub_base, base) if sub_base else url_dir(url),
                 name=entry.get("name"),
@@ -453,7 +448,7 @@ def load_spec(
     if isinstance(src, (str, os.PathLike)):
         url = os.fspath(src)
         desc = loader.load_file(url)
-        where, origin, default_base = _Where(_redact(url)), url, url_dir(url)
+        where, origin, default_base = _Where(redact_url(url)), url, url_dir(url)
     elif hasattr(src, "read"):
         desc = _parse_json(src.read(), _Where("<stream>"))  # type: ignore[union-attr]
         where, origin, default_base = _Where("<stream>"), None, None
