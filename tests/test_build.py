@@ -201,3 +201,11 @@ def test_a_second_build_of_the_same_index_is_refused_while_one_runs(shards, tmp_
         with pytest.raises(LockTimeoutError):
             build_index(shards, out)
     assert build_index(shards, out).shards == 4
+
+
+def test_incremental_rebuild_reuses_file_url_shards(shards, tmp_path):
+    urls = [f"file://{p}" for p in shards]
+    out = str(tmp_path / "idx.json")
+    assert build_index(urls, out).scanned == 4
+    again = build_index(urls, out)
+    assert (again.scanned, again.reused) == (0, 4)

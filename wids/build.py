@@ -32,14 +32,12 @@ __all__ = [
     "BuildReport",
     "build_index",
     "expand_shard_args",
-    "index_backend",
     "scan_cached",
     "scan_shard",
 ]
 
 logger = logging.getLogger(__name__)
 
-_SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 _REGULAR_TYPES = frozenset(("0", "7", "\0"))
 
 
@@ -84,18 +82,12 @@ class BuildReport:
         }
 
 
-def index_backend(path: str) -> str:
-    """``"sqlite"`` or ``"json"`` from an index file name.
+def _check_output(path: str) -> None:
+    """Fail before any scanning if ``path`` names no index backend."""
+    from .index_convert import SQLITE_SUFFIXES
 
-    Raises:
-        ValueError: If the suffix names neither.
-    """
-    lower = path.lower()
-    if lower.endswith(_SQLITE_SUFFIXES):
-        return "sqlite"
-    if lower.endswith(".json"):
-        return "json"
-    raise ValueError(f"index file must end in .json or .sqlite/.db, not {path!r}")
+    if not path.lower().endswith((".json", *SQLITE_SUFFIXES)):
+        raise ValueError(f"index file must end in .json or .sqlite/.db, not {path!r}")
 
 
 def expand_shard_args(args: Iterable[str]) -> list[str]:
@@ -236,7 +228,7 @@ def build_index(
     from .lock import FileLock
 
     t0 = time.monotonic()
-    backend = index_backend(output)
+    _check_output(output)
     urls = expand_shard_args([shards] if isinstance(shards, str) else shards)
     if not urls:
         raise ValueError("no shards given")
@@ -245,7 +237,6 @@ def build_index(
         report = _build_locked(
             urls,
             output,
-            backend,
             storage_options,
             jobs,
             skip_bad,
@@ -261,7 +252,6 @@ def build_index(
 def _build_locked(
     urls: list[str],
     output: str,
-    backend: str,
     storage_options: Mapping[str, Any] | None,
     jobs: int | None,
     skip_bad: bool,
@@ -314,7 +304,7 @@ def _build_locked(
                 report.requests += nreq
                 bar(len(members))
 
-    _write(output, backend, urls, results, out_dir, name, report)
+    _write(output, urls, results, out_dir, name, report)
     return report
 
 
@@ -328,10 +318,11 @@ def _reuse(
     """Fill ``results`` from the old index where the shard is unchanged; return the rest."""
     todo = []
     for i, url in enumerate(urls):
-        key = os.path.abspath(url) if "://" not in url else url
-        prev = previous.get(key)
+        src = Source(url, storage_options)
+        local = src.local_path
+        prev = previous.get(os.path.abspath(local) if local is not None else url)
         if prev is not None:
-            stat = Source(url, storage_options).info()
+            stat = src.info()
             if _unchanged(prev[0], stat):
                 results[i] = (stat, prev[1])
                 report.reused += 1
@@ -342,18 +333,15 @@ def _reuse(
 
 def _write(
     output: str,
-    backend: str,
     urls: Sequence[str],
     results: Sequence[tuple[FileStat, ShardMembers] | None],
     out_dir: str,
     name: str | None,
     report: BuildReport,
 ) -> None:
-    if backend == "sqlite":
-        from .index_sqlite import SqliteIndexWriter as Writer
-    else:
-        from .index_json import JsonIndexWriter as Writer  # type: ignore[assignment]
-    writer = Writer(output, name=name)
+    from .index_convert import create_index_writer
+
+    writer = create_index_writer(output, name=name)
     try:
         for url, result in zip(urls, results, strict=True):
             if result is None:
@@ -372,15 +360,9 @@ def _write(
             report.bytes += stat.size
         writer.set_report(report.as_dict())
     except BaseException:
-        _abort(writer)
+        writer.abort()
         raise
     writer.close()
-
-
-def _abort(writer: Any) -> None:
-    abort = getattr(writer, "abort", None)
-    if abort is not None:
-        abort()
 
 
 def _progress(progress: bool | Callable[[int, int], None], total: int, done: int):
@@ -412,7 +394,8 @@ def _progress(progress: bool | Callable[[int, int], None], total: int, done: int
 
 def _scan_path(cache_dir: str, url: str) -> str:
     digest = hashlib.sha1(url.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    base = "".join(c if c.isalnum() or c in "-_." else "_" for c in url.rsplit("/", 1)[-1])
+    name = url.rsplit("/", 1)[-1].split("?", 1)[0]  # never a signature in a file name
+    base = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
     return os.path.join(cache_dir, "scans", f"{digest}-{base[:80]}.json")
 
 

@@ -262,10 +262,16 @@ def open_index(
     Returns:
         The opened index.
     """
+    from .errors import ShortReadError
     from .remote import Source
 
     src = Source(url, storage_options)
-    head = src.read_range(0, 16) if src.info().size >= 16 else b""
+    try:
+        head = src.read_range(0, 16)
+    except ShortReadError:  # under 16 bytes: not SQLite; the JSON reader says what it is
+        head = b""
+    finally:
+        src.close()
     if head == b"SQLite format 3\x00":
         from .index_sqlite import SqliteIndex
 
