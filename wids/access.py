@@ -57,8 +57,8 @@ class RangeReader(ShardReader):
 
     def read_span(self, start: int, end: int, stats: IOStats | None = None) -> bytes:
         """Return exactly the bytes ``[start, end)`` of the shard, with one request."""
-        if self.source is None:  # set by the constructor; cleared only by close()
-            raise RuntimeError("read from a closed shard reader")
+        if self.source is None:  # for mypy: the base class allows None; range readers set it
+            raise RuntimeError("range reader without a source")
         return self.source.read_range(start, end, stats)
 
     def close(self) -> None:
@@ -237,8 +237,8 @@ def fetch_blocks(
         for i in remote:
             b = blocks[i]
             src = readers[b.shard].source
-            if src is None:  # an invariant, kept under python -O
-                raise RuntimeError("internal error: src is not set")
+            if src is None:  # remote blocks come from range readers, which always have one
+                raise RuntimeError("internal error: remote block without a source")
             reqs.append((src, b.start, b.end))
         for i, data in zip(remote, read_ranges(reqs, stats), strict=True):
             out[i] = data

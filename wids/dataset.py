@@ -251,13 +251,13 @@ class ShardListDataset(ShardSources):
             return reader
         with self._lock:
             self._counts["misses"] += 1
-            info = self._load().infos[shard]
+            loaded = self._load()
+            info = loaded.infos[shard]
             members = self._shard_members(shard)
             if self.verify and shard not in self._verified:
-                self._verify(shard, info, members[2])
+                self._verify(shard, info, members[1])
             reader = self._open_reader(info)
             self._readers[shard] = reader
-            loaded = self._load()
             self._tables[shard] = MemberTable(members[0], info.url, loaded.dataset_of[shard])
             return reader
 
@@ -310,8 +310,7 @@ class ShardListDataset(ShardSources):
 
             self._promoter = Promoter(self._cache(), self.promote_share)
         info = self._load().infos[shard]
-        ends = self._members[shard][2]
-        shard_bytes = info.size if info.size is not None else int(ends.max(initial=0))
+        shard_bytes = info.size if info.size is not None else self._members[shard][1]
         self._promoter.requested(
             reader.source,
             nbytes,
@@ -352,7 +351,7 @@ class ShardListDataset(ShardSources):
         return i, shard, (i - cum[shard - 1] if shard else i)
 
     def _assemble(
-        self, table: MemberTable, i: int, shard: int, local: int, buf: bytes, base: int
+        self, table: MemberTable, i: int, local: int, buf: bytes, base: int
     ) -> dict[str, Any]:
         sample: dict[str, Any] = {}
         table.fill(sample, local, buf, base)
@@ -454,7 +453,7 @@ class ShardListDataset(ShardSources):
                 if buf is None:
                     blk = blocks[b]
                     buf = data[b] = readers[shard].read_span(blk.start, blk.end, self._io)
-                raws.append(self._assemble(tables[shard], i, shard, local, buf, span[1] - offset))
+                raws.append(self._assemble(tables[shard], i, local, buf, span[1] - offset))
                 uses[b] -= 1
                 if not uses[b]:  # free it now: the next read reuses the memory
                     data[b] = None

@@ -43,11 +43,11 @@ from .retry import RetryPolicy, _Attempts, _retry_sync
 from .retry import _classify as _classify  # tests import it from here
 
 __all__ = [
-    "comparable_etag",
     "FileStat",
     "IOStats",
     "RetryPolicy",
     "Source",
+    "comparable_etag",
     "is_local",
     "read_ranges",
     "redact_url",

@@ -27,7 +27,7 @@ import numpy as np
 
 from .errors import IndexFormatError, IndexMismatchError, OfflineError
 from .index import ShardInfo, ShardMembers
-from .remote import IOStats, RetryPolicy, Source, comparable_etag, redact_url
+from .remote import IOStats, RetryPolicy, Source, comparable_etag, is_local, redact_url
 from .samples import DuplicatePolicy
 
 __all__ = ["DatasetComponent", "MemberTable", "ShardSources", "display_url"]
@@ -159,7 +159,7 @@ class ShardSources:
     _io: IOStats
     _lock: threading.RLock
     _loaded: _Loaded | None
-    _members: dict[int, tuple[ShardMembers, np.ndarray, np.ndarray]]
+    _members: dict[int, tuple[ShardMembers, int]]  # table, end of its last member's data
     _scanned: set[int]  # member tables that came from scanning (costly)
     _warned_duplicates: bool
     _verified: set[int]
@@ -201,7 +201,7 @@ class ShardSources:
         """Open the index; with ``cache_dir``, a remote index's shard list is kept for offline."""
         from .index import open_index
 
-        remote = self.cache_dir is not None and not Source(url).is_local
+        remote = self.cache_dir is not None and not is_local(url)
         if self.offline and remote:
             from .subset import open_snapshot
 
@@ -259,12 +259,12 @@ class ShardSources:
         return members
 
     def _keep_members(self, shard: int, members: ShardMembers, *, scanned: bool) -> None:
-        starts, ends = members.spans()
-        self._members[shard] = (members, starts, ends)
+        ends = members.spans()[1]
+        self._members[shard] = (members, int(ends.max(initial=0)))
         if scanned:
             self._scanned.add(shard)
 
-    def _shard_members(self, shard: int) -> tuple[ShardMembers, np.ndarray, np.ndarray]:
+    def _shard_members(self, shard: int) -> tuple[ShardMembers, int]:
         got = self._members.get(shard)
         if got is not None:
             return got
@@ -301,11 +301,11 @@ class ShardSources:
         return Source(url, self.storage_options, self.retry)
 
     def _check_offline(self, url: str) -> None:
-        if self.offline and not Source(url).is_local:
+        if self.offline and not is_local(url):
             raise OfflineError("offline, and this is not a local file", shard=redact_url(url))
 
-    def _verify(self, shard: int, info: ShardInfo, ends: np.ndarray) -> None:
-        if self.offline and self.cache_dir is not None and not Source(info.url).is_local:
+    def _verify(self, shard: int, info: ShardInfo, data_end: int) -> None:
+        if self.offline and self.cache_dir is not None and not is_local(info.url):
             return  # the cache checks its copy against the index's size, etag and md5
         self._check_offline(info.url)
         stat = self._source(info.url).info(self._io)
@@ -322,9 +322,9 @@ class ShardSources:
             raise IndexMismatchError(
                 f"etag is {stat.etag!r} but the index says {info.etag!r}", shard=name
             )
-        if len(ends) and int(ends.max()) > stat.size:
+        if data_end > stat.size:
             raise IndexMismatchError(
-                f"is {stat.size} bytes but the index has members up to byte {int(ends.max())}",
+                f"is {stat.size} bytes but the index has members up to byte {data_end}",
                 shard=name,
             )
         self._verified.add(shard)
