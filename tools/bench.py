@@ -34,7 +34,6 @@ import os
 import platform
 import random
 import shutil
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -321,23 +320,7 @@ _REF_LOADER = textwrap.dedent(
 def _ref_run(venv: str, script: str, argv: list[str], timeout: float) -> dict | None:
     """Run ``script`` with the reference venv's Python; its last stdout line is JSON."""
     work = tempfile.mkdtemp(prefix="wids-bench-ref-")
-    try:
-        proc = subprocess.run(
-            [os.path.join(venv, "bin", "python"), "-c", script, *argv],
-            capture_output=True,
-            text=True,
-            cwd=work,  # so the reference's "wids" is imported, not this checkout's
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        print("reference run timed out; skipped", file=sys.stderr)
-        return None
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    if proc.returncode != 0:
-        print(f"reference run failed; skipped:\n{proc.stderr[-800:]}", file=sys.stderr)
-        return None
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return bench_read.run_reference(venv, script, argv, work, timeout)
 
 
 def reference_section(

@@ -253,32 +253,44 @@ _REF = textwrap.dedent(
 )
 
 
-def bench_reference(venv: str, index: str, order: list[int], seconds: float) -> float | None:
+def run_reference(venv: str, script: str, argv: list[str], cwd: str, timeout: float) -> dict | None:
+    """Run ``script`` with the reference venv's Python in ``cwd`` (removed afterwards).
+
+    ``cwd`` is a fresh directory so that the reference's ``wids`` is imported, not this
+    checkout's. The script's last stdout line is JSON; ``None`` (with a message) on failure.
+    """
     python = os.path.join(venv, "bin", "python")
     if not os.path.exists(python):
         print(f"reference venv {venv} not found; skipped", file=sys.stderr)
+        shutil.rmtree(cwd, ignore_errors=True)
         return None
-    cache = tempfile.mkdtemp(prefix="wids-bench-ref-")
-    order_file = os.path.join(cache, "order.json")
-    with open(order_file, "w") as f:
-        json.dump(order, f)
     try:
         proc = subprocess.run(
-            [python, "-c", _REF, index, cache, order_file, str(seconds)],
+            [python, "-c", script, *argv],
             capture_output=True,
             text=True,
-            cwd=cache,  # so the reference's "wids" is imported, not this checkout's
-            timeout=seconds * 20 + 300,
+            cwd=cwd,
+            timeout=timeout,
         )
     except subprocess.TimeoutExpired:
         print("reference run timed out; skipped", file=sys.stderr)
         return None
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(cwd, ignore_errors=True)
     if proc.returncode != 0:
         print(f"reference run failed; skipped:\n{proc.stderr[-800:]}", file=sys.stderr)
         return None
-    return float(json.loads(proc.stdout.strip().splitlines()[-1])["rate"])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench_reference(venv: str, index: str, order: list[int], seconds: float) -> float | None:
+    cache = tempfile.mkdtemp(prefix="wids-bench-ref-")
+    order_file = os.path.join(cache, "order.json")
+    with open(order_file, "w") as f:
+        json.dump(order, f)
+    argv = [index, cache, order_file, str(seconds)]
+    result = run_reference(venv, _REF, argv, cache, timeout=seconds * 20 + 300)
+    return None if result is None else float(result["rate"])
 
 
 # -- main -------------------------------------------------------------------------------------
