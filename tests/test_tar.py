@@ -557,3 +557,41 @@ def test_random_layouts_match_tarfile(
     path = tmp_path / "h.tar"
     path.write_bytes(data)
     assert scan_local_rows(path) == expected
+
+
+def test_header_mismatch_accepts_every_members_own_header(tar_fixture: Path) -> None:
+    """Every regular member's own header (512 bytes before its data) passes, in every format."""
+    data = tar_fixture.read_bytes()
+    regular = [r for r in tarfile_members(tar_fixture) if r[3] in ("0", "7")]
+    for name, offset, size, _, _ in regular:
+        assert wtar.header_mismatch(data[offset - 512 : offset], name, size) is None, name
+
+
+def test_header_mismatch_rejects_other_places(tar_fixture: Path) -> None:
+    """Another member's header, another size, or member data never pass as a member's header."""
+    data = tar_fixture.read_bytes()
+    regular = [r for r in tarfile_members(tar_fixture) if r[3] in ("0", "7")]
+    for (name, offset, size, _, _), (other, o_off, o_size, _, _) in zip(
+        regular, regular[1:], strict=False
+    ):
+        h = data[offset - 512 : offset]
+        assert wtar.header_mismatch(h, name, size + 1) is not None
+        short = len(name) <= 100 and name.isascii()
+        if short and other != name and o_size == size:
+            assert wtar.header_mismatch(data[o_off - 512 : o_off], name, size) is not None
+    assert wtar.header_mismatch(bytes(512), "a.txt", 0) is not None
+    assert wtar.header_mismatch(b"x" * 512, "a.txt", 0) is not None
+    assert wtar.header_mismatch(b"short", "a.txt", 0) is not None
+
+
+def test_header_mismatch_names_what_differs(tmp_path: Path) -> None:
+    path = write_tar(tmp_path / "a.tar", [("dir/0001.cls", b"1\n"), ("dir/0002.cls", b"7\n")])
+    data = path.read_bytes()
+    (_, off1, _, _, _), (_, off2, _, _, _) = tarfile_members(path)
+    assert wtar.header_mismatch(data[off1 - 512 : off1], "dir/0001.cls", 2) is None
+    why = wtar.header_mismatch(data[off2 - 512 : off2], "dir/0001.cls", 2)
+    assert why is not None and "dir/0002.cls" in why and "dir/0001.cls" in why
+    assert "says 1000" in (
+        wtar.header_mismatch(data[off1 - 512 : off1], "dir/0001.cls", 1000) or ""
+    )
+    assert "checksum" in (wtar.header_mismatch(data[off1 - 500 : off1 + 12], "x", 2) or "")

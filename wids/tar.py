@@ -56,6 +56,7 @@ from .errors import HeaderChecksumError, ShardNotFoundError, TarFormatError, Tru
 
 __all__ = [
     "TarMember",
+    "header_mismatch",
     "iter_members_fetch",
     "iter_members_stream",
     "scan_local",
@@ -667,6 +668,58 @@ def _bad_checksum(h: bytes, unsigned: int, off: int, shard: str | None, ext: _Ex
     raise HeaderChecksumError(
         f"{what} (stored {h[148:156]!r}, computed {unsigned})", shard=shard, offset=off
     )
+
+
+_MAX_OCTAL_SIZE = 0o77777777777  # larger sizes need base-256 or a pax ``size`` record
+
+
+def header_mismatch(h: bytes, name: str, size: int) -> str | None:
+    """Check that ``h`` is the header of a regular member ``name`` of ``size`` bytes.
+
+    This is how a reader proves that bytes it got from storage come from where the index says:
+    the 512 bytes just before a member's data are that member's own header. A header is only
+    compared on what every writer puts there: a valid checksum, a regular-file type, the size
+    (unless it needs more than 11 octal digits, when a pax record may carry it) and the name
+    when it fits the header unchanged (ASCII, at most 100 bytes). Longer or non-ASCII names
+    come from a GNU ``L`` or pax ``path`` record before the header, and writers put different
+    approximations of them in the header itself, so those are not compared.
+
+    Args:
+        h: The 512 bytes before the member's data.
+        name: The member's full name (``key + field``), as the index records it.
+        size: The member's size as the index records it.
+
+    Returns:
+        ``None`` if the header fits; otherwise what is wrong, for an error message.
+    """
+    if len(h) != BLOCK:
+        return f"{len(h)} bytes where a 512-byte member header should be"
+    if h == _ZERO:
+        return "a zero block where the member's header should be"
+    u = _unsigned_sum(h)
+    if b"%06o\0 " % u != h[148:156]:
+        try:
+            _bad_checksum(h, u, 1, None, _Ext())  # offset 1: no "not a tar archive" wording
+        except TarFormatError:
+            return "no tar header where the member's header should be (bad checksum)"
+    t = h[156]
+    if t not in (0, 48, 55):  # NUL, "0", "7"
+        return f"a header of type {chr(t)!r} where a regular file's should be"
+    try:
+        stored = _number(h, 0, None)
+    except TarFormatError:
+        return "a header with an invalid size field"
+    if stored != size and size <= _MAX_OCTAL_SIZE:
+        return f"the header says {stored} bytes where the index says {size}"
+    raw = name.encode("utf-8", "surrogateescape")
+    if len(raw) <= 100 and raw.isascii():
+        got = h[:100].partition(b"\0")[0]
+        if h[345]:
+            got = h[345:500].partition(b"\0")[0] + b"/" + got
+        if got != raw:
+            shown = got.decode("utf-8", "backslashreplace")
+            return f"the header names {shown!r} where the index says {name!r}"
+    return None
 
 
 def _compressed(head: bytes, shard: str | None) -> None:
