@@ -1,4 +1,4 @@
-"""Reference-compatibility tests, written from ../shared/COMPAT.md.
+"""Reference-compatibility tests: the contract written down in docs/compat.md.
 
 Where the reference wids (webdataset==0.2.111) is installed in its own venv at
 ``/tmp/wids-refvenv`` (or ``$WIDS_REFERENCE_VENV``), the same description is also read by it in

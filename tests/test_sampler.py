@@ -45,7 +45,7 @@ class Mixed:
 
 
 def oracle(ranges, seed, epoch, shuffle, shufflefirst, sharded=False):
-    """The reference order, written from COMPAT.md: one RNG per epoch, chunk order, chunks."""
+    """The reference order (docs/compat.md): one RNG per epoch, chunk order, chunks."""
     rng = random.Random(seed + 1289738273 * epoch)
     order = list(range(len(ranges)))
     if (shuffle or sharded) and (shufflefirst or epoch > 0):
@@ -77,7 +77,7 @@ def fake_dist(monkeypatch):
     return install
 
 
-# -- the reference's scenarios (COMPAT.md) ---------------------------------------------------
+# -- the reference's scenarios (docs/compat.md) -----------------------------------------------
 
 
 class TestChunkedSamplerReference:

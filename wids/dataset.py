@@ -65,7 +65,7 @@ class DatasetStats:
 class ShardListDataset(ShardSources):
     """A map-style dataset over WebDataset tar shards, reading only the samples asked for.
 
-    A drop-in for the reference ``wids.ShardListDataset`` (see ``COMPAT.md``), with member
+    A drop-in for the reference ``wids.ShardListDataset`` (see ``docs/compat.md``), with member
     offsets: ``ds[i]`` is one range request for that sample's bytes, wherever the shards are.
 
     Samples are dicts: field keys keep the leading dot and the full extension (``".jpg"``,

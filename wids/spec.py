@@ -1,6 +1,6 @@
 """The dataset description (``wids-shard-index-v1``): loading, validation, URLs, sub-datasets.
 
-A description is a JSON object (see ``COMPAT.md``)::
+A description is a JSON object (see ``docs/compat.md``)::
 
     {"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "train",
      "shardlist": [{"url": "train-000000.tar", "nsamples": 100, "filesize": 24371200}],
