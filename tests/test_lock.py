@@ -244,3 +244,46 @@ def test_remove_stale_temps_only_removes_dead_writers(tmp_path):
     assert os.listdir(tmp_path) == [os.path.basename(live.path)]
     live.close()
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_published_files_get_the_users_umask_not_0600(tmp_path, umask):
+    """Index files, sidecars, subset copies and cache entries all go through TempFile."""
+    old = os.umask(umask)
+    try:
+        atomic_write_bytes(tmp_path / "a.json", b"{}")
+        with TempFile(tmp_path, "b.tar") as tmp:
+            tmp.publish(tmp_path / "b.tar")
+    finally:
+        os.umask(old)
+    for name in ("a.json", "b.tar"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
+
+
+def test_writer_lock_leaves_no_lock_file_and_excludes_a_second_writer(tmp_path):
+    from wids.lock import writer_lock
+
+    dest = tmp_path / "train.json"
+    with writer_lock(dest) as lk:
+        assert lk.locked and os.path.exists(str(dest) + ".lock")
+        with pytest.raises(LockTimeoutError):
+            FileLock(str(dest) + ".lock", timeout=0).acquire()
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ZeroDivisionError), writer_lock(dest):
+        raise ZeroDivisionError
+    assert os.listdir(tmp_path) == []
+
+
+def test_writer_lock_removes_a_stale_lock_but_never_a_users_file(tmp_path):
+    from wids.lock import writer_lock
+
+    stale = tmp_path / "a.json.lock"
+    stale.write_bytes(b"")  # what older versions (or a killed writer) left behind
+    with writer_lock(tmp_path / "a.json"):
+        pass
+    assert not stale.exists()
+    mine = tmp_path / "b.json.lock"
+    mine.write_bytes(b"my notes")
+    with writer_lock(tmp_path / "b.json"):
+        pass
+    assert mine.read_bytes() == b"my notes"

@@ -225,7 +225,7 @@ def build_index(
     Example:
         >>> build_index("data/train-{000000..000031}.tar", "data/train.json")  # doctest: +SKIP
     """
-    from .lock import FileLock
+    from .lock import writer_lock
 
     t0 = time.monotonic()
     _check_output(output)
@@ -233,7 +233,7 @@ def build_index(
     if not urls:
         raise ValueError("no shards given")
     # Two builders of one index would each publish, and delete the other's sidecars.
-    with FileLock(output + ".lock", timeout=0):
+    with writer_lock(output, timeout=0):
         report = _build_locked(
             urls,
             output,

@@ -20,7 +20,8 @@ a timeout. Ownership rules, chosen deliberately:
 - **Deletable lock files.** After ``flock`` succeeds, the lock checks that its path still
   names the file it locked, and retries if not. So a holder of the exclusive lock may remove
   the lock file (:meth:`FileLock.unlink`); anyone blocked on the old file notices and starts
-  over on a new one. Nobody else ever deletes a lock file.
+  over on a new one. Nobody else ever deletes a lock file. :func:`writer_lock` uses this to
+  guard a user's output (an index) without leaving a ``*.lock`` file beside it.
 
 Publishing (:func:`atomic_write`, :class:`TempFile`) writes to a temporary file in the
 destination's directory, flushes and fsyncs it, then ``os.replace``-s it into place, so a
@@ -56,7 +57,11 @@ __all__ = [
     "atomic_write_bytes",
     "fsync_dir",
     "remove_stale_temps",
+    "writer_lock",
 ]
+
+LOCK_MARK = b"wids writer lock\n"
+"""Content of a lock file made by :func:`writer_lock`; only such (or empty) files are removed."""
 
 TEMP_SUFFIX = ".tmp"
 """Suffix of every temporary file this module creates (``.<name>.<random>.tmp``)."""
@@ -268,6 +273,38 @@ class FileLock:
             os.close(fd)
 
 
+@contextlib.contextmanager
+def writer_lock(dest: str | os.PathLike[str], *, timeout: float | None = 0.0) -> Iterator[FileLock]:
+    """Hold the exclusive lock that guards writing ``dest``, and leave no lock file behind.
+
+    The lock file is ``dest + ".lock"``. It is removed on the way out while still held (see
+    :meth:`FileLock.unlink`: anyone waiting on it starts over on a new file), but only if it is
+    empty or holds :data:`LOCK_MARK`, so a user's own file of that name is never deleted. A
+    writer killed while holding it leaves the marked file, and the next writer removes it.
+
+    Args:
+        dest: The file being written.
+        timeout: Seconds to wait for another writer (default: fail at once).
+
+    Yields:
+        The held lock.
+
+    Raises:
+        LockTimeoutError: Another writer holds it.
+    """
+    lock = FileLock(os.fspath(dest) + ".lock", timeout=timeout)
+    with lock:
+        fd = lock._fd
+        ours = fd is not None and os.pread(fd, len(LOCK_MARK) + 1, 0) in (b"", LOCK_MARK)
+        if ours and fd is not None:
+            os.pwrite(fd, LOCK_MARK, 0)
+        try:
+            yield lock
+        finally:
+            if ours:
+                lock.unlink()
+
+
 def _same_file(fd: int, path: str) -> bool:
     try:
         st = os.stat(path)
@@ -312,7 +349,8 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
 class TempFile:
     """A temporary file beside a destination, locked by its writer until published or dropped.
 
-    The file is created (exclusively, mode 0600) in ``directory`` under the name
+    The file is created (exclusively, with the permissions the user's umask gives a new file,
+    ``0o666 & ~umask``) in ``directory`` under the name
     ``.<stem>.<random>.tmp`` and holds an exclusive ``flock`` on itself for as long as this
     object is open, which marks it as live for :func:`remove_stale_temps`.
 
@@ -331,8 +369,10 @@ class TempFile:
         os.makedirs(self.directory, exist_ok=True)
         name = f".{stem}.{uuid.uuid4().hex[:12]}{TEMP_SUFFIX}"
         self.path = os.path.join(self.directory, name)
+        # 0o666 so the kernel applies the user's umask: an index or a cache entry published
+        # from this file must be as readable as any file the user creates (not mkstemp's 0600).
         self.fd: int | None = os.open(
-            self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
+            self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666
         )
         # Fresh name, so nobody else can hold it; the lock marks the file as live.
         fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
