@@ -30,6 +30,11 @@ Strictness, where it differs from :mod:`tarfile`:
 - A 0-byte file is an error; an archive of only zero blocks (or only a pax ``g`` record and
   zero blocks, which tarfile cannot read) yields nothing.
 - Extension records over :data:`MAX_EXTENSION` bytes are refused rather than read into memory.
+- Sizes of :data:`MAX_MEMBER_SIZE` (2**62) or more are refused: no storage holds such a member,
+  and offsets computed from them would overflow.
+- Every pax record's length must end exactly at its newline inside the record data, and
+  anything but NUL padding after the last record is an error (tarfile before 3.12.5 took the
+  wrong bytes into a value or dropped the rest silently).
 
 Like tarfile, data is skipped only for regular files and unknown types; for hard and symbolic
 links, directories, devices and fifos the next header follows directly.
@@ -80,7 +85,11 @@ _MAGICS = (
     (b"\xfd7zXZ\x00", "xz"),
     (b"\x28\xb5\x2f\xfd", "zstd"),
 )
-_PAX_RECORD = re.compile(rb"(\d+) ([^=]+)=")
+# A record's length has at most 19 digits (more cannot be a real length); no newline in a key.
+_PAX_RECORD = re.compile(rb"(\d{1,19}) ([^=\n]+)=")
+# Sizes from headers and pax records must stay below this: larger ones cannot be real members,
+# and offsets computed from them would overflow the C integers of os.pread.
+MAX_MEMBER_SIZE = 1 << 62
 
 _adler32 = zlib.adler32
 Row = tuple[str, int, int, str, int]
@@ -584,20 +593,38 @@ def _extension(
 
 
 def _pax_records(data: bytes, off: int, shard: str | None) -> dict[str, str]:
-    r"""Parse ``"%d key=value\n"`` records as tarfile does (stop at the first non-record)."""
+    r"""Parse ``"%d key=value\n"`` records; every record's length must fit it exactly.
+
+    tarfile (before 3.12.5) stops at the first non-record and trusts a record's length, so a
+    length that is too large puts the next record's bytes (or the newline) into the value and
+    one too small drops the rest: both are errors here. NUL bytes after the last record are
+    ignored.
+    """
     records: dict[str, str] = {}
-    pos = 0
-    while True:
+    pos, n = 0, len(data)
+    while pos < n:
         match = _PAX_RECORD.match(data, pos)
         if not match:
+            if data[pos:].strip(b"\0"):
+                raise TarFormatError(
+                    f"malformed pax record at byte {pos} of the record data",
+                    shard=shard,
+                    offset=off,
+                )
             break
         length = int(match.group(1))
-        if length == 0:
-            raise TarFormatError("invalid pax record (length 0)", shard=shard, offset=off)
+        end = pos + length
+        if end <= match.end() or end > n or data[end - 1] != 10:  # 10: "\n"
+            keyword = match.group(2).decode("utf-8", "backslashreplace")
+            raise TarFormatError(
+                f"pax record {keyword!r} (byte {pos} of the record data) says it has {length} "
+                f"bytes: that does not end at a newline within the {n} bytes of record data",
+                shard=shard,
+                offset=off,
+            )
         keyword = match.group(2).decode("utf-8", "surrogateescape")
-        value = data[match.end(2) + 1 : match.start(1) + length - 1]
-        records[keyword] = value.decode("utf-8", "surrogateescape")
-        pos += length
+        records[keyword] = data[match.end() : end - 1].decode("utf-8", "surrogateescape")
+        pos = end
     return records
 
 
@@ -608,6 +635,8 @@ def _pax_size(value: str, off: int, shard: str | None) -> int:
         raise TarFormatError(f"invalid pax size {value!r}", shard=shard, offset=off) from None
     if number < 0:
         raise TarFormatError(f"negative pax size {number}", shard=shard, offset=off)
+    if number >= MAX_MEMBER_SIZE:
+        raise TarFormatError(f"pax size {number} is too large", shard=shard, offset=off)
     return number
 
 
@@ -619,6 +648,10 @@ def _number(h: bytes, off: int, shard: str | None, start: int = 124, end: int = 
         n = int.from_bytes(field[1:], "big")
         if field[0] == 0o377:
             n -= 256 ** (len(field) - 1)
+        if n >= MAX_MEMBER_SIZE:  # octal fields cannot get there (at most 8**11)
+            raise TarFormatError(
+                f"{what} field (base-256) {n} is too large (limit 2**62)", shard=shard, offset=off
+            )
         return n
     i = field.find(0)
     text = field[:i] if i >= 0 else field
