@@ -90,3 +90,106 @@ def test_storage_options_parse_json_values_and_nest():
         "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"},
         "key": "abc",
     }
+
+
+# ------------------------------------------------------------------ version, locks, umask
+
+
+def test_version_flag_and_attribute_come_from_package_metadata():
+    from importlib.metadata import version
+
+    import wids
+
+    assert wids.__version__ == version("wids-shards")
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"wids {wids.__version__}"
+
+
+def _run_umask(umask: int, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "wids", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=lambda: os.umask(umask),
+    )
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_index_files_get_the_umask_and_no_lock_file_is_left(shards, tmp_path, umask):
+    out = tmp_path / "out"
+    out.mkdir()
+    r = _run_umask(umask, "index", "create", *shards, "-o", str(out / "i.json"), "-q")
+    assert r.returncode == 0, r.stderr
+    r = _run_umask(umask, "index", "create", *shards, "-o", str(out / "i.sqlite"), "-q")
+    assert r.returncode == 0, r.stderr
+    r = _run_umask(umask, "index", "convert", str(out / "i.sqlite"), str(out / "c.json"))
+    assert r.returncode == 0, r.stderr
+    made = [p for p in out.rglob("*") if p.is_file()]
+    assert len(made) == 2 + 3 + 1 + 3  # two descriptions and their sidecars, one database
+    for p in made:
+        assert p.stat().st_mode & 0o777 == 0o666 & ~umask, p
+    assert not [p for p in out.rglob("*") if p.name.endswith((".lock", ".tmp"))]
+
+
+# ------------------------------------------------------------------------------- secrets
+
+SECRET_USER, SECRET_PASS, SECRET_SIG = "alice", "HUNTER2pw", "SIGabcdef0123"
+
+
+def test_index_info_and_errors_never_print_credentials(http_server, shards, tmp_path):
+    import shutil
+
+    from wids.build import build_index
+
+    d = tmp_path / "served"
+    d.mkdir()
+    for p in shards:
+        shutil.copy(p, d)
+    build_index([str(d / os.path.basename(p)) for p in shards], str(d / "sec.json"))
+    for p in d.rglob("*"):
+        if p.is_file():
+            http_server.put(p, str(p.relative_to(d)))
+    plain = http_server.url("sec.json")
+    secret = plain.replace("http://", f"http://{SECRET_USER}:{SECRET_PASS}@")
+    secret += f"?X-Amz-Signature={SECRET_SIG}&X-Amz-Credential=AKIA%2F2024&v=1"
+    runs = [
+        run("index", "info", secret),
+        run("index", "info", secret, "--json"),
+        run("--debug", "index", "info", secret),
+        run("index", "info", secret.replace("sec.json", "missing.json")),
+        run("--debug", "index", "info", secret.replace("sec.json", "missing.json")),
+    ]
+    assert [r.returncode for r in runs] == [0, 0, 0, 2, 2]
+    assert "samples  60" in runs[0].stdout and "fsspec" in runs[2].stderr
+    for r in runs:
+        for s in (SECRET_PASS, SECRET_SIG, "AKIA"):
+            assert s not in r.stdout + r.stderr, (s, r.args)
+    assert json.loads(runs[1].stdout)["index"] == f"{plain}?v=1"
+
+
+def test_debug_logs_of_s3_libraries_are_redacted(s3_server, shards, tmp_path):
+    key, secret = "AKIAWIDSTESTKEY", "wIdSsUpErSeCrEtVaLuE"
+    url = s3_server.put(shards[0], "secret-logs/a.tar")
+    endpoint = s3_server.storage_options["client_kwargs"]["endpoint_url"]
+    r = run(
+        "--debug",
+        "index",
+        "create",
+        url,
+        "-o",
+        str(tmp_path / "i.json"),
+        "-q",
+        *("-s", f"key={key}", "-s", f"secret={secret}"),
+        *(
+            "-s",
+            f"client_kwargs.endpoint_url={endpoint}",
+            "-s",
+            "client_kwargs.region_name=us-east-1",
+        ),
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "botocore" in r.stderr and "Authorization': ***" in r.stderr  # logs were there
+    for s in (key, secret):
+        assert s not in r.stdout + r.stderr
+    assert "Signature=" not in r.stderr.replace("Signature=***", "")

@@ -115,3 +115,30 @@ def test_cli_show_errors_are_one_line(index):
     r = run("show", index, "--start", "999")
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "outside the dataset" in r.stderr
+
+
+def test_cli_show_escapes_control_characters_from_the_shard(tmp_path):
+    """Member names, keys, field names and label values with ANSI/OSC/C1 controls are escaped."""
+    import tarfile
+
+    evil_key = "k\x1b]0;pwned\x07\x1b[2J\u202eX"  # OSC retitle, CSI clear, bidi override
+    members = [
+        (f"{evil_key}.cls", b"1\x1b[31m\r\n"),  # label value with CSI and a carriage return
+        (f"{evil_key}.t\x9b1mxt", b"x"),  # a field name with the 8-bit CSI
+        ("plain.cls", b"2"),
+    ]
+    shard = str(tmp_path / "evil.tar")
+    with tarfile.open(shard, "w", format=tarfile.PAX_FORMAT) as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    out = str(tmp_path / "evil.json")
+    build_index([shard], out)
+    r = run("show", out)
+    assert r.returncode == 0, r.stderr
+    for raw in ("\x1b", "\x07", "\x9b", "\u202e", "\r"):
+        assert raw not in r.stdout, repr(raw)
+    assert "k\\x1b]0;pwned\\x07\\x1b[2J\\u202eX" in r.stdout
+    assert ".t\\x9b1mxt" in r.stdout and "1\\x1b[31m" in r.stdout
+    assert "plain" in r.stdout

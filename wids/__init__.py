@@ -81,3 +81,21 @@ __all__ = [
     "load_spec",
     "open_index",
 ]
+
+
+def __getattr__(name: str) -> str:
+    """``wids.__version__``, read from the installed package's metadata on first use.
+
+    The version lives in one place, ``pyproject.toml``; looking it up lazily keeps
+    ``import wids`` free of file-system work.
+    """
+    if name != "__version__":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        found = version("wids-shards")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        found = "0+unknown"
+    globals()["__version__"] = found
+    return found

@@ -3,6 +3,10 @@
 Each subcommand is an ``_add_<name>(subparsers)`` function that registers its parser and sets
 ``func``; errors reach the user as one line (``--debug`` shows the traceback). Environment
 variables only supply defaults here, and every one is named in ``--help``.
+
+Everything the command prints, and every log line (wids' and, with ``--debug``, those of
+fsspec, s3fs, gcsfs, aiohttp, botocore and urllib3), passes through :mod:`wids.redact`:
+credentials never reach the terminal, and control characters from shards are escaped.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import os
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from .redact import RedactingFilter, _secret_values, escape_controls, redact_text, redact_url
 
 __all__ = ["main"]
 
@@ -86,10 +92,16 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
         epilog="examples:\n"
         "  wids index create data/train-{000000..000031}.tar -o data/train.json\n"
         "  wids index create s3://bucket/train-{000000..000999}.tar -o train.sqlite -j 32\n"
-        "  wids index create @shards.txt -o train.json --skip-bad\n",
+        "  wids index create @shards.txt -o train.json --skip-bad\n"
+        "  wids index create s3://bucket/train-{000000..000999}.tar -o s3://bucket/train.json\n",
     )
     c.add_argument("shards", nargs="+", help="paths/URLs, brace patterns, or @listfile")
-    c.add_argument("-o", "--output", required=True, help="OUT.json or OUT.sqlite")
+    c.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="OUT.json or OUT.sqlite: a path or a writable URL (s3://, gs://, ...)",
+    )
     c.add_argument("-j", "--jobs", type=int, default=None, help="shards scanned at once")
     c.add_argument("--skip-bad", action="store_true", help="record bad shards and go on")
     c.add_argument(
@@ -133,7 +145,8 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
         epilog="example:\n  wids index convert train.json train.sqlite\n",
     )
     cv.add_argument("source")
-    cv.add_argument("dest")
+    cv.add_argument("dest", help="OUT.json or OUT.sqlite: a path or a writable URL (s3://, gs://)")
+    _storage_flag(cv)
     cv.set_defaults(func=_cmd_index_convert)
 
 
@@ -153,7 +166,7 @@ def _cmd_index_create(args: argparse.Namespace) -> int:
     )
     rate = report.samples / report.seconds if report.seconds else 0.0
     print(
-        f"{report.output}: {report.shards} shards, {report.samples} samples, "
+        f"{redact_url(report.output)}: {report.shards} shards, {report.samples} samples, "
         f"{_human(report.bytes)} ({report.scanned} scanned, {report.reused} unchanged) "
         f"in {report.seconds:.2f} s ({rate:.0f} samples/s)"
     )
@@ -179,8 +192,8 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
             counts = np.bincount(members.member_field, minlength=len(members.fields))
             for fname, n in zip(members.fields, counts.tolist(), strict=True):
                 fields[fname] = fields.get(fname, 0) + n
-        info = {
-            "index": args.index,
+        info: dict[str, Any] = {
+            "index": redact_url(args.index),
             "name": idx.name,
             "shards": len(idx.shards),
             "samples": sum(s.nsamples for s in idx.shards),
@@ -194,12 +207,12 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    print(f"{info['index']}  name={info['name']!r}")
+    print(f"{info['index']}  name={escape_controls(repr(info['name']))}")
     print(f"  shards   {info['shards']}")
     print(f"  samples  {info['samples']}")
     print(f"  bytes    {info['bytes']} ({_human(info['bytes'])})")
     for f, n in info["fields"].items():
-        print(f"  field    {f:<16} {n}")
+        print(f"  field    {escape_controls(f):<16} {n}")
     if missing:
         print(f"  {missing} shard(s) have no member offsets (reference index): scanned on use")
     return 0
@@ -250,8 +263,10 @@ def _verify_shard(src: Any, info: Any, members: Any, scan: Any) -> str | None:
 def _cmd_index_convert(args: argparse.Namespace) -> int:
     from .index_convert import convert_index
 
-    convert_index(args.source, args.dest)
-    print(f"wrote {args.dest}")
+    convert_index(
+        args.source, args.dest, storage_options=parse_storage_options(args.storage_option)
+    )
+    print(f"wrote {redact_url(args.dest)}")
     return 0
 
 
@@ -342,7 +357,7 @@ def _cmd_subset(args: argparse.Namespace) -> int:
         progress=not args.quiet and sys.stderr.isatty(),
     )
     print(
-        f"{report.index}: {report.shards} shards, {report.samples} samples, "
+        f"{redact_url(report.index)}: {report.shards} shards, {report.samples} samples, "
         f"{_human(report.bytes)} ({report.copied} copied) in {report.seconds:.2f} s"
     )
     return 0
@@ -400,7 +415,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
             return 0
         for e in entries:
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_access))
-            print(f"{when}  {_human(e.size):>9}  {e.url}")
+            print(f"{when}  {_human(e.size):>9}  {redact_url(e.url)}")
         return 0
     if args.cache_command == "du":
         entries = cache.entries()
@@ -482,21 +497,59 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EPILOG_ENV,
     )
-    parser.add_argument("--debug", action="store_true", help="show tracebacks and debug logs")
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show tracebacks and debug logs (also fsspec's, botocore's ...; credentials redacted)",
+    )
+    parser.add_argument("--version", action="version", version=f"wids {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in _SUBCOMMANDS:
         add(sub)
     return parser
 
 
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
+# Libraries whose loggers --debug turns on; their records carry URLs, headers and signatures.
+_LIBRARY_LOGGERS = ("fsspec", "s3fs", "gcsfs", "aiohttp", "botocore", "urllib3")
+
+
+def _secrets_of(args: argparse.Namespace) -> list[str]:
+    try:
+        return _secret_values(parse_storage_options(getattr(args, "storage_option", None)))
+    except argparse.ArgumentTypeError:
+        return []
+
+
+def _start_logging(debug: bool, secrets: Sequence[str]) -> tuple[logging.Handler, int]:
+    """A redacting stderr handler on the root logger; returns it and the old root level."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("wids: %(levelname)s: %(name)s: %(message)s"))
+    # On the handler, not the loggers: a logger's filters skip its children's records.
+    handler.addFilter(RedactingFilter(secrets))
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if debug else logging.WARNING)
+    if debug:
+        for name in _LIBRARY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.DEBUG)
+    return handler, old_level
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``wids`` command; returns the exit status."""
+    import traceback
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.WARNING,
-        format="wids: %(levelname)s: %(message)s",
-    )
+    secrets = _secrets_of(args)
+    handler, old_level = _start_logging(args.debug, secrets)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -504,6 +557,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except Exception as e:  # one clear line unless --debug
         if args.debug:
-            raise
-        print(f"wids: error: {e}", file=sys.stderr)
+            trace = redact_text(traceback.format_exc(), secrets).splitlines()
+            print("\n".join(escape_controls(line) for line in trace), file=sys.stderr)
+        text = escape_controls(redact_text(str(e) or type(e).__name__, secrets))
+        print(f"wids: error: {text}", file=sys.stderr)
         return 2
+    finally:
+        logging.getLogger().removeHandler(handler)
+        logging.getLogger().setLevel(old_level)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .decode import IMAGE_EXTENSIONS
+from .redact import escape_controls
 
 __all__ = ["read_samples", "render_grid", "sample_label", "samples_table"]
 
@@ -107,11 +108,16 @@ def _size(n: int) -> str:
 
 
 def samples_table(samples: Sequence[Mapping[str, Any]]) -> str:
-    """A text table: index, key, each field with its size, and the label."""
-    rows = [("index", "key", "fields", "label")]
+    """A text table: index, key, each field with its size, and the label.
+
+    Keys, field names and labels come from the shards: control characters in them (ANSI or
+    OSC escape sequences, carriage returns ...) are shown escaped, never sent to the terminal.
+    """
+    rows: list[tuple[str, ...]] = [("index", "key", "fields", "label")]
     for s in samples:
         fields = "  ".join(f"{f} {_size(len(s[f]))}" for f in _fields(s))
-        rows.append((str(s.get("__index__", "")), str(s["__key__"]), fields, sample_label(s)))
+        row = (str(s.get("__index__", "")), str(s["__key__"]), fields, sample_label(s))
+        rows.append(tuple(escape_controls(c) for c in row))
     widths = [max(len(r[c]) for r in rows) for c in range(3)]
     lines = [
         f"{r[0]:>{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip()
@@ -192,8 +198,8 @@ def render_grid(
             draw.text((x + 4, y + cell // 2 - font_size), msg, fill=(80, 80, 80), font=font)
         else:
             grid.paste(img, (x + (cell - img.width) // 2, y + (cell - img.height) // 2))
-        key = _fit(str(sample["__key__"]), font, cell, draw)
-        label = _fit(sample_label(sample) or "-", font, cell, draw)
+        key = _fit(escape_controls(str(sample["__key__"])), font, cell, draw)
+        label = _fit(escape_controls(sample_label(sample)) or "-", font, cell, draw)
         draw.text((x, y + cell + 2), key, fill=(0, 0, 0), font=font)
         draw.text((x, y + cell + font_size + 6), label, fill=(40, 40, 160), font=font)
     grid.save(os.fspath(path))
