@@ -26,6 +26,7 @@ EXPECTED = [
     "JsonIndexWriter",
     "LockTimeoutError",
     "OfflineError",
+    "OutputExistsError",
     "PermanentRemoteError",
     "RemoteError",
     "RetriesExhaustedError",

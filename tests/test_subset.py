@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 
@@ -14,12 +15,26 @@ from wids.build import build_index
 from wids.cache import ShardCache
 from wids.cli import main, parse_duration, parse_size
 from wids.dataset import ShardListDataset
-from wids.errors import OfflineError
+from wids.errors import IndexMismatchError, OfflineError, OutputExistsError
 from wids.remote import Source
-from wids.subset import select_shards
+from wids.subset import make_subset, select_shards
 from wids.synth import write_dataset
 
 NS, NSAMPLES = 5, 12
+
+
+def _tree(root) -> dict[str, str]:
+    """Every file and directory under ``root``: relative path -> sha256 of its bytes."""
+    out = {}
+    for d, dirs, files in os.walk(root):
+        for n in dirs:
+            out[os.path.relpath(os.path.join(d, n), root) + "/"] = "dir"
+        for n in files:
+            with open(os.path.join(d, n), "rb") as f:
+                out[os.path.relpath(os.path.join(d, n), root)] = hashlib.sha256(
+                    f.read()
+                ).hexdigest()
+    return out
 
 
 def _start_nginx(tmp_path, root):
@@ -47,9 +62,16 @@ def test_subset_then_offline_with_the_server_stopped(tmp_path, capsys):
         small = tmp_path / "small"
         assert main(["subset", index_url, "--shards", "1:3", "--to", str(small), "-q"]) == 0
         assert "2 shards" in capsys.readouterr().out
-        # Again: nothing to copy.
-        assert main(["subset", index_url, "--shards", "1:3", "--to", str(small), "-q"]) == 0
-        assert "(0 copied)" in capsys.readouterr().out
+        # Again: the files are there, so it refuses (one line) and changes nothing ...
+        before = _tree(small)
+        assert main(["subset", index_url, "--shards", "1:3", "--to", str(small), "-q"]) == 2
+        err = capsys.readouterr().err
+        assert "already holds" in err and "--force" in err and err.count("\n") == 1
+        assert _tree(small) == before
+        # ... unless forced: every shard is copied (and verified) again.
+        argv = ["subset", index_url, "--shards", "1:3", "--to", str(small), "-q", "--force"]
+        assert main(argv) == 0
+        assert "(2 copied)" in capsys.readouterr().out
     finally:
         server.stop()
     with pytest.raises(OSError):
@@ -107,13 +129,16 @@ def test_select_shards():
             select_shards([10, 10, 10], **kw)
 
 
-def test_bad_subset_arguments_are_one_line_errors(tmp_path, capsys):
+def test_bad_subset_arguments_are_one_line_errors(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["subset", "x.json", "--shards", "a:b", "--to", str(tmp_path)])
     with pytest.raises(SystemExit):
         main(["subset", "x.json", "--to", str(tmp_path)])
+    monkeypatch.chdir(tmp_path)  # a relative --to lands here, never in the repository
     assert main(["subset", str(tmp_path / "nope.json"), "--samples", "3", "--to", "o"]) == 2
     assert "nope.json" in capsys.readouterr().err
+    assert main(["subset", "nope.json", "--samples", "3", "--to", "s3://bucket/o"]) == 2
+    assert os.listdir(tmp_path) == []  # a typo'd source leaves no (empty) directory behind
 
 
 def test_cache_ls_du_clean(tmp_path, capsys):
@@ -231,3 +256,160 @@ def test_remote_index_offline_from_the_cache_with_the_server_stopped(tmp_path):
             ds[2 * NSAMPLES]
     with pytest.raises(OfflineError, match="train.json"):
         len(ShardListDataset(index_url, cache_dir=tmp_path / "empty", offline=True))
+
+
+# --------------------------------------------------------------- subset never harms user files
+
+
+def _dataset(root, shards=3, n=NSAMPLES, index="train.json"):
+    paths = write_dataset(str(root), shards=shards, samples_per_shard=n, real_images=False)
+    build_index(paths, str(root / index), name="train")
+    return paths, str(root / index)
+
+
+def test_subset_refuses_the_source_directory_even_forced(tmp_path, capsys):
+    src = tmp_path / "d"
+    _, index = _dataset(src)
+    before = _tree(src)
+    for force in ([], ["--force"]):
+        assert main(["subset", index, "--shards", "0:2", "--to", str(src), "-q", *force]) == 2
+        err = capsys.readouterr().err
+        assert "wids: error:" in err and err.count("\n") == 1
+        assert _tree(src) == before  # train.json and train.members/* untouched
+    with pytest.raises(OutputExistsError, match="source"):
+        make_subset(index, src, shards=slice(0, 2), force=True)
+    assert _tree(src) == before
+
+
+def test_subset_from_sqlite_keeps_the_json_beside_it(tmp_path, capsys):
+    src = tmp_path / "d"
+    paths = write_dataset(str(src / "shards"), shards=3, samples_per_shard=NSAMPLES)
+    build_index(paths, str(src / "train.sqlite"), name="train")
+    (src / "train.json").write_text('{"mine": "a file the user wrote"}')
+    before = _tree(src)
+    assert main(["subset", str(src / "train.sqlite"), "--samples", "5", "--to", str(src)]) == 2
+    assert "source index's own directory" in capsys.readouterr().err
+    assert _tree(src) == before
+    out = tmp_path / "o"
+    (out).mkdir()
+    (out / "train.json").write_text("mine")
+    with pytest.raises(OutputExistsError, match="train.json"):
+        make_subset(str(src / "train.sqlite"), out, samples=5)
+    assert _tree(out) == {"train.json": hashlib.sha256(b"mine").hexdigest()}
+
+
+def test_subset_into_a_user_directory_replaces_only_with_force(tmp_path):
+    paths, index = _dataset(tmp_path / "src")
+    oracle = dataset_samples(paths)
+    user = tmp_path / "user"
+    (user / "train.members").mkdir(parents=True)
+    (user / "other.members").mkdir()
+    (user / "synth-000001.tar").write_bytes(b"my own tar")
+    # Named like a sidecar: the index writer's stale-sidecar sweep used to delete these.
+    unrelated = {
+        "train.members/0123456789abcdef-notes.json": b'{"my": "notes"}',
+        "other.members/0123456789abcdef-x.json": b"{}",
+        "notes.txt": b"keep me",
+    }
+    for name, data in unrelated.items():
+        (user / name).write_bytes(data)
+    before = _tree(user)
+    with pytest.raises(OutputExistsError, match="synth-000001.tar"):
+        make_subset(index, user, shards=slice(0, 2))
+    assert _tree(user) == before  # nothing written, nothing removed
+    report = make_subset(index, user, shards=slice(0, 2), force=True)
+    assert report.copied == 2
+    for name, data in unrelated.items():
+        assert (user / name).read_bytes() == data, name
+    assert (user / "synth-000001.tar").read_bytes() == open(paths[1], "rb").read()
+    ds = ShardListDataset(report.index, transformations=[])
+    assert [strip_meta(ds[i]) for i in range(len(ds))] == oracle[: 2 * NSAMPLES]
+
+
+def test_a_stale_same_size_shard_is_refused_or_replaced_never_served(tmp_path):
+    paths, index = _dataset(tmp_path / "src")
+    oracle = dataset_samples(paths)
+    out = tmp_path / "o"
+    make_subset(index, out, shards=slice(0, 2))
+    stale = out / "synth-000001.tar"
+    data = bytearray(stale.read_bytes())
+    data[-2048] ^= 0xFF  # same size, different bytes: a copy from an older version of the shard
+    data[1100:1110] = b"X" * 10
+    stale.write_bytes(bytes(data))
+    before = _tree(out)
+    with pytest.raises(OutputExistsError, match="synth-000001.tar"):
+        make_subset(index, out, shards=slice(0, 2))
+    assert _tree(out) == before
+    make_subset(index, out, shards=slice(0, 2), force=True)
+    assert stale.read_bytes() == open(paths[1], "rb").read()
+    ds = ShardListDataset(str(out / "train.json"), transformations=[])
+    assert [strip_meta(ds[i]) for i in range(len(ds))] == oracle[: 2 * NSAMPLES]
+
+
+def test_a_copy_that_is_not_the_indexed_shard_is_not_published(tmp_path):
+    paths, index = _dataset(tmp_path / "src")
+    # The source shard was rewritten after indexing at the same size: its first member is
+    # now named differently (a valid tar still, checksum and all).
+    with open(paths[1], "r+b") as f:
+        h = bytearray(f.read(512))
+        assert h[:6] == b"000001"
+        h[:6] = b"999999"
+        h[148:156] = b" " * 8
+        h[148:156] = b"%06o\0 " % sum(h)
+        f.seek(0)
+        f.write(h)
+    out = tmp_path / "o"
+    with pytest.raises(IndexMismatchError, match=r"synth-000001.tar.*member"):
+        make_subset(index, out, shards=slice(0, 3))
+    assert not out.exists()  # everything this call created is gone again
+    (out / "train.members").mkdir(parents=True)
+    (out / "mine.txt").write_text("x")
+    with pytest.raises(IndexMismatchError):
+        make_subset(index, out, shards=slice(0, 3), jobs=1)
+    assert _tree(out) == {"train.members/": "dir", "mine.txt": hashlib.sha256(b"x").hexdigest()}
+
+
+def test_a_typo_leaves_no_directory(tmp_path, capsys):
+    _, index = _dataset(tmp_path / "src")
+    new = tmp_path / "new" / "deeper"
+    assert main(["subset", index + "x", "--samples", "3", "--to", str(new)]) == 2
+    assert main(["subset", index, "--shards", "7:9", "--to", str(new)]) == 2
+    assert "selection names no shards" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.servers
+def test_snapshot_stores_no_secrets_and_works_offline(tmp_path):
+    root = tmp_path / "www"
+    paths = write_dataset(
+        str(root / "d"), shards=2, samples_per_shard=NSAMPLES, real_images=False, jpg_bytes=500
+    )
+    oracle = dataset_samples(paths)
+    secrets = [b"hunter2pw", b"SIGxyz123secret", b"TOKENabc987", b"CREDqq42"]
+    cache_dir = tmp_path / "cache"
+    server, base = _start_nginx(tmp_path, root)
+    host = base.split("://", 1)[1]
+    signed = "?X-Amz-Signature=SIGxyz123secret&X-Amz-Credential=CREDqq42&v=1"
+    try:
+        urls = [f"http://alice:hunter2pw@{host}/d/{os.path.basename(p)}{signed}" for p in paths]
+        build_index(urls, str(root / "train.json"), name="train")
+        index_url = f"http://alice:hunter2pw@{host}/train.json?token=TOKENabc987"
+        online = ShardListDataset(
+            index_url, access="shard", cache_dir=cache_dir, transformations=[]
+        )
+        assert [strip_meta(online[i]) for i in range(len(online))] == oracle
+        online.close()
+    finally:
+        server.stop()
+    found = []
+    for d, _, files in os.walk(cache_dir):
+        for n in files:
+            data = open(os.path.join(d, n), "rb").read()
+            found += [(n, s) for s in secrets if s in data or s.decode() in n]
+    assert found == []
+    assert os.listdir(cache_dir / "indexes")  # there is a snapshot, and it is clean
+    # Offline, with the same URL or a re-signed one: the snapshot and the shards are found.
+    for url in (index_url, f"http://bob:other@{host}/train.json?token=NEWTOKEN"):
+        ds = ShardListDataset(url, cache_dir=cache_dir, offline=True, transformations=[])
+        assert [strip_meta(ds[i]) for i in range(len(ds))] == oracle
+        ds.close()

@@ -87,15 +87,21 @@ _CACHEDIR_TAG = (
 
 
 def entry_key(url: str) -> str:
-    """The file name of ``url``'s entry: a hash of the full URL plus a readable basename."""
-    digest = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()
-    base = re.split(r"[?#]", url, maxsplit=1)[0].rstrip("/").rsplit("/", 1)[-1]
+    """The file name of ``url``'s entry: a hash of the URL plus a readable basename.
+
+    Credentials are not part of a shard's identity: the hash is of the URL without
+    ``user:password@`` and signature/token query parameters (:func:`redact_url`), so a
+    re-signed presigned URL names the same entry, and so does the credential-free URL an
+    offline index snapshot stores.
+    """
+    digest = _url_hash(url)
+    base = re.split(r"[?#]", redact_url(url), maxsplit=1)[0].rstrip("/").rsplit("/", 1)[-1]
     base = re.sub(r"[^A-Za-z0-9._-]", "_", base)[-80:].lstrip(".")
     return f"{digest[:24]}-{base or 'shard'}"
 
 
 def _url_hash(url: str) -> str:
-    return hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()
+    return hashlib.sha256(redact_url(url).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

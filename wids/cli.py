@@ -337,7 +337,18 @@ def _add_subset(sub: argparse._SubParsersAction) -> None:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--shards", type=_parse_slice, help="a slice of the shard list: 0:4")
     which.add_argument("--samples", type=int, help="the shards holding the first N samples")
-    p.add_argument("--to", required=True, help="destination directory")
+    p.add_argument(
+        "--to",
+        required=True,
+        help="destination directory (local); must not hold files of the names the subset "
+        "writes, and is created only once the index opened",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace files of the names the subset writes (other files are never touched; "
+        "the source index and shards are never replaced)",
+    )
     p.add_argument("-j", "--jobs", type=int, default=8, help="shards copied at once (8)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     _storage_flag(p)
@@ -355,6 +366,7 @@ def _cmd_subset(args: argparse.Namespace) -> int:
         storage_options=parse_storage_options(args.storage_option),
         jobs=args.jobs,
         progress=not args.quiet and sys.stderr.isatty(),
+        force=args.force,
     )
     print(
         f"{redact_url(report.index)}: {report.shards} shards, {report.samples} samples, "

@@ -19,6 +19,7 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     │   ├── CacheBudgetError                  an entry is larger than the cache's byte budget
     │   └── OfflineError                      offline mode, and the data is not local
     ├── LockTimeoutError(TimeoutError)        a file lock was not acquired in time
+    ├── OutputExistsError(FileExistsError)    writing would replace a file wids did not create
     └── DecodeError(ValueError)               a field could not be decoded
         └── UnsafeDecodeError                 decoding would unpickle; not enabled
 
@@ -36,6 +37,7 @@ __all__ = [
     "IndexMismatchError",
     "LockTimeoutError",
     "OfflineError",
+    "OutputExistsError",
     "PermanentRemoteError",
     "RemoteError",
     "RetriesExhaustedError",
@@ -144,6 +146,14 @@ class OfflineError(CacheError):
 
 class LockTimeoutError(WidsError, TimeoutError):
     """A file lock was not acquired within its timeout."""
+
+
+class OutputExistsError(WidsError, FileExistsError):
+    """Writing an output would replace a file that wids did not create in this run.
+
+    Raised, for example, by ``wids subset`` when the destination already holds files of the
+    names it would write, or is part of the source dataset.
+    """
 
 
 class DecodeError(WidsError, ValueError):

@@ -8,25 +8,37 @@ and a program moves to the full remote dataset by changing the index argument on
     ShardListDataset("subset/train.json")                       # laptop, offline
     ShardListDataset("s3://bucket/train.json", cache_dir=...)   # the whole dataset
 
+A subset never deletes a file and never replaces one it did not create in this run: a
+destination holding files of the names it writes is refused unless ``force``, the source index
+and shards are never replaced, each copy is verified before it is published, and a failed run
+removes what it created.
+
 :func:`save_snapshot` / :func:`open_snapshot` keep a copy of a remote index's shard list
-(absolute URLs, sizes, etags, components; no member tables) in the cache directory, so that
-``offline=True`` works with the remote index's URL: shards come from the shard cache and their
-member tables from scanning the cached copies.
+(absolute URLs without credentials, sizes, etags, components; no member tables) in the cache
+directory, so that ``offline=True`` works with the remote index's URL: shards come from the
+shard cache and their member tables from scanning the cached copies.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import errno
 import hashlib
 import os
+import shutil
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import IndexMismatchError
+from .errors import IndexMismatchError, OutputExistsError
 from .index import ShardInfo
-from .lock import TempFile
+from .lock import TempFile, fsync_dir
+from .redact import redact_url
 
 __all__ = [
     "SubsetReport",
@@ -38,6 +50,7 @@ __all__ = [
 ]
 
 _SNAPSHOT = "wids-index-snapshot"
+_SNAPSHOT_VERSION = 2  # 2: no credentials in any URL
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +62,7 @@ class SubsetReport:
         shards: Shards in the subset.
         samples: Samples in the subset.
         bytes: Bytes of the copied shards.
-        copied: Shards copied now (the others were already there, unchanged).
+        copied: Shards copied now (every shard of the subset: none is reused from an earlier run).
         seconds: Wall time.
     """
 
@@ -101,36 +114,199 @@ def _local_names(urls: list[str]) -> list[str]:
     out = []
     for u, b in zip(urls, bases, strict=True):
         if seen[b] > 1:
-            b = f"{hashlib.sha256(u.encode()).hexdigest()[:12]}-{b}"
-        out.append(b)
+            b = f"{hashlib.sha256(redact_url(u).encode()).hexdigest()[:12]}-{b}"
+        out.append(b or "shard.tar")
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """Every path a subset writes, decided before anything is written."""
+
+    out_dir: str
+    index: str
+    members_dir: str
+    shards: list[str]
+    sidecars: list[str]
+
+    def paths(self) -> list[str]:
+        return [self.index, *self.shards, *self.sidecars]
+
+
+def _plan(out_dir: str, index: str, names: list[str], tables: list[Any]) -> _Plan:
+    from .index_json import _members_dir, _sidecar_name
+
+    stem = os.path.basename(redact_url(index).split("?", 1)[0].rstrip("/")) or "index"
+    stem = stem.rsplit(".", 1)[0] if "." in stem.lstrip(".") else stem
+    out = os.path.join(out_dir, f"{stem}.json")
+    members_dir = _members_dir(out)
+    sidecars = [
+        os.path.join(members_dir, _sidecar_name(n))
+        for n, t in zip(names, tables, strict=True)
+        if t is not None
+    ]
+    return _Plan(out_dir, out, members_dir, [os.path.join(out_dir, n) for n in names], sidecars)
+
+
+def _check_destination(plan: _Plan, index: str, shard_urls: list[str], force: bool) -> None:
+    """Refuse a destination that holds the source or, without ``force``, files of our names."""
+    from .index_json import _members_dir
+    from .remote import _local_path, is_local
+
+    real = os.path.realpath
+    source = {real(_local_path(u)) for u in shard_urls if is_local(u)}
+    source_dirs = set()
+    if is_local(index):
+        src_index = real(_local_path(index))
+        source.add(src_index)
+        source_dirs.add(real(_members_dir(src_index)))
+        if real(plan.out_dir) == os.path.dirname(src_index) and not force:
+            raise OutputExistsError(
+                f"{plan.out_dir} is the source index's own directory; give --to a new or empty "
+                "directory (or force=True / --force to write beside the source)"
+            )
+    if real(plan.members_dir) in source_dirs:
+        raise OutputExistsError(f"{plan.members_dir} holds the source index's member tables")
+    for path in plan.paths():
+        if real(path) in source:
+            raise OutputExistsError(
+                f"{path} is part of the source dataset and is never replaced; choose another --to"
+            )
+    existing = [p for p in plan.paths() if os.path.lexists(p)]
+    if existing and not force:
+        shown = ", ".join(os.path.relpath(p, plan.out_dir) for p in existing[:3])
+        more = f" and {len(existing) - 3} more" if len(existing) > 3 else ""
+        raise OutputExistsError(
+            f"{plan.out_dir} already holds {shown}{more}, which the subset would write; "
+            "nothing was changed (force=True / --force replaces files of these names only)"
+        )
+
+
+class _Run:
+    """What one :func:`make_subset` call created, so that a failure leaves the directory as it was.
+
+    Files are published with :meth:`place`: without ``force`` never onto an existing name (a hard
+    link fails if the name exists, so even a file appearing meanwhile is not replaced); with
+    ``force`` by ``os.replace``. On failure, files this run added (not those it replaced), its
+    staging directory and the directories it created (if empty) are removed; nothing else.
+    """
+
+    def __init__(self, force: bool) -> None:
+        self.force = force
+        self._lock = threading.Lock()
+        self._added: list[tuple[str, int]] = []
+        self._dirs: list[str] = []
+        self._staging: list[str] = []
+
+    def makedirs(self, path: str) -> None:
+        missing = []
+        p = path
+        while not os.path.isdir(p):
+            missing.append(p)
+            p = os.path.dirname(p)
+        os.makedirs(path, exist_ok=True)
+        with self._lock:
+            self._dirs.extend(reversed(missing))
+
+    def staging(self, parent: str) -> str:
+        path = tempfile.mkdtemp(prefix=".wids-subset-", dir=parent)
+        with self._lock:
+            self._staging.append(path)
+        return path
+
+    def place(self, path: str, dest: str) -> None:
+        """Move the finished file ``path`` (same filesystem) to ``dest``."""
+        if self.force:
+            existed = os.path.lexists(dest)
+            os.replace(path, dest)
+        else:
+            existed = False
+            try:
+                os.link(path, dest)
+            except FileExistsError:
+                raise OutputExistsError(f"{dest} appeared while the subset was written") from None
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
+                    raise
+                if os.path.lexists(dest):  # no hard links here: check, then replace
+                    raise OutputExistsError(f"{dest} appeared while the subset was written") from e
+                os.replace(path, dest)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        if not existed:
+            with self._lock:
+                self._added.append((dest, os.lstat(dest).st_ino))
+
+    def finish(self) -> None:
+        for path in self._staging:
+            shutil.rmtree(path, ignore_errors=True)
+        for d in {os.path.dirname(p) for p, _ in self._added}:
+            fsync_dir(d)
+
+    def undo(self) -> None:
+        for path in self._staging:
+            shutil.rmtree(path, ignore_errors=True)
+        for path, ino in self._added:
+            with contextlib.suppress(OSError):
+                if os.lstat(path).st_ino == ino:
+                    os.unlink(path)
+        for d in reversed(self._dirs):
+            with contextlib.suppress(OSError):
+                os.rmdir(d)  # only if empty
+
+
+def _check_copy(path: str, info: ShardInfo, stat: Any, members: Any) -> None:
+    """Refuse a downloaded copy whose etag, md5 or member headers differ from the index."""
+    from .cache import _md5_file
+    from .remote import comparable_etag
+    from .tar import header_mismatch
+
+    name = redact_url(info.url)
+    if info.etag and stat.etag and comparable_etag(stat.etag) != comparable_etag(info.etag):
+        raise IndexMismatchError(f"etag is {stat.etag!r}, the index says {info.etag!r}", shard=name)
+    if info.md5sum is not None:
+        actual = _md5_file(path)
+        if actual != info.md5sum.lower():
+            raise IndexMismatchError(f"md5 is {actual}, the index says {info.md5sum}", shard=name)
+    if members is None or len(members) == 0:
+        return
+    with open(path, "rb") as f:
+        for sample in {0, len(members) - 1}:
+            fields = members.members(sample)
+            for field, offset, size in (fields[0], fields[-1]):
+                member = members.key(sample) + field
+                f.seek(max(0, offset - 512))
+                problem = header_mismatch(f.read(512) if offset >= 512 else b"", member, size)
+                if problem is not None:
+                    raise IndexMismatchError(
+                        f"the copy is not the indexed shard: at member {member!r} (byte "
+                        f"{offset - 512}) there is {problem}",
+                        shard=name,
+                    )
 
 
 def _copy(
     info: ShardInfo,
+    members: Any,
     dest: str,
     storage_options: Mapping[str, Any],
+    run: _Run,
     progress: Callable[[int], None],
-) -> bool:
-    """Copy one shard to ``dest`` (atomically, verified); ``False`` if already there."""
-    from .cache import _md5_file
-    from .remote import Source, redact_url
+) -> None:
+    """Copy one shard to ``dest``: download to a temporary file, verify, then publish."""
+    from .remote import Source
 
-    if info.size is not None and os.path.exists(dest) and os.path.getsize(dest) == info.size:
-        progress(info.size)
-        return False
     src = Source(info.url, storage_options)
-    with TempFile(os.path.dirname(dest), os.path.basename(dest)) as tmp:
-        src.download(tmp.path, expected_size=info.size)
-        if info.md5sum is not None:
-            actual = _md5_file(tmp.path)
-            if actual != info.md5sum.lower():
-                raise IndexMismatchError(
-                    f"md5 is {actual}, the index says {info.md5sum}", shard=redact_url(info.url)
-                )
-        progress(os.path.getsize(tmp.path))
-        tmp.publish(dest)
-    return True
+    try:
+        with TempFile(os.path.dirname(dest), os.path.basename(dest)) as tmp:
+            stat = src.download(tmp.path, expected_size=info.size)
+            _check_copy(tmp.path, info, stat, members)
+            if tmp.fd is not None:
+                os.fsync(tmp.fd)
+            run.place(tmp.path, dest)
+            progress(stat.size)
+    finally:
+        src.close()
 
 
 def make_subset(
@@ -142,87 +318,120 @@ def make_subset(
     storage_options: Mapping[str, Any] | None = None,
     jobs: int = 8,
     progress: bool = False,
+    force: bool = False,
 ) -> SubsetReport:
     """Copy some shards of ``index`` into directory ``to`` and write a matching index there.
 
+    Nothing in ``to`` is ever deleted, and no file is replaced unless ``force``: the
+    destination must not already hold a file of a name the subset writes (its index
+    ``<name>.json``, member tables ``<name>.members/*.json``, shard copies). The source index,
+    its member tables and local source shards are never replaced, even with ``force``. Each
+    copy is checked (size, etag and md5 where the index records them, and the tar headers of
+    recorded members) before it is published atomically. If anything fails, the files and
+    directories this call created are removed again.
+
     Args:
         index: Path or URL of the dataset's index (JSON or SQLite) or description.
-        to: The subset's directory (created if missing). Shards already there with the
-            recorded size are not copied again.
+        to: The subset's directory, local (created after the index was opened, if missing).
         shards: Which shards, as a slice of the shard list (``slice(0, 4)``).
         samples: Or: the shards that hold the first ``samples`` samples.
         storage_options: fsspec options for the index and the shards.
         jobs: Shards copied at once.
         progress: Show a progress bar (bytes) on stderr.
+        force: Replace files of the names the subset writes (every shard is copied again).
+            Other files in ``to`` are still left alone.
 
     Returns:
         What was done; ``index`` is the JSON index written into ``to``.
 
     Raises:
-        ValueError: A bad selection.
-        IndexMismatchError: A shard's size or md5 differs from the index.
+        ValueError: A bad selection, or ``to`` is not a local directory.
+        OutputExistsError: ``to`` holds files of the subset's names (without ``force``) or
+            is part of the source dataset.
+        IndexMismatchError: A shard's size, etag, md5 or member headers differ from the index.
     """
     from .index import open_index
-    from .index_json import JsonIndexWriter
 
     t0 = time.monotonic()
     options = dict(storage_options or {})
-    out_dir = os.path.abspath(os.fspath(to))
-    os.makedirs(out_dir, exist_ok=True)
+    target = os.fspath(to)
+    if "://" in target and not target.startswith("file://"):
+        raise ValueError(f"the subset's directory must be local, got {redact_url(target)}")
+    out_dir = os.path.abspath(os.path.expanduser(target.removeprefix("file://")))
     idx = open_index(index, options)
     try:
         infos = list(idx.shards)
         chosen = select_shards([s.nsamples for s in infos], shards=shards, samples=samples)
         names = _local_names([infos[k].url for k in chosen])
-        copied = _copy_all(infos, chosen, names, out_dir, options, jobs, progress)
-        stem = os.path.basename(index.split("?", 1)[0].rstrip("/")) or "index"
-        stem = stem.rsplit(".", 1)[0] if "." in stem else stem
-        out = os.path.join(out_dir, f"{stem}.json")
-        components = list(idx.components)
-        with JsonIndexWriter(out, name=idx.name or None) as writer:
-            for c_num, comp in enumerate(components):
-                picked = [
-                    (k, n)
-                    for k, n in zip(chosen, names, strict=True)
-                    if comp.first_shard <= k < comp.stop_shard
-                ]
-                if not picked:
-                    continue
-                if c_num > 0:
-                    writer.start_component(comp.name or f"component{c_num}", comp.weight)
-                for k, name in picked:
-                    info = infos[k]
-                    size = os.path.getsize(os.path.join(out_dir, name))
-                    local = ShardInfo(name, info.nsamples, size=size, md5sum=info.md5sum)
-                    writer.add(local, idx.members(k))
+        tables = [idx.members(k) for k in chosen]
+        plan = _plan(out_dir, index, names, tables)
+        _check_destination(plan, index, [infos[k].url for k in chosen], force)
+        run = _Run(force)
+        try:
+            run.makedirs(out_dir)
+            picked = [(infos[k], t, d) for k, t, d in zip(chosen, tables, plan.shards, strict=True)]
+            _copy_all(picked, options, run, jobs, progress)
+            _write_index(plan, idx, chosen, names, tables, run)
+        except BaseException:
+            run.undo()
+            raise
+        run.finish()
     finally:
         idx.close()
     return SubsetReport(
-        index=out,
+        index=plan.index,
         shards=len(chosen),
         samples=sum(infos[k].nsamples for k in chosen),
-        bytes=sum(os.path.getsize(os.path.join(out_dir, n)) for n in names),
-        copied=copied,
+        bytes=sum(os.path.getsize(p) for p in plan.shards),
+        copied=len(chosen),
         seconds=time.monotonic() - t0,
     )
 
 
+def _write_index(
+    plan: _Plan, idx: Any, chosen: list[int], names: list[str], tables: list[Any], run: _Run
+) -> None:
+    """Write the subset's index in a staging directory, then publish sidecars, then the index."""
+    from .index_json import JsonIndexWriter
+
+    staging = run.staging(plan.out_dir)
+    infos = idx.shards
+    with JsonIndexWriter(
+        os.path.join(staging, os.path.basename(plan.index)), name=idx.name or None
+    ) as writer:
+        for c_num, comp in enumerate(idx.components):
+            picked = [j for j, k in enumerate(chosen) if comp.first_shard <= k < comp.stop_shard]
+            if not picked:
+                continue
+            if c_num > 0:
+                writer.start_component(comp.name or f"component{c_num}", comp.weight)
+            for j in picked:
+                info = infos[chosen[j]]
+                st = os.stat(plan.shards[j])
+                local = ShardInfo(
+                    names[j], info.nsamples, size=st.st_size, mtime=st.st_mtime, md5sum=info.md5sum
+                )
+                writer.add(local, tables[j])
+    staged = writer.members_dir
+    if plan.sidecars:
+        run.makedirs(plan.members_dir)
+        for dest in plan.sidecars:
+            run.place(os.path.join(staged, os.path.basename(dest)), dest)
+    run.place(writer.path, plan.index)
+
+
 def _copy_all(
-    infos: list[ShardInfo],
-    chosen: list[int],
-    names: list[str],
-    out_dir: str,
+    picked: list[tuple[ShardInfo, Any, str]],
     options: Mapping[str, Any],
+    run: _Run,
     jobs: int,
     progress: bool,
-) -> int:
-    import threading
-
+) -> None:
     bar: Any = None
     if progress:
         from tqdm import tqdm
 
-        total = sum(infos[k].size or 0 for k in chosen) or None
+        total = sum(info.size or 0 for info, _, _ in picked) or None
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="copying", leave=True)
     mutex = threading.Lock()
 
@@ -231,23 +440,25 @@ def _copy_all(
             with mutex:
                 bar.update(n)
 
+    pool = ThreadPoolExecutor(max(1, jobs))
     try:
-        with ThreadPoolExecutor(max(1, jobs)) as pool:
-            futures = [
-                pool.submit(_copy, infos[k], os.path.join(out_dir, n), options, step)
-                for k, n in zip(chosen, names, strict=True)
-            ]
-            return sum(f.result() for f in futures)
+        futures = [pool.submit(_copy, i, t, d, options, run, step) for i, t, d in picked]
+        for f in futures:
+            f.result()  # the first failure: stop the rest, then undo what was published
     finally:
+        pool.shutdown(wait=True, cancel_futures=True)
         if bar is not None:
             bar.close()
 
 
 def snapshot_path(cache_dir: str | os.PathLike[str], url: str) -> str:
-    """Where the snapshot of index ``url`` lives in ``cache_dir``."""
+    """Where the snapshot of index ``url`` lives in ``cache_dir``.
+
+    Named by the URL without credentials, so a re-signed URL of the same index finds it.
+    """
     from .cache import entry_key
 
-    return os.path.join(os.fspath(cache_dir), "indexes", entry_key(url) + ".json")
+    return os.path.join(os.fspath(cache_dir), "indexes", entry_key(redact_url(url)) + ".json")
 
 
 def save_snapshot(
@@ -258,6 +469,11 @@ def save_snapshot(
 ) -> str | None:
     """Keep a copy of the open index ``reader`` (read from ``url``) for offline use.
 
+    The copy holds no secrets: its URLs (the index's and every shard's) are stored without
+    ``user:password@`` and without signature or token query parameters (see
+    :func:`wids.redact.redact_url`). Offline, a shard is found in the shard cache under the
+    same credential-free URL (:func:`wids.cache.entry_key` ignores credentials).
+
     Rewritten only when the remote index changed (its size/etag/mtime, one stat). Failures
     are logged, not raised: the snapshot is a convenience for later offline runs.
 
@@ -267,13 +483,14 @@ def save_snapshot(
     import logging
 
     from .index_json import JsonIndexWriter
-    from .remote import Source, redact_url
+    from .remote import Source
 
     path = snapshot_path(cache_dir, url)
     try:
         stat = Source(url, storage_options).info()
         ident = {
             "kind": _SNAPSHOT,
+            "version": _SNAPSHOT_VERSION,
             "url": redact_url(url),
             "size": stat.size,
             "etag": stat.etag,
@@ -287,7 +504,7 @@ def save_snapshot(
                 if num > 0:
                     writer.start_component(comp.name or f"component{num}", comp.weight)
                 for info in shards[comp.first_shard : comp.stop_shard]:
-                    writer.add(info, None)
+                    writer.add(dataclasses.replace(info, url=redact_url(info.url)), None)
             writer.set_report(ident)
         return path
     except (OSError, ValueError) as e:
@@ -315,7 +532,6 @@ def open_snapshot(url: str, cache_dir: str | os.PathLike[str]) -> Any:
     """
     from .errors import OfflineError
     from .index_json import JsonIndex
-    from .remote import redact_url
 
     path = snapshot_path(cache_dir, url)
     if not os.path.exists(path):
