@@ -296,6 +296,9 @@ def test_subset_from_sqlite_keeps_the_json_beside_it(tmp_path, capsys):
     with pytest.raises(OutputExistsError, match="train.json"):
         make_subset(str(src / "train.sqlite"), out, samples=5)
     assert _tree(out) == {"train.json": hashlib.sha256(b"mine").hexdigest()}
+    report = make_subset(str(src / "train.sqlite"), tmp_path / "fresh", samples=5)
+    ds = ShardListDataset(report.index, transformations=[])
+    assert [strip_meta(ds[i]) for i in range(len(ds))] == dataset_samples(paths)[:NSAMPLES]
 
 
 def test_subset_into_a_user_directory_replaces_only_with_force(tmp_path):

@@ -413,10 +413,11 @@ def _write_index(
                 )
                 writer.add(local, tables[j])
     staged = writer.members_dir
-    if plan.sidecars:
+    written = sorted(os.listdir(staged)) if os.path.isdir(staged) else []
+    if written:
         run.makedirs(plan.members_dir)
-        for dest in plan.sidecars:
-            run.place(os.path.join(staged, os.path.basename(dest)), dest)
+    for name in written:  # what the writer wrote; the plan's names were for the early check
+        run.place(os.path.join(staged, name), os.path.join(plan.members_dir, name))
     run.place(writer.path, plan.index)
 
 
