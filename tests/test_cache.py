@@ -226,7 +226,7 @@ def test_lock_timeout_names_the_shard(tmp_path):
     store = Store()
     url = store.put("s3://b/busy.tar", blob(100))
     cache = ShardCache(tmp_path, lock_timeout=0.2)
-    cache._ensure_dirs()
+    cache._prepare()
     with FileLock(cache._lockfile(entry_key(url))):
         with pytest.raises(LockTimeoutError, match="busy.tar"):
             store.open(cache, url)
@@ -382,15 +382,15 @@ def test_killed_download_is_redone(tmp_path):
 
 def test_clean_removes_abandoned_temp_files(tmp_path):
     cache = ShardCache(tmp_path)
-    cache._ensure_dirs()
-    stale = os.path.join(cache.cache_dir, "tmp", f".{entry_key('s3://b/x.tar')}.abc123.tmp")
+    cache._prepare()
+    stale = os.path.join(cache.cache_dir, "tmp", f".{entry_key('s3://b/x.tar')}.0123456789ab.tmp")
     with open(stale, "wb") as f:
         f.write(b"junk")
-    orphan = cache._data(entry_key("s3://b/y.tar"))  # data without a record
+    orphan = cache._data(entry_key("s3://b/y.tar"))  # data without a record: not ours
     with open(orphan, "wb") as f:
         f.write(b"junk")
-    assert cache.clean() == [entry_key("s3://b/y.tar")]
-    assert listing(cache, "tmp") == [] and listing(cache, "data") == []
+    assert cache.clean() == []
+    assert listing(cache, "tmp") == [] and listing(cache, "data") == [entry_key("s3://b/y.tar")]
 
 
 # -- offline, local, sources --------------------------------------------------------------------
@@ -541,7 +541,7 @@ def test_waiting_fetcher_takes_a_copy_fetched_meanwhile(tmp_path):
     store = Store()
     url = store.put("s3://b/raced.tar", blob(2000))
     cache = ShardCache(tmp_path, lock_timeout=10)
-    cache._ensure_dirs()
+    cache._prepare()
     key = entry_key(url)
     reader_hold = FileLock(cache._lockfile(key), shared=True)
     reader_hold.acquire()  # someone reading (or checking) the entry, for as long as it likes

@@ -179,7 +179,7 @@ def test_parse_size_and_duration():
     assert parse_size("2GiB") == 2 * 2**30
     assert parse_size("10G") == 10**10
     assert parse_duration("7d") == 7 * 86400
-    assert parse_duration("90") == 90
+    assert parse_duration("90s") == 90
     assert parse_duration("1.5h") == 5400
     for bad in ("", "ten", "5 parsecs"):
         with pytest.raises(argparse.ArgumentTypeError):

@@ -427,10 +427,13 @@ def scan_cached(
 
     Raises:
         IndexMismatchError: The shard's size differs from ``expected``.
+        CacheDirError: ``cache_dir`` is not one wids may use (see :mod:`wids.cachedir`).
     """
+    from .cachedir import cache_subdir
     from .errors import IndexMismatchError
     from .lock import FileLock, atomic_write_bytes
 
+    cache_subdir(cache_dir, "scans")  # a marked cache directory, no links inside
     path = _scan_path(cache_dir, source.url)
     stat = source.info(stats)
     if expected is not None and expected.size is not None and expected.size != stat.size:
@@ -441,7 +444,6 @@ def scan_cached(
     cached = _load_scan(path, stat)
     if cached is not None:
         return cached
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     with FileLock(path + ".lock", timeout=lock_timeout):
         cached = _load_scan(path, stat)
         if cached is not None:

@@ -12,8 +12,9 @@ API (what ``ShardListDataset`` and the ``wids cache`` command use)::
     cache.contains(url); cache.entries(); cache.total_bytes()
     cache.evict_to(max_bytes); cache.clean(older_than=None, max_bytes=None); cache.remove(url)
 
-Layout of ``cache_dir`` (created on first use)::
+Layout of ``cache_dir`` (created and marked on first use, see :mod:`wids.cachedir`)::
 
+    wids-cache.json                  the mark: this directory is a wids cache, layout version 1
     CACHEDIR.TAG                     backup tools skip the directory
     data/<key>                       a complete, verified shard
     meta/<key>.json                  its record: url (redacted), size, etag, md5, last access
@@ -28,6 +29,12 @@ Layout of ``cache_dir`` (created on first use)::
 can name a path outside ``cache_dir``. The record also keeps the full hash, so the key alone
 never decides identity.
 
+Ownership: wids refuses a non-empty directory it did not mark and layout subdirectories that
+are symbolic links (:mod:`wids.cachedir`). Clean and eviction delete only entries that have a
+record in ``meta/``, and a download's record is written before its data is published, so every
+data file wids makes is recorded; files of anyone else in ``data/`` are neither counted against
+the budget nor deleted, and only temporary files of wids' own naming are removed.
+
 Protocol: an open takes the entry's lock shared and checks the entry (record present, data
 file's size, inode and mtime as recorded, and the caller's size/etag/md5 when given). If the
 check fails it upgrades to exclusive (waiting a quarter second at a time, then checking again:
@@ -37,7 +44,10 @@ checks again, removes temporary files left by killed downloads of this entry, do
 The returned :class:`CachedShard` keeps the shared lock until closed, so eviction, which
 takes entries only with a non-blocking exclusive lock, never removes an entry being read.
 Eviction is least-recently-used by the record's ``last_access``. While more shards are open
-than the budget holds, the cache exceeds it; the budget is restored as they are closed.
+than the budget holds, the cache exceeds it; the budget is restored as they are closed, when a
+process exits with shards still open (a finalizer), and, for processes that ended without
+running it (killed, or a DataLoader worker's ``os._exit``), by the next process that uses the
+cache with a budget.
 """
 
 from __future__ import annotations
@@ -48,13 +58,16 @@ import json
 import logging
 import os
 import re
+import stat
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import cachedir
 from .errors import (
     CacheBudgetError,
     CacheError,
@@ -63,7 +76,7 @@ from .errors import (
     OfflineError,
     ShardNotFoundError,
 )
-from .lock import TEMP_SUFFIX, FileLock, TempFile, atomic_write, remove_stale_temps
+from .lock import FileLock, TempFile, atomic_write
 from .promote import Promoter
 from .redact import redact_url
 from .remote import comparable_etag
@@ -80,10 +93,7 @@ _VERSION = 1
 _MAX_ATTEMPTS = 5  # fetches of one entry in one open before giving up (eviction thrash)
 _UPGRADE_SLICE = 0.25  # seconds of waiting for an exclusive lock before looking again
 _TOUCH_EVERY = 1.0  # seconds; coarser last-access updates save a metadata write per open
-_CACHEDIR_TAG = (
-    "Signature: 8a477f597d28d172789f06886806bc55\n"
-    "# This file is a cache directory tag created by wids.\n"
-)
+_SUBDIRS = ("data", "meta", "locks", "tmp")  # this module's part of the cachedir layout
 
 
 def entry_key(url: str) -> str:
@@ -191,6 +201,12 @@ class CachedShard:
             if self._on_close is not None:
                 self._on_close()
 
+    def _release_at_exit(self) -> None:
+        """Release the entry's lock (it becomes evictable) but keep reading the open file."""
+        lock, self._lock, self._on_close = self._lock, None, None
+        if lock is not None and self._pid == os.getpid():
+            lock.release()
+
     def __enter__(self) -> CachedShard:
         return self
 
@@ -241,6 +257,8 @@ class ShardCache:
         self._executor: ThreadPoolExecutor | None = None
         self._pending: dict[str, Future[None]] = {}
         self._mutex = threading.Lock()
+        self._ready = False  # the directory was checked (and marked) by this object
+        self._open_shards: weakref.WeakSet[CachedShard] = weakref.WeakSet()
 
     def __repr__(self) -> str:
         return f"ShardCache({self.cache_dir!r}, max_bytes={self.max_bytes!r}, keep={self.keep!r})"
@@ -265,13 +283,27 @@ class ShardCache:
     def _lockfile(self, key: str) -> str:
         return os.path.join(self.cache_dir, "locks", key + ".lock")
 
-    def _ensure_dirs(self) -> None:
-        for sub in ("data", "meta", "locks", "tmp"):
-            os.makedirs(os.path.join(self.cache_dir, sub), exist_ok=True)
-        tag = os.path.join(self.cache_dir, "CACHEDIR.TAG")
-        if not os.path.exists(tag):
-            with contextlib.suppress(OSError), atomic_write(tag, "w", fsync=False) as f:
-                f.write(_CACHEDIR_TAG)
+    def _prepare(self, *, create: bool = True) -> bool:
+        """Check (and if new, mark) the directory, once per object; ``False`` if it is missing.
+
+        With a budget, the first use also evicts down to it: processes that ended without
+        closing their shards (killed, ``os._exit``) may have left the cache over budget.
+
+        Raises:
+            CacheDirError: The directory is not one wids may use (see :mod:`wids.cachedir`).
+        """
+        if self._ready:
+            return True
+        if cachedir.open_cache_dir(self.cache_dir, *_SUBDIRS, create=create) is None:
+            return False
+        with self._mutex:
+            first, self._ready = not self._ready, True
+        if first and self.max_bytes is not None and not self.keep:
+            weakref.finalize(
+                self, _restore_budget, self._open_shards, self.cache_dir, self.max_bytes
+            )
+            self._evict_quietly()
+        return True
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -332,7 +364,7 @@ class ShardCache:
         if size is not None:
             self._check_fits(url, size)
         key = entry_key(url)
-        self._ensure_dirs()
+        self._prepare()
         deadline = time.monotonic() + self.lock_timeout
         lock = FileLock(self._lockfile(key), shared=True)
         fetches = 0
@@ -402,7 +434,7 @@ class ShardCache:
             The open shard, or ``None`` if it is not cached (or another process is writing it).
         """
         key = entry_key(url)
-        if not os.path.exists(self._data(key)):
+        if not os.path.exists(self._data(key)) or not self._prepare(create=False):
             return None
         lock = FileLock(self._lockfile(key), shared=True)
         if not lock.acquire(blocking=False):
@@ -504,6 +536,8 @@ class ShardCache:
         shard = CachedShard(url, path, fd, rec["size"], lock)
         if self.max_bytes is not None and not self.keep:
             shard._on_close = self._evict_quietly
+            with self._mutex:
+                self._open_shards.add(shard)
         return shard
 
     def _touch(self, key: str, rec: dict[str, Any]) -> None:
@@ -552,45 +586,31 @@ class ShardCache:
                     raise IndexMismatchError(
                         f"md5 is {actual}, the index says {md5sum}", shard=redact_url(url)
                     )
-            data = self._data(key)
-            # The data is fsynced (its bytes must be right after a crash); the record and the
-            # directory are not: losing either only makes the entry invalid (refetched),
-            # since the record names the data file's inode, size and mtime.
             if tmp.fd is None:  # an invariant, kept under python -O
                 raise RuntimeError("internal error: tmp.fd is not set")
             os.fsync(tmp.fd)
-            tmp.publish(data, fsync=False)
-        st = os.stat(data)
-        now = time.time()
-        rec = {
-            "format": _FORMAT,
-            "version": _VERSION,
-            "url": redact_url(url),
-            "url_sha256": _url_hash(url),
-            "size": st.st_size,
-            "etag": comparable_etag(got_etag if got_etag is not None else etag),
-            "md5sum": md5sum.lower() if md5sum is not None else None,
-            "file_ino": st.st_ino,
-            "file_mtime_ns": st.st_mtime_ns,
-            "created": now,
-            "last_access": now,
-        }
-        self._write_record(key, rec, fsync=False)
+            # The record goes first (a rename keeps the inode, size and mtime it names), so
+            # every data file wids publishes is recorded: clean and eviction delete only
+            # recorded entries. The directory is not fsynced: losing the rename only makes
+            # the entry invalid (refetched).
+            rec = _new_record(url, os.fstat(tmp.fd), etag if got_etag is None else got_etag, md5sum)
+            self._write_record(key, rec)
+            cachedir.check_layout(self.cache_dir, _SUBDIRS)  # never publish through a link
+            tmp.publish(self._data(key), fsync=False)
         if self.max_bytes is not None and not self.keep:
             self._evict_quietly()
 
     def _remove_entry_files(self, key: str) -> None:
-        """Remove an entry's record, data and abandoned downloads (exclusive lock held)."""
-        for path in (self._meta(key), self._data(key)):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        tmpdir = os.path.join(self.cache_dir, "tmp")
-        prefix = f".{key}."
-        for name in _listdir(tmpdir, hidden=True):
-            if name.startswith(prefix) and name.endswith(TEMP_SUFFIX):
+        """Remove an entry's data, record and abandoned downloads (exclusive lock held).
+
+        The data goes before the record, so a data file is never left without one.
+        """
+        cachedir.unlink_in(self.cache_dir, "data", key)
+        cachedir.unlink_in(self.cache_dir, "meta", key + ".json")
+        for name in _listdir(os.path.join(self.cache_dir, "tmp"), hidden=True):
+            if cachedir.is_own_temp(name, (key,)):
                 log.info("cache: removing abandoned download %s", name)
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(tmpdir, name))
+                cachedir.unlink_in(self.cache_dir, "tmp", name)
 
     def _make_room(self, size: int, url: str) -> None:
         if self.max_bytes is None:
@@ -620,12 +640,26 @@ class ShardCache:
         """Whether an intact copy of ``url`` is cached (no lock taken: a hint)."""
         return self._is_valid(entry_key(url), url, None, None, None)
 
-    def entries(self) -> list[CacheEntry]:
-        """The cached entries with a readable record, least recently used first."""
+    def _records(self) -> list[tuple[str, dict[str, Any]]]:
+        """``(key, record)`` of every readable record in ``meta/``, with or without data."""
         out = []
-        for key in _listdir(os.path.join(self.cache_dir, "data")):
-            rec = self._read_record(key)
-            if rec is None:
+        for name in _listdir(os.path.join(self.cache_dir, "meta")):
+            if name.endswith(".json"):
+                rec = self._read_record(name[: -len(".json")])
+                if rec is not None:
+                    out.append((name[: -len(".json")], rec))
+        return out
+
+    def entries(self) -> list[CacheEntry]:
+        """The recorded entries that have their data, least recently used first.
+
+        Raises:
+            CacheDirError: A subdirectory of the cache is a symbolic link.
+        """
+        cachedir.check_layout(self.cache_dir, _SUBDIRS)
+        out = []
+        for key, rec in self._records():
+            if _regular_size(self._data(key)) is None:
                 continue
             out.append(
                 CacheEntry(
@@ -642,54 +676,65 @@ class ShardCache:
         out.sort(key=lambda e: (e.last_access, e.key))
         return out
 
+    def _sizes(self) -> dict[str, int]:
+        """Sizes of the data files that have a record file: what the budget limits."""
+        recorded = {n[: -len(".json")] for n in _listdir(os.path.join(self.cache_dir, "meta"))}
+        sizes = {}
+        for key in _listdir(os.path.join(self.cache_dir, "data")):
+            size = _regular_size(self._data(key)) if key in recorded else None
+            if size is not None:
+                sizes[key] = size
+        return sizes
+
     def total_bytes(self) -> int:
-        """Bytes of all files under ``data/`` (what the budget limits)."""
-        total = 0
-        data = os.path.join(self.cache_dir, "data")
-        for key in _listdir(data):
-            with contextlib.suppress(FileNotFoundError):
-                total += os.stat(os.path.join(data, key)).st_size
-        return total
+        """Bytes of the recorded entries' data files (what the budget limits).
+
+        Files in ``data/`` that wids did not record are not counted (nor ever deleted).
+        """
+        return sum(self._sizes().values())
 
     def evict_to(self, max_bytes: int) -> list[str]:
         """Remove least-recently-used entries nobody has open until at most ``max_bytes`` remain.
 
-        Files without a valid record (left by a killed process) go first. Ignores ``keep``:
-        this is an explicit request.
+        Only recorded entries are candidates. Ignores ``keep``: this is an explicit request.
 
         Returns:
             The keys removed.
+
+        Raises:
+            CacheDirError: The directory is not one wids may use (see :mod:`wids.cachedir`).
         """
-        self._ensure_dirs()
+        if not self._prepare(create=False):
+            return []
         removed: list[str] = []
         evict_lock = FileLock(
             os.path.join(self.cache_dir, ".evict.lock"), timeout=self.lock_timeout
         )
         with evict_lock:
-            data = os.path.join(self.cache_dir, "data")
-            sizes = {}
-            for key in _listdir(data):
-                with contextlib.suppress(FileNotFoundError):
-                    sizes[key] = os.stat(os.path.join(data, key)).st_size
+            sizes = self._sizes()
             total = sum(sizes.values())
             if total <= max_bytes:
                 return removed
-            ranked = {e.key: e.last_access for e in self.entries()}
-            for key in sorted(sizes, key=lambda k: (k in ranked, ranked.get(k, 0.0))):
+            for entry in self.entries():
                 if total <= max_bytes:
                     break
-                if self._remove_if_free(key):
-                    removed.append(key)
-                    total -= sizes[key]
+                if entry.key in sizes and self._remove_if_free(entry.key):
+                    removed.append(entry.key)
+                    total -= sizes[entry.key]
         if removed:
             log.info("cache: evicted %d entries from %s", len(removed), self.cache_dir)
         return removed
 
     def _remove_if_free(self, key: str) -> bool:
+        """Remove a recorded entry nobody holds; ``False`` if held or not recorded."""
         lock = FileLock(self._lockfile(key))
         if not lock.acquire(blocking=False):
             return False  # open (shared) or being fetched (exclusive) somewhere
         try:
+            if self._read_record(key) is None:  # not (or no longer) an entry wids recorded
+                if _regular_size(self._data(key)) is None:
+                    lock.unlink()  # only the lock file this call may have created
+                return False
             self._remove_entry_files(key)
             lock.unlink()
             return True
@@ -698,47 +743,52 @@ class ShardCache:
 
     def remove(self, url: str) -> bool:
         """Remove ``url``'s entry now if nobody has it open; ``True`` if it is gone."""
-        self._ensure_dirs()
         key = entry_key(url)
+        if not self._prepare(create=False):
+            return True
         return self._remove_if_free(key) or not os.path.exists(self._data(key))
 
     def clean(self, older_than: float | None = None, max_bytes: int | None = None) -> list[str]:
         """Remove entries not used for ``older_than`` seconds, then evict to ``max_bytes``.
 
-        With neither given, removes every entry nobody has open. Always removes abandoned
-        downloads and temporary files.
+        With neither given, removes every entry nobody has open. Always removes records whose
+        data is gone, abandoned downloads, and temporary files of wids' own naming. Only what
+        the cache recorded is removed; a missing directory is left missing.
 
         Returns:
-            The keys removed.
+            The keys of the entries removed.
+
+        Raises:
+            CacheDirError: The directory is not one wids may use (see :mod:`wids.cachedir`).
         """
-        self._ensure_dirs()
+        if not self._prepare(create=False):
+            return []
         removed: list[str] = []
-        if older_than is not None or max_bytes is None:
-            cutoff = None if older_than is None else time.time() - older_than
-            keys = {e.key: e.last_access for e in self.entries()}
-            for key in _listdir(os.path.join(self.cache_dir, "data")):
-                if cutoff is None or keys.get(key, 0.0) < cutoff:
+        cutoff = None if older_than is None else time.time() - older_than
+        for key, rec in self._records():
+            has_data = _regular_size(self._data(key)) is not None
+            if not has_data:
+                self._remove_if_free(key)  # a record whose data is gone
+            elif older_than is not None or max_bytes is None:
+                if cutoff is None or float(rec.get("last_access", 0)) < cutoff:
                     if self._remove_if_free(key):
                         removed.append(key)
         if max_bytes is not None:
             removed += self.evict_to(max_bytes)
         self._remove_stale_downloads()
-        remove_stale_temps(os.path.join(self.cache_dir, "meta"))
-        remove_stale_temps(self.cache_dir)
+        cachedir.remove_own_temps(self.cache_dir, "meta")
+        cachedir.remove_own_temps(self.cache_dir)
         return removed
 
     def _remove_stale_downloads(self) -> None:
-        tmpdir = os.path.join(self.cache_dir, "tmp")
-        names = [n for n in _listdir(tmpdir, hidden=True) if n.endswith(TEMP_SUFFIX)]
-        keys = {n[1:].rsplit(".", 2)[0] for n in names}
-        for key in keys:
+        names = _listdir(os.path.join(self.cache_dir, "tmp"), hidden=True)
+        for key in {n[1:].rsplit(".", 2)[0] for n in names if cachedir.is_own_temp(n)}:
             lock = FileLock(self._lockfile(key))
-            if lock.acquire(blocking=False):
+            if lock.acquire(blocking=False):  # nobody is fetching this entry
                 try:
-                    for name in _listdir(tmpdir, hidden=True):
-                        if name.startswith(f".{key}.") and name.endswith(TEMP_SUFFIX):
-                            with contextlib.suppress(FileNotFoundError):
-                                os.unlink(os.path.join(tmpdir, name))
+                    for name in names:
+                        if cachedir.is_own_temp(name, (key,)):
+                            cachedir.unlink_in(self.cache_dir, "tmp", name)
                 finally:
                     lock.release()
 
@@ -787,6 +837,54 @@ def _open_local(url: str, path: str) -> CachedShard:
     except FileNotFoundError as e:
         raise ShardNotFoundError("no such file", shard=path) from e
     return CachedShard(url, path, fd, os.fstat(fd).st_size, None)
+
+
+def _new_record(
+    url: str, st: os.stat_result, etag: str | None, md5sum: str | None
+) -> dict[str, Any]:
+    now = time.time()
+    return {
+        "format": _FORMAT,
+        "version": _VERSION,
+        "url": redact_url(url),
+        "url_sha256": _url_hash(url),
+        "size": st.st_size,
+        "etag": comparable_etag(etag),
+        "md5sum": md5sum.lower() if md5sum is not None else None,
+        "file_ino": st.st_ino,
+        "file_mtime_ns": st.st_mtime_ns,
+        "created": now,
+        "last_access": now,
+    }
+
+
+def _regular_size(path: str) -> int | None:
+    """The size of ``path`` if it is a regular file (links are not followed), else ``None``."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def _restore_budget(shards: weakref.WeakSet[CachedShard], cache_dir: str, max_bytes: int) -> None:
+    """At exit: release the shards this process still holds, then evict down to the budget.
+
+    Their files stay open and readable (an unlinked file's data lives while it is open), so a
+    thread still reading during shutdown reads the right bytes.
+    """
+    released = 0
+    for shard in list(shards):
+        if not shard.closed and shard._lock is not None and shard._pid == os.getpid():
+            shard._release_at_exit()
+            released += 1
+    if released:
+        # keep=True: this short-lived object must not register a finalizer of its own.
+        cache = ShardCache(cache_dir, max_bytes=max_bytes, keep=True, lock_timeout=10.0)
+        try:
+            cache.evict_to(max_bytes)
+        except (OSError, LockTimeoutError) as e:
+            log.warning("cache eviction in %s at exit failed: %s", cache_dir, e)
 
 
 def _listdir(path: str, *, hidden: bool = False) -> list[str]:

@@ -288,7 +288,7 @@ _SIZE_UNITS = {
     "gib": 2**30,
     "tib": 2**40,
 }
-_TIME_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_TIME_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
 def parse_size(text: str) -> int:
@@ -302,12 +302,17 @@ def parse_size(text: str) -> int:
 
 
 def parse_duration(text: str) -> float:
-    """``"7d"``, ``"12h"``, ``"30m"``, ``"90s"``, ``"3600"`` (seconds) to seconds."""
+    """``"7d"``, ``"12h"``, ``"30m"``, ``"90s"``, ``"2w"`` to seconds; a unit is required."""
     import re
 
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([A-Za-z]*)\s*", text)
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([A-Za-z]*)\s*", text)
+    if m and not m.group(2):
+        raise argparse.ArgumentTypeError(
+            f"{text.strip()!r} has no unit: write {m.group(1)}s, {m.group(1)}m, "
+            f"{m.group(1)}h or {m.group(1)}d"
+        )
     if not m or m.group(2).lower() not in _TIME_UNITS:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 7d, 12h, 30m)")
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 7d, 12h, 30m, 90s)")
     return float(m.group(1)) * _TIME_UNITS[m.group(2).lower()]
 
 
@@ -409,37 +414,74 @@ def _add_cache(sub: argparse._SubParsersAction) -> None:
         formatter_class=fmt,
         epilog="examples:\n  wids cache clean --older-than 7d\n  wids cache clean --max-size 50G\n",
     )
-    cl.add_argument("--older-than", type=parse_duration, help="not used for this long: 7d, 12h")
+    cl.add_argument(
+        "--older-than",
+        type=parse_duration,
+        help="not used for this long; a unit is required: 90s, 30m, 12h, 7d, 2w",
+    )
     cl.add_argument("--max-size", type=parse_size, help="evict LRU entries down to: 50G, 500M")
     p.set_defaults(func=_cmd_cache)
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    import time
-
     from .cache import ShardCache
+    from .cachedir import MARKER, cache_state
+    from .errors import CacheDirError
 
     cache = ShardCache(args.cache_dir or default_cache_dir())
-    if args.cache_command == "ls":
-        entries = cache.entries()
-        if args.json:
-            print(json.dumps([{k: getattr(e, k) for k in e.__slots__} for e in entries], indent=2))
-            return 0
-        for e in entries:
-            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_access))
-            print(f"{when}  {_human(e.size):>9}  {redact_url(e.url)}")
+    root = cache.cache_dir
+    state = cache_state(root)
+    if state == "unmarked":
+        raise CacheDirError(
+            f"{root} is not a wids cache (no {MARKER}): nothing to list, and wids will not "
+            "clean it; check --cache-dir"
+        )
+    if state != "marked":
+        what = "does not exist" if state == "missing" else "is empty"
+        as_json = args.cache_command == "ls" and args.json
+        print(f"no cache: {root} {what}", file=sys.stderr if as_json else sys.stdout)
+        if as_json:
+            print("[]")
         return 0
+    if args.cache_command == "ls":
+        return _cache_ls(cache, args.json)
     if args.cache_command == "du":
-        entries = cache.entries()
-        print(f"{_human(cache.total_bytes())} in {len(entries)} shards  {cache.cache_dir}")
+        print(_cache_du(cache))
         return 0
     before = cache.total_bytes()
     removed = cache.clean(older_than=args.older_than, max_bytes=args.max_size)
-    freed = before - cache.total_bytes()
+    left = cache.total_bytes()
     print(
-        f"removed {len(removed)} shards, freed {_human(freed)}; {_human(cache.total_bytes())} left"
+        f"removed {len(removed)} shards, freed {_human(before - left)}; {_human(left)} left "
+        "(member tables in scans/ and index copies in indexes/ are kept)"
     )
     return 0
+
+
+def _cache_ls(cache: Any, as_json: bool) -> int:
+    import time
+
+    entries = cache.entries()
+    if as_json:
+        print(json.dumps([{k: getattr(e, k) for k in e.__slots__} for e in entries], indent=2))
+        return 0
+    if not entries:
+        print(f"no cached shards in {cache.cache_dir}")
+    for e in entries:
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_access))
+        print(f"{when}  {_human(e.size):>9}  {redact_url(e.url)}")
+    return 0
+
+
+def _cache_du(cache: Any) -> str:
+    from .cachedir import count_files
+
+    parts = [f"{_human(cache.total_bytes())} in {len(cache.entries())} shards"]
+    for sub, what in (("scans", "member tables"), ("indexes", "index copies")):
+        n, nbytes = count_files(cache.cache_dir, sub)
+        if n:
+            parts.append(f"{_human(nbytes)} in {n} {what}")
+    return f"{', '.join(parts)}  {cache.cache_dir}"
 
 
 # ------------------------------------------------------------------------------------ show

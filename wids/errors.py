@@ -17,6 +17,7 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     │   └── ShortReadError                    fewer bytes arrived than were asked for
     ├── CacheError(OSError)                   the local shard cache cannot serve a request
     │   ├── CacheBudgetError                  an entry is larger than the cache's byte budget
+    │   ├── CacheDirError                     a directory wids may not use as its cache
     │   └── OfflineError                      offline mode, and the data is not local
     ├── LockTimeoutError(TimeoutError)        a file lock was not acquired in time
     ├── OutputExistsError(FileExistsError)    writing would replace a file wids did not create
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 __all__ = [
     "CacheBudgetError",
+    "CacheDirError",
     "CacheError",
     "DecodeError",
     "HeaderChecksumError",
@@ -138,6 +140,15 @@ class CacheError(WidsError, OSError):
 
 class CacheBudgetError(CacheError):
     """A shard is larger than the cache's whole byte budget."""
+
+
+class CacheDirError(CacheError):
+    """A directory that wids may not use as a cache.
+
+    Raised for a non-empty directory without the wids mark (wids writes to and deletes from
+    only directories it created), a mark from an unknown layout version, and a subdirectory
+    of the layout that is a symbolic link or not a directory.
+    """
 
 
 class OfflineError(CacheError):

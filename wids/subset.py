@@ -483,11 +483,13 @@ def save_snapshot(
     """
     import logging
 
+    from .cachedir import cache_subdir
     from .index_json import JsonIndexWriter
     from .remote import Source
 
     path = snapshot_path(cache_dir, url)
     try:
+        cache_subdir(cache_dir, "indexes")  # a marked cache directory, no links inside
         stat = Source(url, storage_options).info()
         ident = {
             "kind": _SNAPSHOT,
