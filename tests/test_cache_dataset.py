@@ -10,7 +10,7 @@ from tar_oracle import dataset_samples, strip_meta
 from wids.build import build_index
 from wids.cache import Promoter, ShardCache
 from wids.dataset import ShardListDataset
-from wids.errors import OfflineError
+from wids.errors import CacheDirError, OfflineError
 from wids.synth import write_dataset
 
 pytestmark = pytest.mark.servers
@@ -169,3 +169,63 @@ def test_dataloader_workers_share_a_budgeted_cache(remote, tmp_path, access):
     assert seen == len(ds)
     assert _data_bytes(tmp_path) <= budget
     assert os.listdir(tmp_path / "tmp") == []
+
+
+# -- issue 10 item 1: eviction never deletes files wids did not create --------------------------
+
+
+def _user_files(directory) -> dict[str, bytes]:
+    os.makedirs(directory, exist_ok=True)
+    files = {"mine-000000.tar": os.urandom(30_000), "notes.txt": b"keep me"}
+    for name, data in files.items():
+        with open(os.path.join(directory, name), "wb") as f:
+            f.write(data)
+        os.utime(os.path.join(directory, name), (1, 1))  # "least recently used" of all
+    return files
+
+
+def _contents(directory) -> dict[str, bytes]:
+    return {n: open(os.path.join(directory, n), "rb").read() for n in os.listdir(directory)}
+
+
+@pytest.mark.parametrize("link", [False, True])
+def test_shard_access_refuses_a_users_directory(remote, tmp_path, link):
+    """The issue's case: a directory with the user's ``data/`` (or a ``data`` link to the
+    user's folder) given as ``cache_dir`` with a small ``cache_size``: refused, nothing
+    deleted, nothing published into the user's folder."""
+    d = tmp_path / "D"
+    if link:
+        mine = _user_files(tmp_path / "user")
+        d.mkdir()
+        os.symlink(tmp_path / "user", d / "data")
+    else:
+        mine = _user_files(d / "data")
+    ds = ShardListDataset(
+        remote["index"],
+        access="shard",
+        cache_dir=d,
+        cache_size=max(os.path.getsize(p) for p in remote["paths"]) + 1,
+        transformations=[],
+    )
+    with pytest.raises(CacheDirError, match="not a wids cache"):
+        ds[0]
+    ds.close()
+    assert _contents(d / "data") == mine
+    assert sorted(os.listdir(d)) == ["data"]
+
+
+def test_eviction_keeps_files_a_user_put_in_a_wids_cache(remote, tmp_path):
+    """A cache wids created, with files of the user's dropped into its ``data/``: a budgeted
+    epoch evicts only the cache's own entries and keeps within budget."""
+    budget = 2 * max(os.path.getsize(p) for p in remote["paths"])
+    kw = dict(access="shard", cache_dir=tmp_path, cache_size=budget, lru_size=1)
+    ds = ShardListDataset(remote["index"], transformations=[], **kw)
+    ds[0]
+    mine = _user_files(tmp_path / "data")
+    for i in range(len(ds)):
+        assert strip_meta(ds[i]) == remote["oracle"][i], i
+    ds.close()
+    left = _contents(tmp_path / "data")
+    assert {n: left[n] for n in mine} == mine
+    assert ShardCache(tmp_path).total_bytes() <= budget
+    assert sum(len(v) for n, v in left.items() if n not in mine) <= budget

@@ -153,3 +153,85 @@ def test_tampered_cache_file_is_fetched_again(http_server, tmp_path, how):
     with cache.open(Source(url), size=len(data)) as shard:
         assert shard.read_range(0, len(data)) == data
     assert http_server.request_count(name) > first
+
+
+# -- the budget at rest -------------------------------------------------------------------------
+
+_EXIT_WITHOUT_CLOSE = r"""
+import os, sys
+from wids.dataset import ShardListDataset
+
+index, cache_dir, budget, per_shard, how = sys.argv[1:]
+ds = ShardListDataset(
+    index, access="shard", cache_dir=cache_dir, cache_size=int(budget), lru_size=100,
+    transformations=[],
+)
+for shard in range(len(ds.lengths)):
+    ds[shard * int(per_shard)]
+data = os.path.join(cache_dir, "data")
+print(sum(os.path.getsize(os.path.join(data, n)) for n in os.listdir(data)), flush=True)
+if how == "daemon":  # still referenced at exit, so never collected: no __del__ runs
+    import threading, time
+    threading.Thread(target=lambda ds=ds: time.sleep(600), daemon=True).start()
+if how == "os._exit":  # what a DataLoader worker does: no atexit, no finalizers
+    os._exit(0)
+"""
+
+
+@pytest.fixture(scope="module")
+def rest_dataset(http_server, tmp_path_factory):
+    from wids.build import build_index
+
+    src = tmp_path_factory.mktemp("rest")
+    paths = write_dataset(
+        str(src), shards=5, samples_per_shard=10, real_images=False, prefix="rest"
+    )
+    urls = [http_server.put(p, f"rest/{os.path.basename(p)}") for p in paths]
+    index = str(src / "rest.json")
+    build_index(urls, index, name="rest")
+    return {"index": index, "urls": urls, "size": max(os.path.getsize(p) for p in paths)}
+
+
+def _run_without_close(rest_dataset, cache_dir: str, budget: int, how: str) -> int:
+    """A process reads one sample of every shard (all held open) and exits without close()."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_WITHOUT_CLOSE, rest_dataset["index"], cache_dir]
+        + [str(budget), "10", how],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert proc.returncode == 0, proc.stderr
+    return int(proc.stdout.split()[-1])
+
+
+@pytest.mark.parametrize("how", ["return", "daemon"])
+def test_a_process_exiting_without_close_leaves_the_cache_within_budget(
+    rest_dataset, tmp_path, how
+):
+    """``daemon``: a thread still references the dataset at exit, so its shards are never
+    collected (no ``__del__``); the cache's exit finalizer restores the budget anyway."""
+    budget = 2 * rest_dataset["size"]
+    cache_dir = str(tmp_path / "cache")
+    while_open = _run_without_close(rest_dataset, cache_dir, budget, how)
+    assert while_open > budget  # five shards held open exceed a budget of two
+    assert _data_bytes(cache_dir) <= budget  # restored by the finalizer at exit
+    assert len(ShardCache(cache_dir).entries()) >= 1
+
+
+def test_the_next_opener_restores_a_budget_left_exceeded(rest_dataset, tmp_path):
+    """A process that ends without finalizers (``os._exit``, SIGKILL) leaves the cache over
+    budget; the next process that uses it with a budget evicts on its first open."""
+    budget = 2 * rest_dataset["size"]
+    cache_dir = str(tmp_path / "cache")
+    while_open = _run_without_close(rest_dataset, cache_dir, budget, "os._exit")
+    assert while_open > budget and _data_bytes(cache_dir) == while_open  # over budget at rest
+    cache = ShardCache(cache_dir, max_bytes=budget)
+    url = rest_dataset["urls"][-1]  # the most recently used: still cached
+    with cache.open(Source(url)) as shard:
+        assert shard.size > 0
+        assert _data_bytes(cache_dir) <= budget  # before any close: the open itself evicted

@@ -223,8 +223,9 @@ class ShardCache:
     """A directory of verified shard copies shared by all processes that use it.
 
     Args:
-        cache_dir: The cache directory (created on first use). Give every user their own; a
-            world-writable shared root is not safe.
+        cache_dir: The cache directory, created and marked on first use; an existing one
+            must be empty or a wids cache (see :mod:`wids.cachedir`). Give every user their
+            own; a world-writable shared root is not safe.
         max_bytes: Byte budget; least-recently-used entries not open anywhere are evicted to
             keep within it. ``None``: no budget.
         keep: Never evict automatically (a full budget then raises :class:`CacheBudgetError`);
@@ -336,6 +337,8 @@ class ShardCache:
             IndexMismatchError: The downloaded shard differs from what the index says.
             LockTimeoutError: Another process held the entry longer than ``lock_timeout``.
             ShardNotFoundError: A local shard does not exist.
+            CacheDirError: ``cache_dir`` is not one wids may use (not empty and not a wids
+                cache, or a subdirectory is a symbolic link).
         """
         if source.is_local:
             return _open_local(source.url, source.local_path or source.url)
@@ -361,10 +364,10 @@ class ShardCache:
         ``download`` may return an object with an ``etag`` attribute (a ``FileStat``), which
         is then compared with ``etag`` and recorded.
         """
+        self._prepare()
         if size is not None:
             self._check_fits(url, size)
         key = entry_key(url)
-        self._prepare()
         deadline = time.monotonic() + self.lock_timeout
         lock = FileLock(self._lockfile(key), shared=True)
         fetches = 0
