@@ -193,3 +193,112 @@ def test_debug_logs_of_s3_libraries_are_redacted(s3_server, shards, tmp_path):
     for s in (key, secret):
         assert s not in r.stdout + r.stderr
     assert "Signature=" not in r.stderr.replace("Signature=***", "")
+
+
+# ----------------------------------------------------------------- where the index goes
+
+
+def _so_flags(options: dict, prefix: str = "") -> list[str]:
+    flags: list[str] = []
+    for k, v in options.items():
+        if isinstance(v, dict):
+            flags += _so_flags(v, f"{prefix}{k}.")
+        else:
+            flags += ["-s", f"{prefix}{k}={v}"]
+    return flags
+
+
+def _raw_samples(url: str, storage_options: dict | None = None) -> list[dict]:
+    from wids import ShardListDataset
+
+    ds = ShardListDataset(url, transformations=[], storage_options=storage_options)
+    try:
+        return [
+            {k: v for k, v in ds[i].items() if k.startswith(".") or k == "__key__"}
+            for i in range(len(ds))
+        ]
+    finally:
+        ds.close()
+
+
+def test_index_create_and_convert_write_to_s3(s3_server, shards, tmp_path):
+    """-o s3://... uploads the index (sidecars, then description); it reads back right."""
+    for p in shards:
+        s3_server.put(p, f"out/{os.path.basename(p)}")
+    pattern = s3_server.url("out/synth-{000000..000002}.tar")
+    so = _so_flags(s3_server.storage_options)
+    out = s3_server.url("out/train.json")
+    r = run("index", "create", pattern, "-o", out, "-q", *so, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(out) and "3 shards, 60 samples" in r.stdout
+    assert os.listdir(tmp_path) == []  # no local folder named "s3:"
+    fs = s3_server.fs
+    fs.invalidate_cache()
+    desc = json.loads(fs.cat_file(out))
+    assert [s["url"] for s in desc["shardlist"]] == [os.path.basename(p) for p in shards]
+    assert len(fs.ls(s3_server.url("out/train.members"))) == 3
+    assert not [p for p in fs.find(s3_server.url("out")) if p.endswith((".tmp", ".lock"))]
+
+    local = str(tmp_path / "local.json")
+    assert run("index", "create", *shards, "-o", local, "-q").returncode == 0
+    expected = _raw_samples(local)
+    assert _raw_samples(out, s3_server.storage_options) == expected
+
+    again = run("index", "create", pattern, "-o", out, "-q", *so)
+    assert again.returncode == 0 and "(0 scanned, 3 unchanged)" in again.stdout, again.stdout
+
+    db = s3_server.url("out/train.sqlite")
+    r = run("index", "create", pattern, "-o", db, "-q", *so)
+    assert r.returncode == 0, r.stderr
+    assert _raw_samples(db, s3_server.storage_options) == expected
+    conv = s3_server.url("out/conv.sqlite")
+    r = run("index", "convert", out, conv, *so)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"wrote {conv}"
+    assert _raw_samples(conv, s3_server.storage_options) == expected
+
+
+@pytest.mark.parametrize("scheme", ["http", "https", "zip"])
+def test_a_read_only_output_scheme_is_one_line_before_any_scanning(tmp_path, scheme):
+    missing = str(tmp_path / "missing.tar")  # scanning it would fail with "no such file"
+    out = f"{scheme}://u:secretpw@127.0.0.1:9/data/train.json"
+    for args in (("index", "create", missing, "-o", out), ("index", "convert", missing, out)):
+        r = run(*args, cwd=str(tmp_path))
+        assert r.returncode == 2
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "read-only" in r.stderr and "secretpw" not in r.stderr, r.stderr
+        assert os.listdir(tmp_path) == []
+
+
+def test_an_output_that_is_a_shard_or_a_users_file_is_refused(shards, tmp_path):
+    import shutil
+    import sqlite3
+
+    shard_named_json = tmp_path / "weird.json"
+    shutil.copy(shards[0], shard_named_json)
+    notes = tmp_path / "notes.json"
+    notes.write_text("[1, 2, 3]\n")
+    db = tmp_path / "mine.sqlite"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    (tmp_path / "dir.json").mkdir()
+    before = {p: p.read_bytes() for p in (shard_named_json, notes, db)}
+    cases = [
+        ([str(shard_named_json)], shard_named_json, "one of the shards"),
+        (shards, notes, "not a wids index"),
+        (shards, db, "not a wids index"),
+        (shards, tmp_path / "dir.json", "is a directory"),
+    ]
+    for inputs, out, why in cases:
+        r = run("index", "create", *inputs, "-o", str(out), "-q")
+        assert r.returncode == 2 and why in r.stderr, r.stderr
+    for p, data in before.items():
+        assert p.read_bytes() == data
+    r = run("index", "convert", str(notes), str(notes))
+    assert r.returncode == 2 and notes.read_bytes() == before[notes]
+    # An index (ours or a reference description) is rebuilt in place, as before.
+    idx = tmp_path / "idx.json"
+    ref = {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": []}
+    idx.write_text(json.dumps(ref))
+    assert run("index", "create", *shards, "-o", str(idx), "-q").returncode == 0
+    assert run("index", "create", *shards, "-o", str(idx), "-q").returncode == 0

@@ -385,6 +385,67 @@ class IndexContract:
             assert ix.shard_extra(2) == {"tag": "x"}
             assert [ix.members(i) for i in range(3)] == [t for _, t in entries]
 
+    # -- writing to a URL ----------------------------------------------------------------------
+
+    def check_written(self, url: str, shards: list[Path], options: dict | None = None) -> None:
+        from wids import ShardListDataset
+
+        ix = open_index(url, options)
+        try:
+            assert [ix.members(i) for i in range(len(shards))] == [tar_table(p) for p in shards]
+        finally:
+            ix.close()
+        ds = ShardListDataset(url, transformations=[], storage_options=options)
+        try:
+            with tarfile.open(shards[2]) as tf:
+                first = tf.getmembers()[0]
+                want = tf.extractfile(first).read()  # type: ignore[union-attr]
+            got = ds[len(ds) - len(tar_table(shards[2]))]
+            assert got["__key__"] == split_name(first.name)[0]  # type: ignore[index]
+            assert got[split_name(first.name)[1]] == want  # type: ignore[index]
+        finally:
+            ds.close()
+
+    def test_build_and_convert_to_memory_url(self, tmp_path: Path, shards: list[Path]) -> None:
+        """A store without atomic PUT: temporary name, then a move; nothing left beside it."""
+        import fsspec
+
+        from wids.build import build_index
+
+        base = f"memory://wids-{uuid.uuid4().hex[:8]}"
+        fs = fsspec.filesystem("memory")
+        urls = [f"{base}/d/{p.name}" for p in shards]
+        for p, u in zip(shards, urls, strict=True):
+            fs.put_file(str(p), u)
+        url = f"{base}/d/index{self.suffix}"
+        assert build_index(urls, url).shards == 3
+        self.check_written(url, shards)
+        converted = f"{base}/e/conv{self.other_suffix}"
+        convert_index(url, converted)
+        self.check_written(converted, shards)
+        left = [p for p in fs.find(base.removeprefix("memory://")) if p.endswith(".tmp")]
+        assert left == []
+
+    def test_build_to_gcs_and_rebuild_drops_stale_sidecars(
+        self, gcs_server: Any, tmp_path: Path, shards: list[Path]
+    ) -> None:
+        from wids.build import build_index
+
+        options = gcs_server.storage_options
+        prefix = f"w-{uuid.uuid4().hex[:8]}"
+        urls = [gcs_server.put(p, f"{prefix}/{p.name}") for p in shards]
+        url = gcs_server.url(f"{prefix}/index{self.suffix}")
+        assert build_index(urls, url, storage_options=options).scanned == 3
+        self.check_written(url, shards, options)
+        again = build_index(urls[:2], url, storage_options=options)
+        assert (again.scanned, again.reused, again.shards) == (0, 2, 2)
+        fs = gcs_server.fs
+        fs.invalidate_cache()
+        listed = [p.rsplit("/", 1)[-1] for p in fs.find(gcs_server.url(prefix))]
+        sidecars = [n for n in listed if n.endswith(".tar.json")]
+        assert len(sidecars) == (2 if self.suffix == ".json" else 0)
+        assert not [n for n in listed if n.endswith((".tmp", ".lock"))]
+
     def test_create_index_writer_by_suffix(self, tmp_path: Path) -> None:
         assert isinstance(create_index_writer(tmp_path / f"x{self.suffix}"), self.Writer)
         with pytest.raises(ValueError):

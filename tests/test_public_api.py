@@ -16,6 +16,7 @@ EXPECTED = [
     "DatasetStats",
     "DecodeError",
     "Decoder",
+    "DestinationError",
     "DistributedChunkedSampler",
     "HeaderChecksumError",
     "IOStats",

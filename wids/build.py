@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import IndexFormatError, WidsError
+from .errors import IndexFormatError, ShardNotFoundError, WidsError
 from .index import IndexReader, ShardInfo, ShardMembers, open_index
 from .remote import FileStat, IOStats, Source, redact_url
 from .samples import DuplicatePolicy, group_members, group_regular
@@ -80,14 +80,6 @@ class BuildReport:
             "bad": [{"url": u, "error": e} for u, e in self.bad],
             "skipped_members": self.skipped_members,
         }
-
-
-def _check_output(path: str) -> None:
-    """Fail before any scanning if ``path`` names no index backend."""
-    from .index_convert import SQLITE_SUFFIXES
-
-    if not path.lower().endswith((".json", *SQLITE_SUFFIXES)):
-        raise ValueError(f"index file must end in .json or .sqlite/.db, not {path!r}")
 
 
 def expand_shard_args(args: Iterable[str]) -> list[str]:
@@ -153,15 +145,6 @@ def _scan_job(
     return stat, members, skipped, stats.bytes_read, stats.requests
 
 
-def _stored_url(url: str, out_dir: str) -> str:
-    """Shards inside the index's directory are stored relative to it, others as given."""
-    if "://" in url and not url.startswith("file://"):
-        return url
-    path = os.path.abspath(url.removeprefix("file://"))
-    rel = os.path.relpath(path, out_dir)
-    return path if rel.startswith("..") else rel
-
-
 def _unchanged(old: ShardInfo, stat: FileStat) -> bool:
     if old.size != stat.size:
         return False
@@ -170,13 +153,17 @@ def _unchanged(old: ShardInfo, stat: FileStat) -> bool:
     return old.mtime is not None and old.mtime == stat.mtime
 
 
-def _open_existing(output: str) -> IndexReader | None:
-    if not os.path.exists(output):
+def _open_existing(output: str, storage_options: Mapping[str, Any] | None) -> IndexReader | None:
+    from .publish import is_remote
+
+    if not is_remote(output) and not os.path.exists(output):
         return None
     try:
-        return open_index(output)
+        return open_index(output, storage_options if is_remote(output) else None)
+    except ShardNotFoundError:
+        return None
     except (WidsError, OSError) as e:
-        logger.warning("existing index %s is unreadable (%s); rebuilding it", output, e)
+        logger.warning("existing index %s is unreadable (%s); rebuilding it", redact_url(output), e)
         return None
 
 
@@ -204,7 +191,9 @@ def build_index(
 
     Args:
         shards: Shard paths/URLs, brace patterns, or ``@listfile`` arguments.
-        output: ``*.json`` or ``*.sqlite`` (also ``.sqlite3``, ``.db``), a local path.
+        output: ``*.json`` or ``*.sqlite`` (also ``.sqlite3``, ``.db``): a local path or any
+            writable fsspec URL (``s3://bucket/train.json``); a remote index is built in a
+            temporary directory and uploaded, sidecars first and the description last.
         storage_options: fsspec options for remote shards (e.g. ``{"anon": True}``).
         jobs: Shards scanned at once (default: CPU count for local, 16 for remote).
         skip_bad: Record unreadable shards in the index's report and go on, instead of failing.
@@ -219,23 +208,27 @@ def build_index(
 
     Raises:
         WidsError: The first bad shard, unless ``skip_bad`` (the error names the shard).
-        LockTimeoutError: Another build of the same ``output`` is running.
-        ValueError: Unknown output suffix, or no shards given.
+        LockTimeoutError: Another build of the same local ``output`` is running.
+        DestinationError: ``output`` has an unknown suffix or a read-only scheme.
+        OutputExistsError: ``output`` is one of the shards, a directory, or an existing file
+            that is not an index (both checked before scanning).
+        ValueError: No shards given.
 
     Example:
         >>> build_index("data/train-{000000..000031}.tar", "data/train.json")  # doctest: +SKIP
     """
-    from .lock import writer_lock
+    from .publish import check_output, index_destination
 
     t0 = time.monotonic()
-    _check_output(output)
     urls = expand_shard_args([shards] if isinstance(shards, str) else shards)
     if not urls:
         raise ValueError("no shards given")
-    # Two builders of one index would each publish, and delete the other's sidecars.
-    with writer_lock(output, timeout=0):
+    check_output(output, urls, storage_options)
+    # Locked: two builders of one index would each publish, and delete the other's sidecars.
+    with index_destination(output, storage_options) as path:
         report = _build_locked(
             urls,
+            path,
             output,
             storage_options,
             jobs,
@@ -252,6 +245,7 @@ def build_index(
 def _build_locked(
     urls: list[str],
     output: str,
+    dest: str,
     storage_options: Mapping[str, Any] | None,
     jobs: int | None,
     skip_bad: bool,
@@ -260,11 +254,13 @@ def _build_locked(
     name: str | None,
     progress: bool | Callable[[int, int], None],
 ) -> BuildReport:
-    out_dir = os.path.dirname(os.path.abspath(output))
-    report = BuildReport(output=output)
+    from .publish import output_dir
+
+    out_dir = output_dir(dest)  # ``output`` is where the writer writes, ``dest`` where it goes
+    report = BuildReport(output=dest)
 
     previous: dict[str, tuple[ShardInfo, ShardMembers]] = {}
-    old = _open_existing(output) if incremental else None
+    old = _open_existing(dest, storage_options) if incremental else None
     local = all(Source(u).local_path is not None for u in urls)
     if old is not None:
         try:
@@ -340,6 +336,7 @@ def _write(
     report: BuildReport,
 ) -> None:
     from .index_convert import create_index_writer
+    from .publish import stored_url
 
     writer = create_index_writer(output, name=name)
     try:
@@ -348,7 +345,7 @@ def _write(
                 continue
             stat, members = result
             info = ShardInfo(
-                url=_stored_url(url, out_dir),
+                url=stored_url(url, out_dir),
                 nsamples=len(members),
                 size=stat.size,
                 etag=stat.etag,

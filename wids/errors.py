@@ -21,6 +21,7 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     │   └── OfflineError                      offline mode, and the data is not local
     ├── LockTimeoutError(TimeoutError)        a file lock was not acquired in time
     ├── OutputExistsError(FileExistsError)    writing would replace a file wids did not create
+    ├── DestinationError(ValueError)          an output wids cannot write (read-only scheme ...)
     └── DecodeError(ValueError)               a field could not be decoded
         └── UnsafeDecodeError                 decoding would unpickle; not enabled
 
@@ -34,6 +35,7 @@ __all__ = [
     "CacheDirError",
     "CacheError",
     "DecodeError",
+    "DestinationError",
     "HeaderChecksumError",
     "IndexFormatError",
     "IndexMismatchError",
@@ -163,7 +165,16 @@ class OutputExistsError(WidsError, FileExistsError):
     """Writing an output would replace a file that wids did not create in this run.
 
     Raised, for example, by ``wids subset`` when the destination already holds files of the
-    names it would write, or is part of the source dataset.
+    names it would write, or is part of the source dataset, and by ``wids index create`` when
+    the output is one of the shards, a directory, or a file that is not an index.
+    """
+
+
+class DestinationError(WidsError, ValueError):
+    """An output that wids cannot or must not write.
+
+    A read-only or chained URL scheme (``http://``), or a name that selects no index format.
+    Raised before any work is done. (Refusing to replace a file is :class:`OutputExistsError`.)
     """
 
 

@@ -11,11 +11,9 @@ from .errors import IndexFormatError
 from .index import open_index
 from .index_json import JsonIndexWriter
 from .index_sqlite import SqliteIndexWriter
+from .publish import SQLITE_SUFFIXES, check_output, index_destination, output_dir, stored_url
 
 __all__ = ["SQLITE_SUFFIXES", "convert_index", "create_index_writer"]
-
-SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
-"""File name endings that select the SQLite backend; ``.json`` selects JSON."""
 
 
 def create_index_writer(
@@ -38,14 +36,6 @@ def create_index_writer(
     raise ValueError(f"{path}: name the index *.json or one of {', '.join(SQLITE_SUFFIXES)}")
 
 
-def _stored_url(url: str, out_dir: str) -> str:
-    """Local shards inside the destination's directory are stored relative to it."""
-    if "://" in url or "::" in url:
-        return url
-    rel = os.path.relpath(url, out_dir)
-    return url if rel.startswith("..") else rel
-
-
 def convert_index(
     src: str, dst: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
 ) -> None:
@@ -58,16 +48,27 @@ def convert_index(
 
     Args:
         src: Path or URL of the source index (backend detected from its content).
-        dst: Local path of the index to write; its ending selects the backend.
-        storage_options: fsspec options for a remote ``src``.
+        dst: The index to write, a local path or any writable fsspec URL (uploaded as
+            :mod:`wids.publish` describes); its ending selects the backend.
+        storage_options: fsspec options for a remote ``src`` or ``dst``.
 
     Raises:
         IndexFormatError: The source is malformed.
-        ValueError: ``dst`` names no backend.
+        DestinationError: ``dst`` names no backend or has a read-only scheme.
+        OutputExistsError: ``dst`` is the source, or an existing file that is not an index.
     """
+    dest = os.fspath(dst)
+    check_output(dest, [src], storage_options)
     reader: Any = open_index(src, storage_options)
-    writer = create_index_writer(dst, name=reader.name or None)
-    out_dir = os.path.dirname(os.path.abspath(os.fspath(dst)))
+    try:
+        with index_destination(dest, storage_options) as path:
+            _copy(reader, src, create_index_writer(path, name=reader.name or None), dest)
+    finally:
+        reader.close()
+
+
+def _copy(reader: Any, src: str, writer: Any, dest: str) -> None:
+    out_dir = output_dir(dest)
     try:
         shards = reader.shards
         comps = reader.components
@@ -80,12 +81,10 @@ def convert_index(
             if not is_main:
                 writer.start_component(comp.name, comp.weight)
             for i in range(comp.first_shard, comp.stop_shard):
-                info = replace(shards[i], url=_stored_url(shards[i].url, out_dir))
+                info = replace(shards[i], url=stored_url(shards[i].url, out_dir))
                 writer.add(info, reader.members(i), reader.shard_extra(i) or None)
         writer.set_report(reader.report)
     except BaseException:
         writer.abort()
         raise
-    finally:
-        reader.close()
     writer.close()
