@@ -594,10 +594,11 @@ class ShardCache:
             os.fsync(tmp.fd)
             # The record goes first (a rename keeps the inode, size and mtime it names), so
             # every data file wids publishes is recorded: clean and eviction delete only
-            # recorded entries. The directory is not fsynced: losing the rename only makes
-            # the entry invalid (refetched).
+            # recorded entries. Neither the record nor the rename is fsynced (two fsyncs per
+            # download doubled the cost of small entries): after a crash, losing either only
+            # makes the entry invalid, refetched and replaced on its next open.
             rec = _new_record(url, os.fstat(tmp.fd), etag if got_etag is None else got_etag, md5sum)
-            self._write_record(key, rec)
+            self._write_record(key, rec, fsync=False)
             cachedir.check_layout(self.cache_dir, _SUBDIRS)  # never publish through a link
             tmp.publish(self._data(key), fsync=False)
         if self.max_bytes is not None and not self.keep:
