@@ -302,3 +302,30 @@ def test_an_output_that_is_a_shard_or_a_users_file_is_refused(shards, tmp_path):
     idx.write_text(json.dumps(ref))
     assert run("index", "create", *shards, "-o", str(idx), "-q").returncode == 0
     assert run("index", "create", *shards, "-o", str(idx), "-q").returncode == 0
+
+
+# ---------------------------------------------------------------------- plain-spoken errors
+
+
+def test_a_directory_or_an_unexpanded_glob_is_named_and_explained(shards, tmp_path):
+    from wids import ShardListDataset
+    from wids.errors import ShardNotFoundError
+
+    d = os.path.dirname(shards[0])
+    with pytest.raises(ShardNotFoundError, match="is a directory") as e:
+        len(ShardListDataset(d))
+    assert e.value.shard == d and isinstance(e.value, FileNotFoundError)
+    glob = os.path.join(d, "synth-*.tar")
+    with pytest.raises(ShardNotFoundError, match=r"wildcards like \* are not expanded"):
+        len(ShardListDataset(glob))
+    r = run("index", "create", glob, "-o", str(tmp_path / "g.json"))
+    assert r.returncode == 2 and "not expanded" in r.stderr and "brace pattern" in r.stderr
+    assert "not expanded" not in run("index", "info", str(tmp_path / "none.json")).stderr
+
+
+def test_remote_errors_say_what_failed_in_plain_words(s3_server):
+    url = s3_server.url("no-such-dir/missing.json")
+    r = run("index", "info", url, *_so_flags(s3_server.storage_options))
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"wids: error: {url}: could not "), r.stderr
+    assert "not found" in r.stderr and "read 0-" not in r.stderr and ": stat:" not in r.stderr

@@ -168,6 +168,16 @@ def _check_length(source: Source, data: bytes, start: int, end: int) -> bytes:
     return data
 
 
+def _no_such_file(path: str) -> str:
+    """Say "no such file", and why when the name holds a wildcard the shell did not expand."""
+    if any(c in path for c in "*?["):
+        return (
+            "no such file (wildcards like * are not expanded here: let the shell expand them, "
+            "list the files, or use a brace pattern such as train-{000000..000009}.tar)"
+        )
+    return "no such file"
+
+
 def _check_range(start: int, end: int) -> None:
     if not (isinstance(start, int) and isinstance(end, int)):
         raise TypeError(f"start and end must be int, not {type(start)} and {type(end)}")
@@ -328,7 +338,9 @@ class Source:
             try:
                 fd = os.open(self.local_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             except FileNotFoundError:
-                raise ShardNotFoundError("no such file", shard=self.local_path) from None
+                raise ShardNotFoundError(
+                    _no_such_file(self.local_path), shard=self.local_path
+                ) from None
             except PermissionError as exc:
                 raise PermanentRemoteError(str(exc), shard=self.local_path) from None
             if self._fd is not None and self._pid == pid:  # another thread was quicker
@@ -348,7 +360,12 @@ class Source:
                 f.seek(start)
                 data = f.read(n)
         else:
-            data = os.pread(fd, n, start)
+            try:
+                data = os.pread(fd, n, start)
+            except IsADirectoryError:  # os.open() opens a directory; reading it fails
+                raise ShardNotFoundError(
+                    "is a directory, not a file", shard=self.local_path
+                ) from None
             while 0 < len(data) < n:
                 more = os.pread(fd, n - len(data), start + len(data))
                 if not more:
@@ -381,6 +398,9 @@ class Source:
             except (FileNotFoundError, PermissionError) as exc:
                 if stats is not None:
                     stats.errors += 1
+                if isinstance(exc, FileNotFoundError) and exc.errno == errno.ENOENT:
+                    msg = _no_such_file(self.local_path or "")
+                    raise ShardNotFoundError(msg, shard=self.local_path) from None
                 cls = (
                     ShardNotFoundError
                     if isinstance(exc, FileNotFoundError)
@@ -389,7 +409,7 @@ class Source:
                 raise cls(str(exc.strerror or exc), shard=self.local_path) from None
             return FileStat(size=st.st_size, etag=None, mtime=st.st_mtime)
         fs, path = self._filesystem()
-        attempts = _Attempts(self, "stat", stats)
+        attempts = _Attempts(self, "could not get its size", stats)
         if fs.async_impl:
 
             async def op() -> dict[str, Any]:
@@ -431,7 +451,7 @@ class Source:
                 stats.bytes_read += len(data)
             return data
         fs, path = self._filesystem()
-        attempts = _Attempts(self, f"read {start}-{end}", stats)
+        attempts = _Attempts(self, f"could not read bytes {start}-{end}", stats)
         if fs.async_impl:
             return fsspec.asyn.sync(
                 fs.loop, _retry_async, attempts, self._aread_op(fs, path, start, end), _nbytes, fs
@@ -586,7 +606,7 @@ class _HttpStream(_BlockStream):
 
     def _fetch(self, want: int) -> bytes:
         n = min(self.block, self.stat.size - self.pos)
-        what = f"stream at {self.pos}"
+        what = f"could not read on from byte {self.pos}"
         attempts = _Attempts(self.source, what, self.stats, count_requests=False)
         op = self._chunk_op(n)
         return fsspec.asyn.sync(self.fs.loop, _retry_async, attempts, op, _nbytes, self.fs)
@@ -708,7 +728,7 @@ async def _gather(
 
     async def one(src: Source, start: int, end: int) -> bytes:
         fs, path = src._filesystem()
-        attempts = _Attempts(src, f"read {start}-{end}", stats)
+        attempts = _Attempts(src, f"could not read bytes {start}-{end}", stats)
         async with gate:
             op = src._aread_op(fs, path, start, end)
             return await _retry_async(attempts, op, _nbytes, fs)
