@@ -10,6 +10,7 @@ import wids
 EXPECTED = [
     "BuildReport",
     "CacheBudgetError",
+    "CacheDirError",
     "CacheError",
     "ChunkedSampler",
     "Component",

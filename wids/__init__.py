@@ -8,6 +8,7 @@ from .dataset import DatasetStats, ShardListDataset
 from .decode import Decoder, default_decoders
 from .errors import (
     CacheBudgetError,
+    CacheDirError,
     CacheError,
     DecodeError,
     DestinationError,
@@ -40,6 +41,7 @@ from .spec import Component, Spec, expand_braces, load_spec
 __all__ = [
     "BuildReport",
     "CacheBudgetError",
+    "CacheDirError",
     "CacheError",
     "ChunkedSampler",
     "Component",
