@@ -4,8 +4,9 @@
   shards are scanned at once in worker processes.
 - Remote shards: one sequential streaming pass each (``Source.open_stream``), never a request
   per member and nothing written to local disk; shards are scanned in threads.
-- Incremental: an existing index at the output path is reused for shards whose size and
-  etag (or mtime) are unchanged.
+- Incremental: an existing index at the output path is reused for shards whose fingerprint
+  (size and etag, or mtime) is unchanged and whose recorded member header is still in place
+  (``index.shard_mismatch``, ``index.header_mismatch_at_spot``).
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import IndexFormatError, ShardNotFoundError, WidsError
-from .index import IndexReader, ShardInfo, ShardMembers, open_index
+from .index import (
+    IndexReader,
+    ShardInfo,
+    ShardMembers,
+    header_mismatch_at_spot,
+    open_index,
+    shard_mismatch,
+)
 from .remote import FileStat, IOStats, Source, redact_url
 from .samples import DuplicatePolicy, group_members, group_regular
 from .tar import iter_members_stream, scan_local_rows
@@ -145,12 +153,14 @@ def _scan_job(
     return stat, members, skipped, stats.bytes_read, stats.requests
 
 
-def _unchanged(old: ShardInfo, stat: FileStat) -> bool:
-    if old.size != stat.size:
+def _unchanged(old: ShardInfo, members: ShardMembers, stat: FileStat, src: Source) -> bool:
+    """Whether the shard is positively the one ``old`` recorded: fingerprint and a header."""
+    if shard_mismatch(old, stat, strict=True) is not None:
         return False
-    if old.etag is not None or stat.etag is not None:
-        return old.etag == stat.etag
-    return old.mtime is not None and old.mtime == stat.mtime
+    try:
+        return header_mismatch_at_spot(members, src.read_range) is None
+    except WidsError:
+        return False
 
 
 def _open_existing(output: str, storage_options: Mapping[str, Any] | None) -> IndexReader | None:
@@ -318,8 +328,12 @@ def _reuse(
         local = src.local_path
         prev = previous.get(os.path.abspath(local) if local is not None else url)
         if prev is not None:
-            stat = src.info()
-            if _unchanged(prev[0], stat):
+            try:
+                stat = src.info()
+                same = _unchanged(prev[0], prev[1], stat, src)
+            finally:
+                src.close()
+            if same:
                 results[i] = (stat, prev[1])
                 report.reused += 1
                 continue
@@ -433,10 +447,10 @@ def scan_cached(
     cache_subdir(cache_dir, "scans")  # a marked cache directory, no links inside
     path = _scan_path(cache_dir, source.url)
     stat = source.info(stats)
-    if expected is not None and expected.size is not None and expected.size != stat.size:
+    problem = None if expected is None else shard_mismatch(expected, stat)
+    if problem is not None:
         raise IndexMismatchError(
-            f"size is {stat.size} bytes but the index says {expected.size}",
-            shard=redact_url(source.url),
+            f"not the shard the index describes: {problem}", shard=redact_url(source.url)
         )
     cached = _load_scan(path, stat)
     if cached is not None:
@@ -468,17 +482,19 @@ def _load_scan(path: str, stat: FileStat) -> ShardMembers | None:
     except (OSError, ValueError) as e:
         logger.warning("ignoring unreadable scan record %s: %s", path, e)
         return None
-    same = (
-        record.get("format") == "wids-scan"
+    if not (
+        isinstance(record, dict)
+        and record.get("format") == "wids-scan"
         and record.get("version") == 1
-        and record.get("size") == stat.size
-        and record.get("etag") == stat.etag
-        and (stat.etag is not None or record.get("mtime") == stat.mtime)
-    )
-    if not same:
+    ):
         return None
     try:
+        scanned = ShardInfo(
+            record["url"], 0, record["size"], record.get("etag"), record.get("mtime")
+        )
+        if shard_mismatch(scanned, stat, strict=True) is not None:
+            return None
         return ShardMembers.from_columns(record["members"])
-    except IndexFormatError as e:
+    except (IndexFormatError, KeyError, TypeError, ValueError) as e:
         logger.warning("ignoring malformed scan record %s: %s", path, e)
         return None

@@ -69,6 +69,27 @@ def _storage_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def parse_url_map(items: Sequence[str] | None) -> dict[str, str]:
+    """``OLD=NEW`` prefix pairs (the first ``=`` separates) to a ``url_map`` dict."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        old, sep, new = item.partition("=")
+        if not sep or not old or not new:
+            raise argparse.ArgumentTypeError(f"--url-map wants OLD=NEW, not {item!r}")
+        out[old] = new
+    return out
+
+
+def _url_map_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--url-map",
+        action="append",
+        metavar="OLD=NEW",
+        help="read shards whose URL starts with OLD from NEW instead: a mirror or proxy with the "
+        "same bytes (repeatable; the longest matching OLD wins)",
+    )
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
@@ -129,12 +150,15 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
 
     v = isub.add_parser(
         "verify",
-        help="check every shard still has the recorded size/etag (--deep: rescan)",
+        help="check every shard's fingerprint (size, etag or mtime) and a recorded member "
+        "header, and load every member table (--deep: rescan the shards)",
         formatter_class=fmt,
-        epilog="example:\n  wids index verify data/train.json --deep\n",
+        epilog="examples:\n  wids index verify data/train.json --deep\n"
+        "  wids index verify train.json --url-map https://old.example/data/=s3://new-bucket/data/\n",
     )
     v.add_argument("index")
     v.add_argument("--deep", action="store_true", help="rescan shards and compare offsets")
+    _url_map_flag(v)
     _storage_flag(v)
     v.set_defaults(func=_cmd_index_verify)
 
@@ -219,45 +243,57 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_index_verify(args: argparse.Namespace) -> int:
-    from .build import scan_shard
-    from .index import open_index
+    from .errors import WidsError
+    from .index import REPAIR_HINT, open_index
     from .remote import Source, redact_url
 
     options = parse_storage_options(args.storage_option)
-    idx = open_index(args.index, options)
+    idx = open_index(args.index, options, url_map=parse_url_map(args.url_map))
     bad = 0
     try:
-        for k, info in enumerate(idx.shards):
-            src = Source(info.url, options)
-            problem = _verify_shard(src, info, idx.members(k) if args.deep else None, scan_shard)
+        shards = idx.shards
+        for k, info in enumerate(shards):
+            try:
+                members = idx.members(k)  # every member table: a damaged one is reported
+            except WidsError as e:
+                bad += 1
+                print(f"DAMAGED {redact_url(info.url)}: its member table: {e}")
+                continue
+            problem = _verify_shard(Source(info.url, options), info, members, deep=args.deep)
             if problem:
                 bad += 1
                 print(f"CHANGED {redact_url(info.url)}: {problem}")
     finally:
         idx.close()
-    print(f"{len(idx.shards) - bad} of {len(idx.shards)} shards match the index")
+    print(f"{len(shards) - bad} of {len(shards)} shards match the index")
+    if bad:
+        print(f"to repair, {REPAIR_HINT}")
     return 1 if bad else 0
 
 
-def _verify_shard(src: Any, info: Any, members: Any, scan: Any) -> str | None:
+def _verify_shard(src: Any, info: Any, members: Any, *, deep: bool) -> str | None:
+    """What is wrong with one shard against its index entry and member table, if anything."""
+    from .build import scan_shard
     from .errors import WidsError
+    from .index import header_mismatch_at_spot, shard_mismatch
 
     try:
         stat = src.info()
+        end = None if members is None else int(members.spans()[1].max(initial=0))
+        problem = shard_mismatch(info, stat, data_end=end)
+        if problem is None and members is not None:
+            problem = header_mismatch_at_spot(members, src.read_range)
+        if problem is None and deep:
+            _, now, _ = scan_shard(src)
+            if members is not None and now != members:
+                problem = "its member offsets differ from the index (found by rescanning)"
+            elif len(now) != info.nsamples:
+                problem = f"it has {len(now)} samples where the index says {info.nsamples}"
     except WidsError as e:
-        return str(e)
-    if info.size is not None and stat.size != info.size:
-        return f"size {stat.size}, index says {info.size}"
-    if info.etag is not None and stat.etag is not None and stat.etag != info.etag:
-        return f"etag {stat.etag}, index says {info.etag}"
-    if members is not None:
-        try:
-            _, now, _ = scan(src)
-        except WidsError as e:
-            return str(e)
-        if now != members:
-            return "member offsets differ from the index (rebuild it)"
-    return None
+        return e.message
+    finally:
+        src.close()
+    return problem
 
 
 def _cmd_index_convert(args: argparse.Namespace) -> int:
@@ -613,6 +649,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             trace = redact_text(traceback.format_exc(), secrets).splitlines()
             print("\n".join(escape_controls(line) for line in trace), file=sys.stderr)
+        from .errors import IndexFormatError
+        from .index import with_repair_hint
+
+        if isinstance(e, IndexFormatError):
+            e = with_repair_hint(e)
         text = escape_controls(redact_text(str(e) or type(e).__name__, secrets))
         print(f"wids: error: {text}", file=sys.stderr)
         return 2

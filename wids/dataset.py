@@ -30,6 +30,7 @@ from .index import ShardInfo
 from .remote import IOStats, RetryPolicy
 from .samples import DUPLICATE_POLICIES, DuplicatePolicy
 from .sources import DatasetComponent, MemberTable, ShardSources, display_url
+from .spec import check_url_map
 
 __all__ = ["DatasetComponent", "DatasetStats", "ShardListDataset"]
 
@@ -99,8 +100,10 @@ class ShardListDataset(ShardSources):
             ``promote_share`` of a shard's bytes were requested),
             ``"range"`` (range requests always) or ``"shard"`` (whole shards into ``cache_dir``,
             then local reads).
-        verify: On first touch of a shard in a process, compare its size and etag with the
-            index (one ``info()``); a mismatch raises ``IndexMismatchError``.
+        verify: On first touch of a shard in a process, check that it is the shard the index
+            describes: its fingerprint (size, plus etag, or mtime where the store gives no
+            etag; one ``info()``) and the tar header of one recorded member (one 512-byte
+            read); a mismatch raises ``IndexMismatchError``.
         retry: Retry and timeout policy for storage requests.
         merge_gap: In a batch, samples of one shard closer than this many bytes share a request
             (consecutive samples always do: only tar headers lie between them).
@@ -110,6 +113,10 @@ class ShardListDataset(ShardSources):
         allow_pickle: Let the decoders unpickle ``.pyd/.pickle/.pkl/.pt/.pth`` fields.
         promote_share: With ``access="auto"`` and ``cache_dir``: the share (0 to 1) of a remote
             shard's bytes requested by range before the whole shard is cached.
+        url_map: Read shards from a mirror or proxy holding the same bytes:
+            ``{"https://old/": "s3://new/"}`` replaces the longest matching prefix of each
+            resolved shard URL. A mapped shard is checked by size and member headers (the
+            etag and mtime recorded at the old location are another store's).
 
     Raises:
         ValueError: An invalid parameter (checked here; all I/O happens lazily).
@@ -137,6 +144,7 @@ class ShardListDataset(ShardSources):
         duplicates: DuplicatePolicy = "error",
         allow_pickle: bool = False,
         promote_share: float = 0.05,
+        url_map: Mapping[str, str] | None = None,
     ) -> None:
         if access not in ACCESS_MODES:
             raise ValueError(f"access must be one of {ACCESS_MODES}, not {access!r}")
@@ -185,6 +193,7 @@ class ShardListDataset(ShardSources):
         self.lru_size = lru_size
         self.keep = bool(keep)
         self.base = base
+        self.url_map = check_url_map(url_map)
         self.dataset_name = options.get("name", dataset_name)
         self.storage_options = dict(storage_options or {})
         self.access = access
@@ -254,9 +263,16 @@ class ShardListDataset(ShardSources):
             loaded = self._load()
             info = loaded.infos[shard]
             members = self._shard_members(shard)
-            if self.verify and shard not in self._verified:
+            check = self.verify and shard not in self._verified
+            if check:
                 self._verify(shard, info, members[1])
             reader = self._open_reader(info)
+            if check:
+                try:
+                    self._verify_header(shard, members[0], reader)
+                except BaseException:
+                    reader.close()
+                    raise
             self._readers[shard] = reader
             self._tables[shard] = MemberTable(members[0], info.url, loaded.dataset_of[shard])
             return reader

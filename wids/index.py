@@ -5,13 +5,17 @@
 - :class:`ShardMembers` — the member table of one shard in compact CSR form (numpy arrays,
   a few dozen bytes per sample): for each sample its key and its members' field, data offset
   and size, and so its byte span, which one range request fetches.
+- :func:`shard_mismatch` and :func:`header_mismatch_at_spot` — the one answer to "is this file
+  still the shard the index recorded?": its fingerprint (size, plus etag where the store gives
+  one, else modification time) and the tar header of one recorded member.
 - :class:`IndexReader` — what every storage backend (JSON, SQLite) offers; :func:`open_index`
   picks the backend for a file.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,7 +26,20 @@ from .errors import IndexFormatError
 if TYPE_CHECKING:
     from .spec import Component
 
-__all__ = ["IndexReader", "ShardInfo", "ShardMembers", "open_index"]
+__all__ = [
+    "REPAIR_HINT",
+    "IndexReader",
+    "ShardInfo",
+    "ShardMembers",
+    "header_mismatch_at_spot",
+    "open_index",
+    "shard_mismatch",
+    "spot_member",
+    "with_repair_hint",
+]
+
+REPAIR_HINT = "rebuild the index: wids index create SHARDS... -o INDEX --full"
+"""What an error about a damaged or outdated index tells the user to do."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +241,118 @@ class ShardMembers:
         return f"ShardMembers({len(self)} samples, {self.nmembers} members, fields={self.fields})"
 
 
+def with_repair_hint(error: IndexFormatError) -> IndexFormatError:
+    """``error`` (a damaged index) with what to do about it: :data:`REPAIR_HINT`."""
+    if REPAIR_HINT in error.message:
+        return error
+    return IndexFormatError(f"{error.message}; to repair, {REPAIR_HINT}", shard=error.shard)
+
+
+def _same_mtime(a: float, b: float) -> bool:
+    # HTTP's Last-Modified has whole seconds where a file system has nanoseconds: when either
+    # side is whole, compare at that resolution.
+    if a.is_integer() or b.is_integer():
+        return int(a) == int(b)
+    return abs(a - b) <= 1e-6
+
+
+def _when(t: float) -> str:
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + f" UTC ({t!r})"
+    except (OverflowError, OSError, ValueError):
+        return repr(t)
+
+
+def shard_mismatch(
+    info: ShardInfo, stat: Any, *, data_end: int | None = None, strict: bool = False
+) -> str | None:
+    """Whether a file is still the shard the index recorded, judged by its fingerprint.
+
+    A shard's fingerprint is its size plus the storage's etag when both the index and the store
+    have one, else, when the store gives no etag, its modification time (local files; HTTP
+    servers that send no ETag). Etags are compared through
+    :func:`wids.remote.comparable_etag`. A store that gives an etag where the index recorded
+    none holds a copy made elsewhere (a local dataset uploaded to S3): its modification time is
+    the upload's, so only the size is compared here (and the member header, see
+    :func:`header_mismatch_at_spot`). Every check of a shard against an index (the dataset's
+    first touch, ``wids index verify``, incremental builds, the scan cache) goes through this
+    function.
+
+    Args:
+        info: What the index records.
+        stat: What the storage says now (a :class:`~wids.remote.FileStat`: ``size``, ``etag``,
+            ``mtime``).
+        data_end: End of the shard's last member's data, when a member table is at hand: the
+            file must be at least this long.
+        strict: Require a positive identification (a size and an etag or mtime to compare), as
+            reusing a member table without rescanning does; otherwise what cannot be compared
+            passes.
+
+    Returns:
+        ``None`` when the file is the recorded shard, else what differs, for an error message.
+    """
+    if info.size is not None and stat.size != info.size:
+        return f"its size is {stat.size} bytes where the index says {info.size}"
+    if data_end is not None and data_end > stat.size:
+        return f"it is {stat.size} bytes but the index has members up to byte {data_end}"
+    if info.etag is not None and stat.etag is not None:
+        from .remote import comparable_etag
+
+        if comparable_etag(stat.etag) != comparable_etag(info.etag):
+            return f"its etag is {stat.etag!r} where the index says {info.etag!r}"
+        return None if info.size is not None or not strict else "the index records no size"
+    if info.mtime is not None and stat.mtime is not None and stat.etag is None:
+        if not _same_mtime(float(stat.mtime), float(info.mtime)):
+            return (
+                f"it was modified at {_when(stat.mtime)} where the index says {_when(info.mtime)}"
+            )
+        return None if info.size is not None or not strict else "the index records no size"
+    if strict:
+        return "the index records neither an etag nor a modification time to compare"
+    return None
+
+
+def spot_member(members: ShardMembers) -> tuple[str, int, int] | None:
+    """The member whose tar header is checked when a shard is opened: ``(name, offset, size)``.
+
+    The last sample's first member: near the end of the shard, and fixed, so every process
+    checks the same bytes. ``None`` for a shard without samples.
+    """
+    n = len(members)
+    if n == 0:
+        return None
+    j = int(members.sample_start[n - 1])
+    name = members.key(n - 1) + members.fields[int(members.member_field[j])]
+    return name, int(members.member_offset[j]), int(members.member_size[j])
+
+
+def header_mismatch_at_spot(members: ShardMembers, read: Callable[[int, int], bytes]) -> str | None:
+    """Check the tar header of the shard's :func:`spot_member` with one 512-byte read.
+
+    A shard replaced by another of the same size with its modification time restored passes
+    :func:`shard_mismatch`; its members' headers do not match the index.
+
+    Args:
+        members: The shard's member table.
+        read: ``read(start, end)`` returns exactly those bytes of the shard.
+
+    Returns:
+        ``None`` when the header is the recorded member's, else what is wrong.
+    """
+    spot = spot_member(members)
+    if spot is None:
+        return None
+    from .tar import BLOCK, header_mismatch
+
+    name, offset, size = spot
+    if offset < BLOCK:
+        return f"member {name!r} at byte {offset} leaves no room for its header"
+    problem = header_mismatch(read(offset - BLOCK, offset), name, size)
+    if problem is None:
+        return None
+    return f"at byte {offset - BLOCK}, {problem}"
+
+
 class IndexReader(Protocol):
     """What an opened index offers, whatever its storage."""
 
@@ -247,7 +376,11 @@ class IndexReader(Protocol):
 
 
 def open_index(
-    url: str, storage_options: Mapping[str, Any] | None = None, **kwargs: Any
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    url_map: Mapping[str, str] | None = None,
+    **kwargs: Any,
 ) -> IndexReader:
     """Open an index or dataset description, choosing the backend from its content.
 
@@ -257,11 +390,22 @@ def open_index(
     Args:
         url: Path or URL of the index.
         storage_options: fsspec options for remote URLs.
-        **kwargs: Passed to the backend.
+        url_map: Read shards from a mirror: ``{"https://old/": "s3://new/"}`` replaces the
+            longest matching prefix of each resolved shard URL (see
+            :func:`wids.spec.check_url_map`). A mapped shard is checked by size and member
+            headers; the etag and mtime recorded at the old location are not compared.
+        **kwargs: Passed to the backend (``base``).
 
     Returns:
         The opened index.
+
+    Raises:
+        ValueError: ``url_map`` is invalid.
     """
+    if url_map:
+        from .spec import check_url_map
+
+        kwargs["url_map"] = check_url_map(url_map)  # before any I/O
     from .errors import ShortReadError
     from .remote import Source
 

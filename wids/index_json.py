@@ -18,8 +18,10 @@ sub-datasets) with extra keys the reference ignores:
 
 A sidecar (``<16 hex of sha1(url)>-<basename>.json``) holds ``format``
 (``wids-index-json-members``), ``version``, the shard's ``url``/``nsamples``/``size``/
-``etag``/``mtime`` as in the description (checked on load, so a stale sidecar is an error,
-never wrong offsets) and the columns of :meth:`ShardMembers.to_columns`.
+``etag``/``mtime`` as in the description and the columns of :meth:`ShardMembers.to_columns`.
+On load it must name the same file (the URL's last part) with the same size, etag and mtime
+as the shard's entry, so a stale sidecar is an error, never wrong offsets, while an index
+whose shard URLs were edited to a mirror of the same files keeps working.
 
 Only the top-level file is read when an index is opened; a 100k-shard description loads in a
 fraction of a second. Every file is published atomically (temporary file + ``os.replace``);
@@ -38,8 +40,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import IndexFormatError
-from .index import ShardInfo, ShardMembers
-from .spec import KIND, Component, Spec, load_spec, read_bytes, resolve_url, url_dir
+from .index import REPAIR_HINT, ShardInfo, ShardMembers
+from .spec import (
+    KIND,
+    Component,
+    Spec,
+    UrlMap,
+    check_url_map,
+    load_spec,
+    read_bytes,
+    resolve_url,
+    url_dir,
+)
 
 __all__ = ["FORMAT", "MEMBERS_FORMAT", "VERSION", "JsonIndex", "JsonIndexWriter"]
 
@@ -80,17 +92,25 @@ class JsonIndex:
             open stream, a list of shard dicts) works too.
         storage_options: fsspec options for remote files.
         base: Overrides the directory relative shard URLs resolve against.
+        url_map: Prefix rewrites of shard URLs, for mirrors (see :func:`wids.spec.check_url_map`).
 
     Raises:
         IndexFormatError: (on first use) The file is malformed or of an unknown version.
+        ValueError: ``url_map`` is invalid.
     """
 
     def __init__(
-        self, url: Any, storage_options: Mapping[str, Any] | None = None, *, base: str | None = None
+        self,
+        url: Any,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        base: str | None = None,
+        url_map: Mapping[str, str] | UrlMap | None = None,
     ) -> None:
         self.url = url
         self.storage_options = dict(storage_options or {})
         self.base = base
+        self.url_map = check_url_map(url_map)
         self._spec: Spec | None = None
 
     def __repr__(self) -> str:
@@ -98,7 +118,9 @@ class JsonIndex:
 
     def _load(self) -> Spec:
         if self._spec is None:
-            spec = load_spec(self.url, storage_options=self.storage_options, base=self.base)
+            spec = load_spec(
+                self.url, storage_options=self.storage_options, base=self.base, url_map=self.url_map
+            )
             meta = spec.top.get("wids_index")
             if meta is not None and not (
                 isinstance(meta, dict)
@@ -222,13 +244,29 @@ def _check_sidecar(cols: Any, entry: Mapping[str, Any], where: str) -> None:
             f"expected {MEMBERS_FORMAT!r} version {VERSION}",
             shard=where,
         )
-    for key, ekey in (("url", "url"), ("size", "filesize"), ("etag", "etag"), ("mtime", "mtime")):
+    # Matched by the shard's file name and fingerprint, not its URL: an index whose shard
+    # URLs were edited to a mirror holding the same files keeps its member tables.
+    name, ename = _file_name(cols.get("url")), _file_name(entry.get("url"))
+    if name != ename:
+        raise IndexFormatError(
+            f"stale member table: it is for shard {name!r}, the index entry is {ename!r}; "
+            f"to repair, {REPAIR_HINT}",
+            shard=where,
+        )
+    for key, ekey in (("size", "filesize"), ("etag", "etag"), ("mtime", "mtime")):
         if cols.get(key) != entry.get(ekey):
             raise IndexFormatError(
-                f"stale sidecar: its {key} is {cols.get(key)!r}, the index says "
-                f"{entry.get(ekey)!r}",
+                f"stale member table: its shard's {key} is {cols.get(key)!r}, the index says "
+                f"{entry.get(ekey)!r}; to repair, {REPAIR_HINT}",
                 shard=where,
             )
+
+
+def _file_name(url: Any) -> str | None:
+    """A shard URL's file name (no directory, no query): what a mirror keeps."""
+    if not isinstance(url, str):
+        return None
+    return url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
 
 
 class JsonIndexWriter:

@@ -43,7 +43,7 @@ import numpy as np
 from .errors import IndexFormatError
 from .index import ShardInfo, ShardMembers
 from .redact import redact_url
-from .spec import Component, resolve_url, url_dir
+from .spec import Component, UrlMap, apply_url_map, check_url_map, resolve_url, url_dir
 
 __all__ = ["FORMAT", "SCHEMA_VERSION", "SqliteIndex", "SqliteIndexWriter"]
 
@@ -77,17 +77,25 @@ class SqliteIndex:
         url: Path or URL of the index file.
         storage_options: fsspec options for a remote index.
         base: Overrides the directory relative shard URLs resolve against.
+        url_map: Prefix rewrites of shard URLs, for mirrors (see :func:`wids.spec.check_url_map`).
 
     Raises:
         IndexFormatError: (on first use) Not an SQLite index of a known format and version.
+        ValueError: ``url_map`` is invalid.
     """
 
     def __init__(
-        self, url: str, storage_options: Mapping[str, Any] | None = None, *, base: str | None = None
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        base: str | None = None,
+        url_map: Mapping[str, str] | UrlMap | None = None,
     ) -> None:
         self.url = os.fspath(url)
         self.storage_options = dict(storage_options or {})
         self.base = base
+        self.url_map = check_url_map(url_map)
         self._local: str | None = None
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
@@ -174,6 +182,7 @@ class SqliteIndex:
             ]
         except (TypeError, ValueError) as e:
             raise IndexFormatError(f"malformed shards table: {e}", shard=self._where()) from None
+        shards = apply_url_map(shards, self.url_map)
         has = [bool(r[6]) for r in rows]
         comps = [
             Component(name or "", w, int(a), int(b))

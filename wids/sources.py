@@ -26,8 +26,15 @@ from typing import Any
 import numpy as np
 
 from .errors import IndexFormatError, IndexMismatchError, OfflineError
-from .index import ShardInfo, ShardMembers
-from .remote import IOStats, RetryPolicy, Source, comparable_etag, is_local, redact_url
+from .index import (
+    REPAIR_HINT,
+    ShardInfo,
+    ShardMembers,
+    header_mismatch_at_spot,
+    shard_mismatch,
+    with_repair_hint,
+)
+from .remote import IOStats, RetryPolicy, Source, is_local, redact_url
 from .samples import DuplicatePolicy
 
 __all__ = ["DatasetComponent", "MemberTable", "ShardSources", "display_url"]
@@ -151,6 +158,7 @@ class ShardSources:
     _src: Any
     dataset_name: str | None
     base: str | None
+    url_map: tuple[tuple[str, str], ...]  # checked, longest prefix first
     storage_options: dict[str, Any]
     retry: RetryPolicy | None
     cache_dir: str | None
@@ -184,13 +192,18 @@ class ShardSources:
             return self._load_pattern(src)
         if isinstance(src, (str, os.PathLike)):
             reader = self._open_index(os.fspath(src))
-            shards, components = list(reader.shards), list(reader.components)
+            try:
+                shards, components = list(reader.shards), list(reader.components)
+            except IndexFormatError as e:
+                raise with_repair_hint(e) from None
             name = self.dataset_name or reader.name or ""
             loaded = _Loaded(shards, components, name, reader.members)
         else:
             from .spec import load_spec
 
-            spec = load_spec(src, storage_options=self.storage_options, base=self.base)
+            spec = load_spec(
+                src, storage_options=self.storage_options, base=self.base, url_map=self.url_map
+            )
             name = self.dataset_name or spec.name or ""
             loaded = _Loaded(list(spec.shards), list(spec.components), name, None)
         if not loaded.infos:
@@ -208,7 +221,7 @@ class ShardSources:
             return open_snapshot(url, self.cache_dir)  # type: ignore[arg-type]
         self._check_offline(url)
         kwargs = {"base": self.base} if self.base is not None else {}
-        reader = open_index(url, self.storage_options, **kwargs)
+        reader = open_index(url, self.storage_options, url_map=dict(self.url_map), **kwargs)
         if remote:
             from .subset import save_snapshot
 
@@ -225,6 +238,10 @@ class ShardSources:
             from .spec import resolve_url
 
             urls = [resolve_url(u, self.base) for u in urls]
+        if self.url_map:
+            from .spec import map_url
+
+            urls = [map_url(u, self.url_map) for u in urls]
         if not urls:
             raise IndexFormatError("the shard pattern names no shards", shard=display_url(src))
         with cf.ThreadPoolExecutor(max_workers=min(8, len(urls))) as pool:
@@ -274,7 +291,10 @@ class ShardSources:
                 return got
             loaded = self._load()
             info = loaded.infos[shard]
-            members = loaded.indexed(shard) if loaded.indexed is not None else None
+            try:
+                members = loaded.indexed(shard) if loaded.indexed is not None else None
+            except IndexFormatError as e:
+                raise with_repair_hint(e) from None
             scanned = members is None
             if not scanned and self.duplicates != "error" and not self._warned_duplicates:
                 self._warned_duplicates = True
@@ -305,26 +325,28 @@ class ShardSources:
             raise OfflineError("offline, and this is not a local file", shard=redact_url(url))
 
     def _verify(self, shard: int, info: ShardInfo, data_end: int) -> None:
+        """First touch in this process: the shard's fingerprint must be the index's."""
         if self.offline and self.cache_dir is not None and not is_local(info.url):
             return  # the cache checks its copy against the index's size, etag and md5
         self._check_offline(info.url)
         stat = self._source(info.url).info(self._io)
-        name = redact_url(info.url)
-        if info.size is not None and stat.size != info.size:
-            raise IndexMismatchError(
-                f"size is {stat.size} bytes but the index says {info.size}", shard=name
-            )
-        if (
-            info.etag is not None
-            and stat.etag is not None
-            and comparable_etag(stat.etag) != comparable_etag(info.etag)
-        ):
-            raise IndexMismatchError(
-                f"etag is {stat.etag!r} but the index says {info.etag!r}", shard=name
-            )
-        if data_end > stat.size:
-            raise IndexMismatchError(
-                f"is {stat.size} bytes but the index has members up to byte {data_end}",
-                shard=name,
-            )
+        problem = shard_mismatch(info, stat, data_end=data_end)
+        if problem is not None:
+            raise _changed(problem, info.url)
+
+    def _verify_header(self, shard: int, members: ShardMembers, reader: Any) -> None:
+        """First open in this process: one recorded member's tar header must be where it was."""
+        problem = header_mismatch_at_spot(
+            members, lambda start, end: reader.read_span(start, end, self._io)
+        )
+        if problem is not None:
+            raise _changed(problem, self._load().infos[shard].url)
         self._verified.add(shard)
+
+
+def _changed(problem: str, url: str) -> IndexMismatchError:
+    return IndexMismatchError(
+        f"not the shard the index describes: {problem}; it changed after indexing, so "
+        f"{REPAIR_HINT}",
+        shard=redact_url(url),
+    )

@@ -42,7 +42,19 @@ from .errors import IndexFormatError
 from .index import ShardInfo
 from .redact import redact_url
 
-__all__ = ["KIND", "Component", "Spec", "expand_braces", "load_spec", "resolve_url", "url_dir"]
+__all__ = [
+    "KIND",
+    "Component",
+    "Spec",
+    "UrlMap",
+    "apply_url_map",
+    "check_url_map",
+    "expand_braces",
+    "load_spec",
+    "map_url",
+    "resolve_url",
+    "url_dir",
+]
 
 KIND = "wids-shard-index-v1"
 """The ``__kind__`` of a dataset description."""
@@ -141,6 +153,81 @@ def resolve_url(url: str, base: str | None) -> str:
         return os.path.normpath(url)
     root = os.path.abspath(os.path.expanduser(base)) if base else os.getcwd()
     return os.path.normpath(os.path.join(root, url))
+
+
+UrlMap = tuple[tuple[str, str], ...]
+"""A validated ``url_map``: ``(old prefix, new prefix)`` pairs, longest prefix first."""
+
+
+def _absolute(url: str) -> bool:
+    return "://" in url or "::" in url or os.path.isabs(url)
+
+
+def check_url_map(url_map: Mapping[str, str] | UrlMap | None) -> UrlMap:
+    """Validate a ``url_map`` (``{"https://old/": "s3://new/"}``) and order it for matching.
+
+    Shard URLs are resolved first (relative ones against the index's directory), then the
+    longest ``old`` prefix that starts a URL is replaced by its ``new`` prefix. Local shards
+    resolve to absolute paths, so a local prefix is an absolute path (``file://`` is accepted
+    and stripped).
+
+    Args:
+        url_map: Old prefix to new prefix; ``None`` or empty for none.
+
+    Returns:
+        The pairs, longest old prefix first.
+
+    Raises:
+        TypeError: Not a mapping of strings.
+        ValueError: A prefix is empty or relative, one ends in ``/`` and its replacement does
+            not (or the reverse), or two prefixes are the same.
+    """
+    if not url_map:
+        return ()
+    if not isinstance(url_map, (Mapping, tuple)):
+        raise TypeError(f"url_map must be a dict of prefix -> prefix, not {type(url_map).__name__}")
+    items = url_map.items() if isinstance(url_map, Mapping) else url_map
+    pairs: dict[str, str] = {}
+    for old, new in items:
+        if not isinstance(old, str) or not isinstance(new, str):
+            kinds = f"{type(old).__name__} -> {type(new).__name__}"
+            raise TypeError(f"url_map entries must be str -> str, not {kinds}")
+        shown = f"url_map {redact_url(old)!r} -> {redact_url(new)!r}"
+        if not _absolute(old) or not _absolute(new):
+            raise ValueError(f"{shown}: both must be absolute URLs (scheme://...) or paths")
+        if old.endswith("/") != new.endswith("/"):
+            raise ValueError(f"{shown}: end both prefixes in '/' or neither")
+        key = old.removeprefix("file://")
+        if key in pairs:
+            raise ValueError(f"{shown}: the prefix {redact_url(key)!r} is given twice")
+        pairs[key] = new
+    return tuple(sorted(pairs.items(), key=lambda kv: len(kv[0]), reverse=True))
+
+
+def map_url(url: str, url_map: UrlMap) -> str:
+    """``url`` with the longest matching prefix of a checked ``url_map`` replaced."""
+    for old, new in url_map:
+        if url.startswith(old):
+            return new + url[len(old) :]
+    return url
+
+
+def apply_url_map(shards: list[ShardInfo], url_map: UrlMap) -> list[ShardInfo]:
+    """Shards with their URLs mapped by a checked ``url_map``.
+
+    A mapped shard keeps its size and md5 but not its etag and mtime: those were issued by the
+    store it was indexed in, and the new location issues its own. It is still checked by size
+    and by a recorded member's tar header when opened.
+    """
+    if not url_map:
+        return shards
+    out = []
+    for info in shards:
+        url = map_url(info.url, url_map)
+        if url != info.url:
+            info = ShardInfo(url, info.nsamples, info.size, None, None, info.md5sum)
+        out.append(info)
+    return out
 
 
 def url_dir(url: str) -> str:
@@ -425,6 +512,7 @@ def load_spec(
     *,
     storage_options: Mapping[str, Any] | None = None,
     base: str | None = None,
+    url_map: Mapping[str, str] | UrlMap | None = None,
 ) -> Spec:
     """Load and validate a dataset description.
 
@@ -434,6 +522,7 @@ def load_spec(
         storage_options: fsspec options for reading remote descriptions.
         base: Directory against which relative shard URLs resolve; overrides the file's own
             ``base`` and its directory.
+        url_map: Prefix rewrites applied to resolved shard URLs (see :func:`check_url_map`).
 
     Returns:
         The description, shard URLs resolved.
@@ -443,6 +532,7 @@ def load_spec(
             is wrong.
         ShardNotFoundError: The file (or a ``source_url``) does not exist.
     """
+    mapping = check_url_map(url_map)
     loader = _Loader(storage_options)
     url: str | None = None
     if isinstance(src, (str, os.PathLike)):
@@ -475,7 +565,7 @@ def load_spec(
     top = {k: v for k, v in desc.items() if k not in ("shardlist", "datasets")}
     return Spec(
         name=_name(desc.get("name"), where),
-        shards=loader.shards,
+        shards=apply_url_map(loader.shards, mapping),
         components=loader.components,
         extras=loader.extras,
         origins=loader.origins,
