@@ -15,7 +15,8 @@ Session-scoped fixtures ``s3_server``, ``http_server``, ``gcs_server`` and the p
 front of one of them.
 
 nginx also counts requests from its access log: ``.request_count(name=None)`` (requests for
-one object, or all) and ``.reset_counts()``; ``/forbidden/...`` always answers 403.
+one object, or all) and ``.reset_counts()``; ``/forbidden/...`` always answers 403;
+``/noetag/NAME`` serves ``NAME`` with no ``ETag`` header.
 
 Tests that use a server are marked ``servers`` automatically (deselect with
 ``-m "not servers"``); marking them explicitly as well does no harm.

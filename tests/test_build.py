@@ -209,3 +209,43 @@ def test_incremental_rebuild_reuses_file_url_shards(shards, tmp_path):
     assert build_index(urls, out).scanned == 4
     again = build_index(urls, out)
     assert (again.scanned, again.reused) == (0, 4)
+
+
+def _two_shards(d):
+    """Two shards of the same size whose members have other names."""
+    paths = [str(d / "a.tar"), str(d / "b.tar")]
+    for p, prefix in zip(paths, "ab", strict=True):
+        write_shard(p, [(f"{prefix}{i:03d}.bin", b"z" * 600) for i in range(5)])
+    assert os.path.getsize(paths[0]) == os.path.getsize(paths[1])
+    return paths
+
+
+def test_incremental_rebuild_rescans_a_swap_with_restored_mtime(tmp_path):
+    a, b = _two_shards(tmp_path)
+    out = str(tmp_path / "idx.json")
+    build_index([a, b], out)
+    st = os.stat(b)
+    shutil.copyfile(a, b)  # a's bytes at b, b's size and mtime
+    os.utime(b, ns=(st.st_atime_ns, st.st_mtime_ns))
+    report = build_index([a, b], out)
+    assert (report.scanned, report.reused) == (1, 1)  # was (0, 2): b kept its stale table
+    idx = open_index(out)
+    assert idx.members(1) == tarfile_table(b) and idx.members(1).key(0) == "a000"
+    idx.close()
+
+
+def test_scan_cache_record_is_checked_by_fingerprint(tmp_path):
+    a, b = _two_shards(tmp_path)
+    cache = str(tmp_path / "c")
+    assert scan_cached(Source(b), cache_dir=cache).key(0) == "b000"
+    st = os.stat(b)
+    shutil.copyfile(a, b)
+    # a later rewrite at the same size: the record's mtime no longer matches
+    os.utime(b, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert scan_cached(Source(b), cache_dir=cache).key(0) == "a000"
+    # and the index's fingerprint is checked, not only its size
+    from wids.index import ShardInfo
+
+    wrong = ShardInfo(b, 5, size=st.st_size, mtime=st.st_mtime - 3600)
+    with pytest.raises(IndexMismatchError, match="modified at"):
+        scan_cached(Source(b), cache_dir=str(tmp_path / "c2"), expected=wrong)

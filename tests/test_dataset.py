@@ -7,6 +7,8 @@ import json
 import os
 import pickle
 import random
+import shutil
+import time
 import warnings
 
 import fsspec
@@ -18,7 +20,7 @@ from tarfixtures import FIXTURES
 
 from wids.build import build_index
 from wids.dataset import ShardListDataset
-from wids.errors import IndexMismatchError, OfflineError, ShardNotFoundError
+from wids.errors import IndexFormatError, IndexMismatchError, OfflineError, ShardNotFoundError
 from wids.synth import write_dataset, write_shard
 
 
@@ -438,3 +440,154 @@ def test_decode_error_names_shard_key_field(tmp_path):
         ds[1]
     assert ShardListDataset([{"url": path, "nsamples": 3}], allow_pickle=True)[1][".pkl"] == 1
     assert ds[2][".txt"] == "ok"
+
+
+# -- a shard is checked against the index on first touch (issue 10, items 4 and 13) ----------
+
+
+def _label_shard(path, prefix: str, labels) -> str:
+    """A shard of samples ``{prefix}{i:04d}`` with a ``.cls`` label and a fixed-size ``.bin``."""
+    members = []
+    for i, label in enumerate(labels):
+        members += [(f"{prefix}{i:04d}.cls", b"%d\n" % label), (f"{prefix}{i:04d}.bin", b"x" * 700)]
+    write_shard(str(path), members)
+    return str(path)
+
+
+def _rewrite_later(path, prefix: str, labels) -> None:
+    """Rewrite a shard as someone would after indexing: same size, one label changed."""
+    before = os.stat(path)
+    time.sleep(0.05)  # a later write; file systems stamp mtimes in ticks of a few ms
+    _label_shard(path, prefix, labels)
+    assert os.stat(path).st_size == before.st_size
+    assert os.stat(path).st_mtime_ns != before.st_mtime_ns
+
+
+@pytest.mark.parametrize("backend", ["json", "sqlite"])
+def test_same_size_rewrite_after_indexing_is_an_error(tmp_path, backend):
+    a = _label_shard(tmp_path / "a.tar", "a", [0, 1, 2])
+    b = _label_shard(tmp_path / "b.tar", "b", [3, 4, 5])
+    out = str(tmp_path / f"i.{backend}")
+    build_index([a, b], out)
+    _rewrite_later(b, "b", [3, 7, 5])
+    ds = ShardListDataset(out, transformations=[])
+    assert ds[1][".cls"] == b"1\n"
+    with pytest.raises(IndexMismatchError) as e:
+        ds[4]  # was served as b"7\n"
+    msg = str(e.value)
+    assert e.value.shard == b and "modified at" in msg and "wids index create" in msg
+    assert "--full" in msg
+
+
+def test_same_size_swap_with_restored_mtime_is_an_error(tmp_path):
+    a = _label_shard(tmp_path / "a.tar", "a", [0, 1, 2])
+    b = _label_shard(tmp_path / "b.tar", "b", [3, 4, 5])
+    out = str(tmp_path / "i.json")
+    build_index([a, b], out)
+    st = os.stat(b)
+    shutil.copyfile(a, b)  # another shard's bytes, same size ...
+    os.utime(b, ns=(st.st_atime_ns, st.st_mtime_ns))  # ... and the recorded mtime
+    ds = ShardListDataset(out, transformations=[])
+    with pytest.raises(IndexMismatchError, match="the header names 'a0002.cls'") as e:
+        ds[3]  # was served as a's first sample
+    assert e.value.shard == b
+    # verify=False skips both checks (and reads what is there)
+    assert ShardListDataset(out, transformations=[], verify=False)[5]["__key__"] == "b0002"
+
+
+def test_dataloader_workers_check_shards_on_first_touch(tmp_path):
+    torch = pytest.importorskip("torch")
+    a = _label_shard(tmp_path / "a.tar", "a", [0, 1, 2])
+    out = str(tmp_path / "i.json")
+    build_index([a], out)
+    ds = ShardListDataset(out, transformations=[])
+    assert ds[1][".cls"] == b"1\n"  # checked and opened in the parent
+    _rewrite_later(a, "a", [0, 7, 2])
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=1, multiprocessing_context="fork"
+    )
+    with pytest.raises(IndexMismatchError, match="a.tar"):
+        list(loader)
+
+
+def test_index_with_edited_urls_reads_a_mirror_with_the_same_files(tmp_path):
+    src, mirror = tmp_path / "src", tmp_path / "mirror"
+    src.mkdir()
+    mirror.mkdir()
+    paths = [_label_shard(src / f"s{k}.tar", f"s{k}-", [k, k + 1]) for k in range(3)]
+    out = src / "i.json"
+    build_index(paths, str(out))
+    for p in paths:
+        shutil.copy2(p, mirror)  # same bytes and times (cp -p, rsync -a)
+    doc = json.loads(out.read_text())
+    for entry in doc["shardlist"]:
+        entry["url"] = str(mirror / entry["url"])
+    out.write_text(json.dumps(doc))  # was: "stale sidecar: its url is ..."
+    ds = ShardListDataset(str(out), transformations=[])
+    assert [ds[i][".cls"] for i in range(6)] == [b"%d\n" % v for v in (0, 1, 1, 2, 2, 3)]
+    assert ds[0]["__shard__"] == str(mirror / "s0.tar")
+
+
+def test_url_map_reads_a_mirror(tmp_path):
+    src, mirror = tmp_path / "src", tmp_path / "mirror"
+    src.mkdir()
+    mirror.mkdir()
+    paths = [_label_shard(src / f"s{k}.tar", f"s{k}-", [k, k + 1]) for k in range(3)]
+    out = str(tmp_path / "i.json")
+    build_index(paths, out)
+    for p in paths:
+        shutil.copyfile(p, mirror / os.path.basename(p))  # new mtimes: another store's
+    url_map = {f"{src}/": f"{mirror}/", "/nowhere/longer/": "/elsewhere/"}
+    for index in (out, [{"url": p, "nsamples": 2} for p in paths]):
+        ds = ShardListDataset(index, transformations=[], url_map=url_map)
+        assert [ds[i][".cls"] for i in range(6)] == [b"%d\n" % v for v in (0, 1, 1, 2, 2, 3)]
+        assert ds[5]["__shard__"] == str(mirror / "s2.tar")
+    # the longest prefix wins
+    url_map = {f"{tmp_path}/": "/nowhere/", f"{src}/": f"{mirror}/"}
+    assert ShardListDataset(out, transformations=[], url_map=url_map)[0]["__key__"] == "s0-0000"
+    # a mirror holding other bytes is still caught, by size or by a member's header
+    shutil.copyfile(paths[0], mirror / "s1.tar")
+    ds = ShardListDataset(out, transformations=[], url_map={f"{src}/": f"{mirror}/"})
+    with pytest.raises(IndexMismatchError, match="the header names"):
+        ds[2]
+
+
+@pytest.mark.parametrize(
+    "url_map, error, match",
+    [
+        ({"relative/": "/abs/"}, ValueError, "absolute"),
+        ({"/abs/": "s3://bucket"}, ValueError, "in '/' or neither"),
+        ({"/a/": "/b/", "file:///a/": "/c/"}, ValueError, "given twice"),
+        ({"/a/": 3}, TypeError, "str -> str"),
+        (["/a/", "/b/"], TypeError, "dict of prefix"),
+    ],
+)
+def test_url_map_is_validated_in_the_constructor(tmp_path, url_map, error, match):
+    with pytest.raises(error, match=match):
+        ShardListDataset(str(tmp_path / "missing.json"), url_map=url_map)
+
+
+def test_damaged_member_table_error_says_how_to_repair(tmp_path):
+    a = _label_shard(tmp_path / "a.tar", "a", [0, 1, 2])
+    out = tmp_path / "i.json"
+    build_index([a], str(out))
+    sidecar = tmp_path / json.loads(out.read_text())["shardlist"][0]["members"]
+    sidecar.write_text(sidecar.read_text()[:-20])
+    with pytest.raises(IndexFormatError) as e:
+        ShardListDataset(str(out), transformations=[])[0]
+    assert "not valid JSON" in str(e.value) and "wids index create" in str(e.value)
+    assert "--full" in str(e.value)
+
+
+def test_scanned_shard_from_the_scan_cache_is_checked_on_first_touch(tmp_path):
+    a = _label_shard(tmp_path / "a.tar", "a", [0, 1, 2])
+    b = _label_shard(tmp_path / "b.tar", "b", [3, 4, 5])
+    shards = [{"url": b, "nsamples": 3}]  # a reference list: members scanned, kept in the cache
+    cache = str(tmp_path / "cache")
+    assert ShardListDataset(shards, transformations=[], cache_dir=cache)[0]["__key__"] == "b0000"
+    st = os.stat(b)
+    shutil.copyfile(a, b)
+    os.utime(b, ns=(st.st_atime_ns, st.st_mtime_ns))  # the scan record's fingerprint holds
+    ds = ShardListDataset(shards, transformations=[], cache_dir=cache)
+    with pytest.raises(IndexMismatchError, match="the header names 'a0002.cls'"):
+        ds[0]

@@ -6,8 +6,11 @@ the same shard; requests are counted at the server (nginx's access log).
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import random
+import tarfile
 import uuid
 
 import pytest
@@ -221,3 +224,64 @@ def test_s3_etag_checked(s3_server, local, tmp_path):
     s3_server.put_bytes(bytes(data), f"{prefix}/{os.path.basename(paths[1])}")
     with pytest.raises(IndexMismatchError, match="etag"):
         ds[NSAMPLES]
+
+
+def _label_tar(labels) -> bytes:
+    """A small shard: samples ``k{i:04d}`` with a ``.cls`` label and a fixed-size ``.bin``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+        for i, label in enumerate(labels):
+            for name, data in ((f"k{i:04d}.cls", b"%d\n" % label), (f"k{i:04d}.bin", b"x" * 900)):
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime = len(data), 1700000000
+                tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_http_without_etag_same_size_rewrite_is_an_error(http_server, tmp_path):
+    name = f"n{uuid.uuid4().hex[:8]}/a.tar"
+    http_server.put_bytes(_label_tar([0, 1, 2]), name)
+    url = http_server.url(f"noetag/{name}")
+    info = http_server.fs.info(url)
+    assert "ETag" not in info and "Last-Modified" in info  # the server gives no etag
+    index = str(tmp_path / "i.json")
+    build_index([url], index)
+    assert ShardListDataset(index, transformations=[])[1][".cls"] == b"1\n"
+    path = http_server.path(name)
+    st = os.stat(path)
+    http_server.put_bytes(_label_tar([0, 7, 2]), name)  # rewritten later, at the same size
+    os.utime(path, (st.st_atime + 5, st.st_mtime + 5))  # (HTTP dates have whole seconds)
+    assert os.stat(path).st_size == st.st_size
+    ds = ShardListDataset(index, transformations=[])
+    with pytest.raises(IndexMismatchError, match="modified at") as e:
+        ds[1]  # was served as b"7\n"
+    assert e.value.shard == url
+
+
+def test_url_map_reads_an_nginx_index_from_s3(http_server, s3_server, local, tmp_path):
+    _, paths, oracle = local
+    prefix = f"m{uuid.uuid4().hex[:8]}"
+    urls = [http_server.put(p, f"{prefix}/{os.path.basename(p)}") for p in paths]
+    index = str(tmp_path / "i.json")
+    build_index(urls, index)  # absolute nginx URLs, nginx's etags
+    for p in paths:
+        s3_server.put(p, f"{prefix}/{os.path.basename(p)}")
+    url_map = {http_server.url(prefix) + "/": s3_server.url(prefix) + "/"}
+    ds = ShardListDataset(
+        index,
+        transformations=[],
+        url_map=url_map,
+        storage_options=s3_server.storage_options,
+    )
+    http_server.reset_counts()
+    _check(ds, oracle)
+    assert http_server.request_count() == 0
+    assert ds[0]["__shard__"] == s3_server.url(f"{prefix}/synth-000000.tar")
+    # the same through the command line
+    from wids.cli import main
+
+    ((old, new),) = url_map.items()
+    argv = ["index", "verify", index, "--url-map", f"{old}={new}"]
+    for key, value in s3_server.storage_options.items():
+        argv += ["-s", f"{key}={json.dumps(value)}"]
+    assert main(argv) == 0

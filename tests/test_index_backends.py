@@ -111,6 +111,27 @@ class IndexContract:
             out.append((shard_info(p, p.parent, table), table))
         return out
 
+    def test_url_map_rewrites_resolved_shard_urls(self, tmp_path: Path, shards: list[Path]) -> None:
+        path = self.index_path(tmp_path)
+        entries = self.real_entries(shards)
+        self.write(path, entries)
+        data = str(tmp_path / "data")
+        url_map = {f"{data}/": "s3://bucket/data/", f"{data}/s-002": "https://cdn.example/x"}
+        ix = open_index(str(path), url_map=url_map)
+        assert [s.url for s in ix.shards] == [
+            "s3://bucket/data/s-000.tar",
+            "s3://bucket/data/s-001.tar",
+            "https://cdn.example/x.tar",  # the longest prefix wins
+        ]
+        for (info, table), got, k in zip(entries, ix.shards, range(3), strict=True):
+            # the old store's etag and mtime are not the new one's; size and md5 stay
+            assert (got.size, got.md5sum, got.etag, got.mtime) == (info.size, None, None, None)
+            assert ix.members(k) == table
+        ix.close()
+        with pytest.raises(ValueError, match="absolute"):
+            open_index(str(path), url_map={"data/": "s3://bucket/data/"})
+
+    # -- round trips -----------------------------------------------------------------------
     # -- round trips -----------------------------------------------------------------------
 
     def test_round_trip_of_real_shards(self, tmp_path: Path, shards: list[Path]) -> None:
@@ -574,6 +595,27 @@ class TestJsonIndex(IndexContract):
         flat = SqliteIndex(str(out))
         assert flat.components == ix.components and flat.shards == ix.shards
         assert flat.members(2) == entries[2][1]
+
+    def test_sidecar_is_matched_by_file_name_and_fingerprint(
+        self, tmp_path: Path, shards: list[Path]
+    ) -> None:
+        path = self.index_path(tmp_path)
+        entries = self.real_entries(shards)
+        self.write(path, entries)
+        doc = json.loads(path.read_text())
+        doc["shardlist"][0]["url"] = "https://mirror.example/data/s-000.tar"  # moved: same file
+        path.write_text(json.dumps(doc))
+        ix = JsonIndex(str(path))
+        assert ix.shards[0].url == "https://mirror.example/data/s-000.tar"
+        assert ix.members(0) == entries[0][1]  # was "stale sidecar: its url is 's-000.tar'"
+        doc["shardlist"][1]["url"] = "s-009.tar"  # another file: not this sidecar's shard
+        doc["shardlist"][2]["mtime"] += 1.0  # another fingerprint
+        path.write_text(json.dumps(doc))
+        with pytest.raises(IndexFormatError, match="for shard 's-001.tar', the index entry is"):
+            JsonIndex(str(path)).members(1)
+        with pytest.raises(IndexFormatError, match="stale member table: its shard's mtime") as e:
+            JsonIndex(str(path)).members(2)
+        assert "wids index create" in str(e.value) and "--full" in str(e.value)
 
     def test_100k_shard_top_level_loads_fast(self, tmp_path: Path) -> None:
         n = 100_000

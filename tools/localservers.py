@@ -167,6 +167,7 @@ http {{
         root {root};
         access_log {work}/access.log counts;
         location /forbidden/ {{ return 403; }}
+        location /noetag/ {{ alias {root}/; etag off; {limit} }}
         location / {{ {limit} }}
     }}
 }}
@@ -176,7 +177,8 @@ http {{
 class Nginx(_Server):
     """nginx serving ``root`` over HTTP (it honours Range), counting requests in its log.
 
-    ``/forbidden/...`` always answers 403. Each access-log line reads
+    ``/forbidden/...`` always answers 403; ``/noetag/NAME`` serves ``NAME`` without an ``ETag``
+    header (Last-Modified only), as some servers do. Each access-log line reads
     ``URI STATUS METHOD "RANGE" BODY_BYTES``.
 
     Args:

@@ -305,8 +305,9 @@ class ShardSources:
                     stacklevel=5,  # the caller of ds[i]
                 )
             if members is None:
+                # Not marked verified: the table may come from the scan cache, whose record is
+                # matched by fingerprint only; the first touch checks a member's header too.
                 members = self._scan(self._source(info.url), info)
-                self._verified.add(shard)  # the scan just looked at the shard itself
             if len(members) != info.nsamples:
                 raise IndexMismatchError(
                     f"has {len(members)} samples but the index says {info.nsamples}",
