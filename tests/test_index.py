@@ -253,3 +253,21 @@ def test_damaged_index_errors_say_how_to_repair(tmp_path, capsys):
     assert main(["show", str(out)]) == 2
     err = capsys.readouterr().err
     assert "not valid JSON" in err and "wids index create" in err and "--full" in err
+
+
+def test_show_reads_a_mirror_through_url_map(tmp_path, capsys):
+    import shutil
+
+    from wids.cli import main
+
+    paths, out = _indexed(tmp_path)
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for p in paths:
+        shutil.move(p, mirror / p.name)
+    assert main(["show", str(out), "-n", "4"]) == 2  # the shards are gone from where indexed
+    capsys.readouterr()
+    assert main(["show", str(out), "-n", "4", "--url-map", f"{tmp_path}/={mirror}/"]) == 0
+    assert "s1-0000" in capsys.readouterr().out
+    assert main(["show", str(out), "--url-map", "relative=/x"]) == 2
+    assert "absolute" in capsys.readouterr().err

@@ -551,6 +551,7 @@ def _add_show(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="serve only from local files and the cache; fail naming what is missing",
     )
+    _url_map_flag(p)
     _storage_flag(p)
     p.set_defaults(func=_cmd_show)
 
@@ -565,6 +566,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         storage_options=parse_storage_options(args.storage_option),
         cache_dir=args.cache_dir or (default_cache_dir() if args.offline else None),
         offline=args.offline,
+        url_map=parse_url_map(args.url_map),
     )
     if args.grid:
         width, height = render_grid(samples, args.grid, cell=args.cell)

@@ -31,6 +31,7 @@ def read_samples(
     storage_options: Mapping[str, Any] | None = None,
     cache_dir: str | None = None,
     offline: bool = False,
+    url_map: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """Raw samples ``start .. start + n - 1`` of a dataset (fewer at its end).
 
@@ -41,6 +42,8 @@ def read_samples(
         storage_options: fsspec options for the index and the shards.
         cache_dir: Local shard cache to read from (and fill), or ``None``.
         offline: Serve only from local files and ``cache_dir``; never touch the network.
+        url_map: Read shards from a mirror (``{"https://old/": "s3://new/"}``), as
+            ``ShardListDataset`` does.
 
     Returns:
         Sample dicts whose fields are ``bytes``.
@@ -59,6 +62,7 @@ def read_samples(
         storage_options=storage_options,
         cache_dir=cache_dir,
         offline=offline,
+        url_map=url_map,
     )
     try:
         total = len(ds)
