@@ -18,7 +18,7 @@ from tarfixtures import make_samples, write_shard
 
 from wids.build import build_index
 from wids.cli import main as wids_main
-from wids.errors import TarFormatError
+from wids.errors import IndexFormatError, TarFormatError
 from wids.index import open_index
 from wids.tar import iter_members_fetch, iter_members_stream, scan_local
 
@@ -169,3 +169,242 @@ def test_mutated_tars_only_give_tar_errors(tmp_path: Path, fmt: str) -> None:
                 parse()
             except TarFormatError as e:
                 assert "s.tar" in str(e)
+
+
+# -------------------------------------------------------------------------------------------
+# Crafted JSON indexes
+
+
+def _built(tmp_path: Path, suffix: str, nshards: int = 2) -> Path:
+    """A real index of ``nshards`` small shards, to be tampered with."""
+    shards = [
+        str(write_shard(tmp_path / f"s{i}.tar", make_samples(4, start=10 * i)))
+        for i in range(nshards)
+    ]
+    out = tmp_path / f"idx.{suffix}"
+    build_index(shards, str(out))
+    return out
+
+
+def _sidecar(index: Path, shard: int = 0) -> Path:
+    doc = json.loads(index.read_text())
+    return index.parent / doc["shardlist"][shard]["members"]
+
+
+def _first_members(index: Path):
+    idx = open_index(str(index))
+    try:
+        return idx.members(0)
+    finally:
+        idx.close()
+
+
+def _edit_json(path: Path, edit) -> None:
+    doc = json.loads(path.read_text())
+    edit(doc)
+    path.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        pytest.param(lambda d: d.update(member_offset=[2**70] * 12), "member_offset", id="2**70"),
+        pytest.param(lambda d: d.update(member_offset=[2**62] * 12), "member_offset", id="2**62"),
+        pytest.param(
+            lambda d: d["member_field"].__setitem__(0, -1), "member_field", id="neg-field"
+        ),
+        pytest.param(lambda d: d["member_field"].__setitem__(0, 7), "member_field", id="field-7"),
+        pytest.param(lambda d: d["member_size"].__setitem__(0, -5), "member_size", id="neg-size"),
+        pytest.param(lambda d: d["member_offset"].reverse(), "overlaps", id="unsorted"),
+        pytest.param(
+            lambda d: d["member_offset"].__setitem__(1, d["member_offset"][0] + 1),
+            "overlaps",
+            id="overlapping",
+        ),
+        pytest.param(
+            lambda d: d["member_size"].__setitem__(-1, 10**9), "past the shard", id="past-end"
+        ),
+        pytest.param(lambda d: d["member_offset"].__setitem__(0, 0), "member_offset", id="zero"),
+        pytest.param(lambda d: d["member_offset"].__setitem__(0, 1.5), "not integers", id="float"),
+        pytest.param(lambda d: d["member_offset"].__setitem__(0, "9"), "not integers", id="text"),
+        pytest.param(lambda d: d["member_offset"].__setitem__(0, True), "member_offset", id="bool"),
+        pytest.param(lambda d: d.update(fields=".jpg"), "fields", id="fields-string"),
+        pytest.param(lambda d: d.update(fields=[".a", ".a", ".b"]), "fields", id="fields-dup"),
+        pytest.param(lambda d: d.update(sample_start=[0, 3, 3, 6, 12]), "sample_start", id="empty"),
+    ],
+)
+def test_crafted_sidecar_values_are_index_errors(tmp_path: Path, edit, words: str) -> None:
+    index = _built(tmp_path, "json")
+    sidecar = _sidecar(index)
+    _edit_json(sidecar, edit)
+    with pytest.raises(IndexFormatError) as err:
+        _first_members(index)
+    assert sidecar.name in str(err.value) and words in str(err.value)
+
+
+def test_deeply_nested_json_is_an_index_error(tmp_path: Path) -> None:
+    index = _built(tmp_path, "json")
+    sidecar = _sidecar(index)
+    sidecar.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(IndexFormatError, match="nested too deeply") as err:
+        _first_members(index)
+    assert sidecar.name in str(err.value)
+    index.write_text('{"wids_version": 1, "shardlist": ' + "[" * 200_000 + "]" * 200_000 + "}")
+    with pytest.raises(IndexFormatError, match="nested too deeply") as err:
+        _ = open_index(str(index)).shards
+    assert "idx.json" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("entry", "words"),
+    [
+        pytest.param({"nsamples": 10**12}, "'nsamples' 1000000000000 is more than", id="count"),
+        pytest.param({"nsamples": 10**30, "filesize": None}, "nsamples", id="no-size"),
+        pytest.param({"filesize": 2**62}, "filesize", id="size-2**62"),
+        pytest.param({"filesize": -1}, "filesize", id="size-negative"),
+        pytest.param({"mtime": float("nan")}, "mtime", id="mtime-nan"),
+        pytest.param({"mtime": float("inf")}, "mtime", id="mtime-inf"),
+    ],
+)
+def test_crafted_description_values_are_index_errors(tmp_path: Path, entry, words: str) -> None:
+    index = _built(tmp_path, "json")
+    _edit_json(index, lambda d: d["shardlist"][1].update(entry))
+    with pytest.raises(IndexFormatError) as err:
+        _ = open_index(str(index)).shards
+    assert "idx.json" in str(err.value) and "shardlist[1]" in str(err.value)
+    assert words in str(err.value)
+
+
+def test_huge_integer_literal_is_an_index_error(tmp_path: Path) -> None:
+    index = tmp_path / "idx.json"
+    index.write_text(
+        '{"wids_version": 1, "shardlist": [{"url": "a", "nsamples": 9%s}]}' % ("9" * 5000)
+    )
+    with pytest.raises(IndexFormatError, match="idx.json: not valid JSON"):
+        _ = open_index(str(index)).shards
+
+
+def test_source_url_fan_out_is_bounded(tmp_path: Path) -> None:
+    """Each level lists the next one 100 times: 10**6 loads unless the total is capped."""
+    for level in range(3):
+        sub = {"datasets": [{"source_url": f"l{level + 1}.json"}] * 100}
+        (tmp_path / f"l{level}.json").write_text(json.dumps({"wids_version": 1, **sub}))
+    (tmp_path / "l3.json").write_text(json.dumps({"wids_version": 1, "shardlist": []}))
+    with pytest.raises(IndexFormatError, match="descriptions loaded through source_url"):
+        _ = open_index(str(tmp_path / "l0.json")).shards
+
+
+# -------------------------------------------------------------------------------------------
+# Crafted SQLite indexes
+
+
+def _edit_sqlite(path: Path, *statements: str) -> None:
+    import sqlite3
+
+    conn = sqlite3.connect(path)
+    try:
+        for sql in statements:
+            conn.execute(sql)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+_RECURSIVE_SHARDS = (
+    "ALTER TABLE shards RENAME TO real_shards",
+    "CREATE VIEW shards AS WITH RECURSIVE r(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM r) "
+    "SELECT i AS id, 'x' || i AS url, 1 AS nsamples, NULL AS size, NULL AS etag, "
+    "NULL AS mtime, NULL AS md5sum, 0 AS has_members, NULL AS extra FROM r",
+)
+
+
+@pytest.mark.parametrize(
+    ("statements", "words"),
+    [
+        pytest.param(_RECURSIVE_SHARDS, "'shards' is a view", id="recursive-view"),
+        pytest.param(
+            (
+                "ALTER TABLE members RENAME TO m0",
+                "CREATE VIEW members AS SELECT * FROM m0",
+            ),
+            "'members' is a view",
+            id="members-view",
+        ),
+        pytest.param(("DROP TABLE components",), "'components' is missing", id="missing"),
+        pytest.param(("DROP INDEX members_shard",), "lacks its indexes", id="no-index"),
+        pytest.param(
+            (
+                "DROP INDEX members_shard",
+                "CREATE INDEX members_shard ON members (size)",
+            ),
+            "lacks its indexes",
+            id="wrong-index",
+        ),
+        pytest.param(
+            (
+                "ALTER TABLE fields RENAME TO f0",
+                "CREATE TABLE fields (id INTEGER PRIMARY KEY, "
+                "name TEXT GENERATED ALWAYS AS (printf('%.*c', 1000000000, 'x')))",
+            ),
+            "generated columns",
+            id="generated-column",
+        ),
+        pytest.param(
+            ("UPDATE shards SET id = 1099511627776 WHERE id = 1",), "shards row 1", id="id"
+        ),
+        pytest.param(("UPDATE shards SET nsamples = 10000000000000",), "nsamples", id="count"),
+        pytest.param(("UPDATE shards SET size = -3",), "size in [0, 2**62)", id="size"),
+        pytest.param(("UPDATE shards SET mtime = 'soon'",), "mtime", id="mtime-text"),
+        pytest.param(("UPDATE shards SET url = X'41'",), "a url", id="url-blob"),
+        pytest.param(
+            ("UPDATE fields SET id = 4611686018427387904 WHERE id = 0",),
+            "fields row",
+            id="field-id",
+        ),
+        pytest.param(("UPDATE components SET stop_shard = 99",), "stop_shard", id="component"),
+    ],
+)
+def test_crafted_sqlite_schema_and_shards_are_index_errors(
+    tmp_path: Path, statements: tuple[str, ...], words: str
+) -> None:
+    index = _built(tmp_path, "sqlite")
+    _edit_sqlite(index, *statements)
+    with pytest.raises(IndexFormatError) as err:
+        idx = open_index(str(index))
+        _ = idx.shards
+        idx.members(0)
+    assert "idx.sqlite" in str(err.value) and words in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("statement", "words"),
+    [
+        ("UPDATE members SET field_id = 4611686018427387904 WHERE rowid = 1", "field ids"),
+        ("UPDATE members SET field_id = -1 WHERE rowid = 1", "field ids"),
+        ("UPDATE members SET sample_idx = 1152921504606846976 WHERE rowid = 12", "samples outside"),
+        ("UPDATE members SET sample_idx = -1 WHERE rowid = 1", "samples outside"),
+        ('UPDATE members SET "offset" = 4611686018427387904 WHERE rowid = 12', "member_offset"),
+        ('UPDATE members SET "offset" = 9.5 WHERE rowid = 2', "integers only"),
+        ('UPDATE members SET "offset" = NULL WHERE rowid = 2', "integers only"),
+        ('UPDATE members SET "offset" = "offset" + 5000 WHERE rowid = 1', "overlaps"),
+        ("UPDATE members SET size = size + 100000 WHERE rowid = 12", "past the shard"),
+        ("UPDATE samples SET idx = idx + 7 WHERE idx = 3", "numbered"),
+        ('UPDATE samples SET "key" = NULL WHERE idx = 1', "text keys"),
+    ],
+)
+def test_crafted_sqlite_member_rows_are_index_errors(
+    tmp_path: Path, statement: str, words: str
+) -> None:
+    index = _built(tmp_path, "sqlite")
+    _edit_sqlite(index, statement)
+    with pytest.raises(IndexFormatError) as err:
+        _first_members(index)
+    assert "idx.sqlite" in str(err.value) and "shard 0" in str(err.value)
+    assert words in str(err.value)
+
+
+def test_sqlite_report_nested_too_deeply(tmp_path: Path) -> None:
+    index = _built(tmp_path, "sqlite")
+    _edit_sqlite(index, "UPDATE meta SET value = '%s' WHERE key = 'report'" % ("[" * 100_000))
+    with pytest.raises(IndexFormatError, match="idx.sqlite: meta 'report' is not valid JSON"):
+        _ = open_index(str(index)).report

@@ -47,7 +47,7 @@ def test_empty_table():
 
 def test_memory_per_sample_is_compact():
     samples = [
-        (f"{i:012d}", [(".jpg", i * 3072, 1000), (".cls", i * 3072 + 1536, 1)])
+        (f"{i:012d}", [(".jpg", 512 + i * 3072, 1000), (".cls", 2048 + i * 3072, 1)])
         for i in range(10_000)
     ]
     t = ShardMembers.from_samples(samples)
@@ -79,7 +79,7 @@ def test_arrays_have_fixed_dtypes():
 
 
 def test_keys_fast_path_equals_per_key_decode():
-    ascii_t = ShardMembers.from_samples([(f"k{i}", [(".a", i * 1024, 1)]) for i in range(50)])
+    ascii_t = ShardMembers.from_samples([(f"k{i}", [(".a", 512 + i * 1024, 1)]) for i in range(50)])
     mixed_t = ShardMembers.from_samples(SAMPLES)
     for t in (ascii_t, mixed_t):
         assert t.keys() == [t.key(i) for i in range(len(t))]

@@ -102,7 +102,7 @@ def test_url_dir() -> None:
 def test_relative_urls_resolve_against_the_files_directory(tmp_path: Path) -> None:
     path = write_json(
         tmp_path / "d" / "ds.json",
-        desc(shard("a.tar", 3, filesize=1024, md5sum="ab"), shard("sub/b.tar", 4), name="ds"),
+        desc(shard("a.tar", 3, filesize=10240, md5sum="ab"), shard("sub/b.tar", 4), name="ds"),
     )
     spec = load_spec(path)
     assert spec.name == "ds"
@@ -111,7 +111,7 @@ def test_relative_urls_resolve_against_the_files_directory(tmp_path: Path) -> No
         str(tmp_path / "d/sub/b.tar"),
     ]
     assert [s.nsamples for s in spec.shards] == [3, 4]
-    assert spec.shards[0].size == 1024 and spec.shards[0].md5sum == "ab"
+    assert spec.shards[0].size == 10240 and spec.shards[0].md5sum == "ab"
     assert spec.components == [Component("ds", None, 0, 2)]
     assert spec.url == path
 

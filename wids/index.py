@@ -41,6 +41,32 @@ __all__ = [
 REPAIR_HINT = "rebuild the index: wids index create SHARDS... -o INDEX --full"
 """What an error about a damaged or outdated index tells the user to do."""
 
+BLOCK = 512
+"""A tar header's size: the least space before each member's data."""
+MAX_OFFSET = 1 << 62
+"""Offsets and sizes in an index are below this (no storage holds 4 EiB)."""
+MAX_FIELDS = 1 << 16
+"""Distinct field names in one member table (field ids are 16-bit)."""
+
+
+def _int64(values: Any, what: str) -> np.ndarray:
+    """``values`` as an int64 array, refusing anything that is not integers in range."""
+    if isinstance(values, np.ndarray) and values.dtype == np.int64:
+        return values
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise IndexFormatError(f"{what}: not an array of integers ({e})") from None
+    if arr.ndim != 1:
+        raise IndexFormatError(f"{what}: not a flat list of integers")
+    if arr.dtype.kind not in "iu":
+        if len(arr) == 0:
+            return np.zeros(0, dtype=np.int64)
+        raise IndexFormatError(f"{what}: not integers (found {arr.dtype.name} values)")
+    if arr.dtype.kind == "u" and len(arr) and int(arr.max()) >= MAX_OFFSET:
+        raise IndexFormatError(f"{what}: value {int(arr.max())} is too large")
+    return arr.astype(np.int64, copy=False)
+
 
 @dataclass(frozen=True, slots=True)
 class ShardInfo:
@@ -94,29 +120,73 @@ class ShardMembers:
     ) -> None:
         self.fields = tuple(fields)
         self.key_blob = key_blob
-        self.key_offsets = np.asarray(key_offsets, dtype=np.int64)
-        self.sample_start = np.asarray(sample_start, dtype=np.int64)
-        self.member_field = np.asarray(member_field, dtype=np.uint16)
-        self.member_offset = np.asarray(member_offset, dtype=np.int64)
-        self.member_size = np.asarray(member_size, dtype=np.int64)
-        self._check()
+        self.key_offsets = _int64(key_offsets, "key offsets")
+        self.sample_start = _int64(sample_start, "sample_start")
+        field_ids = _int64(member_field, "member_field")
+        self.member_offset = _int64(member_offset, "member_offset")
+        self.member_size = _int64(member_size, "member_size")
+        problem = self._problem(field_ids)
+        if problem:
+            raise IndexFormatError(f"inconsistent member table: {problem}")
+        self.member_field = field_ids.astype(np.uint16)
 
-    def _check(self) -> None:
+    def _problem(self, field_ids: np.ndarray) -> str | None:
+        """What is wrong with the arrays, or ``None``; every value an index can hold is checked.
+
+        Offsets and sizes are below 2**62; members lie in tar order, each one's data starting at
+        least a 512-byte header after the previous one's end; every sample has a member; field
+        ids point into ``fields``. All vectorised (see ``tools/bench_index.py`` for the cost).
+        """
         n, m = len(self.sample_start) - 1, len(self.member_offset)
-        ok = (
-            n >= 0
-            and len(self.key_offsets) == n + 1
-            and len(self.member_field) == m
-            and len(self.member_size) == m
-            and (n == 0 or (self.sample_start[0] == 0 and self.sample_start[-1] == m))
-            and bool(np.all(np.diff(self.sample_start) > 0))
-            and (m == 0 or int(self.member_field.max()) < len(self.fields))
-            and bool(np.all(self.member_offset >= 0))
-            and bool(np.all(self.member_size >= 0))
-            and (n == 0 or int(self.key_offsets[-1]) == len(self.key_blob))
-        )
-        if not ok:
-            raise IndexFormatError("inconsistent member table")
+        starts, offs, sizes = self.sample_start, self.member_offset, self.member_size
+        fields = self.fields
+        if not all(isinstance(f, str) for f in fields) or len(set(fields)) != len(fields):
+            return "fields must be distinct strings"
+        if len(fields) > MAX_FIELDS:
+            return f"{len(fields)} fields (limit {MAX_FIELDS})"
+        if not isinstance(self.key_blob, bytes):
+            return "keys must be bytes"
+        if n < 0 or len(self.key_offsets) != n + 1:
+            return "sample_start and keys disagree in length"
+        if len(field_ids) != m or len(sizes) != m:
+            return "member_field, member_offset and member_size differ in length"
+        if n == 0:
+            return "members without samples" if m else None
+        if starts[0] != 0 or starts[-1] != m or not bool(np.all(starts[1:] > starts[:-1])):
+            return "sample_start must rise from 0 to the member count, every sample non-empty"
+        keys = self.key_offsets
+        if keys[0] != 0 or keys[-1] != len(self.key_blob) or bool(np.any(keys[1:] < keys[:-1])):
+            return "key offsets must rise from 0 to the length of the keys"
+        if int(field_ids.min()) < 0 or int(field_ids.max()) >= len(fields):
+            return f"member_field outside the {len(fields)} fields"
+        if int(sizes.min()) < 0 or int(sizes.max()) >= MAX_OFFSET:
+            return f"member_size outside [0, 2**62): {int(sizes.min())} .. {int(sizes.max())}"
+        if int(offs[0]) < BLOCK or int(offs[-1]) >= MAX_OFFSET:
+            return f"member_offset outside [512, 2**62): {int(offs[0])} .. {int(offs[-1])}"
+        # Member j's data starts after member j-1's data and member j's own 512-byte header.
+        # (int64 cannot overflow here: every offset and size is below 2**62.)
+        bad = np.flatnonzero(offs[1:] < offs[:-1] + sizes[:-1] + BLOCK)
+        if len(bad):
+            j = int(bad[0]) + 1
+            return (
+                f"member {j} at offset {int(offs[j])} overlaps or precedes member {j - 1} "
+                f"({int(offs[j - 1])} + {int(sizes[j - 1])} bytes + a 512-byte header)"
+            )
+        return None
+
+    def check_extent(self, size: int | None) -> None:
+        """Check that every member lies inside a shard of ``size`` bytes, if the size is known.
+
+        Raises:
+            IndexFormatError: The last member ends past ``size``.
+        """
+        if size is None or not self.nmembers:
+            return
+        end = int(self.member_offset[-1] + self.member_size[-1])
+        if end > size:
+            raise IndexFormatError(
+                f"member table runs to byte {end}, past the shard's recorded size {size}"
+            )
 
     @classmethod
     def from_samples(cls, samples: Sequence[tuple[str, Sequence[tuple[str, int, int]]]]):
@@ -158,6 +228,8 @@ class ShardMembers:
             IndexFormatError: If a column is missing or the columns disagree.
         """
         try:
+            if not isinstance(cols["fields"], list) or not isinstance(cols["keys"], list):
+                raise IndexFormatError("'fields' and 'keys' must be lists")
             keys = [k.encode("utf-8", "surrogateescape") for k in cols["keys"]]
             key_offsets = np.zeros(len(keys) + 1, dtype=np.int64)
             np.cumsum([len(k) for k in keys], out=key_offsets[1:])
@@ -165,12 +237,12 @@ class ShardMembers:
                 fields=cols["fields"],
                 key_blob=b"".join(keys),
                 key_offsets=key_offsets,
-                sample_start=np.asarray(cols["sample_start"], dtype=np.int64),
-                member_field=np.asarray(cols["member_field"], dtype=np.uint16),
-                member_offset=np.asarray(cols["member_offset"], dtype=np.int64),
-                member_size=np.asarray(cols["member_size"], dtype=np.int64),
+                sample_start=cols["sample_start"],
+                member_field=cols["member_field"],
+                member_offset=cols["member_offset"],
+                member_size=cols["member_size"],
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
             if isinstance(e, IndexFormatError):
                 raise
             raise IndexFormatError(f"malformed member table: {e!r}") from None

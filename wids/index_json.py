@@ -204,11 +204,14 @@ class JsonIndex:
         data = read_bytes(url, self.storage_options)
         try:
             cols = json.loads(data)
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, over 4300 digits
             raise IndexFormatError(f"not valid JSON: {e}", shard=where) from None
+        except RecursionError:
+            raise IndexFormatError("not valid JSON: nested too deeply", shard=where) from None
         _check_sidecar(cols, entry, where)
         try:
             table = ShardMembers.from_columns(cols)
+            table.check_extent(spec.shards[shard].size)
         except IndexFormatError as e:
             raise IndexFormatError(e.message, shard=where) from None
         if len(table) != spec.shards[shard].nsamples:

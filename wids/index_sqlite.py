@@ -43,7 +43,16 @@ import numpy as np
 from .errors import IndexFormatError
 from .index import ShardInfo, ShardMembers
 from .redact import redact_url
-from .spec import Component, UrlMap, apply_url_map, check_url_map, resolve_url, url_dir
+from .spec import (
+    MAX_SHARD_SIZE,
+    Component,
+    UrlMap,
+    apply_url_map,
+    check_url_map,
+    max_samples,
+    resolve_url,
+    url_dir,
+)
 
 __all__ = ["FORMAT", "SCHEMA_VERSION", "SqliteIndex", "SqliteIndexWriter"]
 
@@ -54,10 +63,17 @@ FORMAT = "wids-index-sqlite"
 SCHEMA_VERSION = 1
 """``meta.version`` of the schema this module reads and writes."""
 
-_KEYS_QUERY = 'SELECT "key" FROM samples WHERE shard_id = ? ORDER BY idx'
+_KEYS_QUERY = 'SELECT idx, "key" FROM samples WHERE shard_id = ? ORDER BY idx'
 _MEMBERS_QUERY = (
     'SELECT sample_idx, field_id, "offset", size FROM members WHERE shard_id = ? '
     "ORDER BY sample_idx, rowid"
+)
+
+
+# Every table the reader queries; each must be a real table (a view can recurse forever).
+_TABLES = ("meta", "shards", "components", "fields", "samples", "members")
+_SHARDS_QUERY = (
+    "SELECT id, url, nsamples, size, etag, mtime, md5sum, has_members FROM shards ORDER BY id"
 )
 
 
@@ -161,38 +177,112 @@ class SqliteIndex:
     def _where(self) -> str:
         return redact_url(self.url)
 
+    def _error(self, message: str) -> IndexFormatError:
+        return IndexFormatError(message, shard=self._where())
+
+    def _check_schema(self) -> None:
+        """Refuse views, virtual tables, computed columns and queries that would scan.
+
+        A crafted file could make ``shards`` a recursive view (a query that never ends and fills
+        the temporary directory) or give a column a generated value; and without the indexes
+        every shard's query would read the whole file. Only stored rows of real tables, found
+        through the indexes the writer creates, are read.
+        """
+        kinds = {
+            str(name).lower(): (kind, sql or "")
+            for kind, name, sql in self._query("SELECT type, name, sql FROM sqlite_master")
+        }
+        for table in _TABLES:
+            kind, sql = kinds.get(table, (None, ""))
+            if kind != "table" or sql.lstrip().upper().startswith("CREATE VIRTUAL"):
+                what = (
+                    "missing"
+                    if kind is None
+                    else "a virtual table"
+                    if kind == "table"
+                    else f"a {kind}"
+                )
+                raise self._error(f"{table!r} is {what}, not a table: not a wids SQLite index")
+            if any(row[-1] for row in self._query(f'PRAGMA table_xinfo("{table}")')):
+                raise self._error(f"table {table!r} has generated columns: not a wids index")
+        for sql in (_KEYS_QUERY, _MEMBERS_QUERY):
+            plan = " ".join(str(r[-1]) for r in self._query("EXPLAIN QUERY PLAN " + sql, (0,)))
+            if "SCAN" in plan or "TEMP B-TREE" in plan:
+                raise self._error(f"the index lacks its indexes (query plan: {plan})")
+
     def _load(self) -> tuple[dict[str, str], list[ShardInfo], list[bool], list[Component]]:
         if self._state is not None:
             return self._state
+        self._check_schema()
         meta = dict(self._query("SELECT key, value FROM meta"))
         if meta.get("format") != FORMAT or meta.get("version") != str(SCHEMA_VERSION):
-            raise IndexFormatError(
+            raise self._error(
                 f"format {meta.get('format')!r} version {meta.get('version')!r}; expected "
-                f"{FORMAT!r} version {SCHEMA_VERSION}",
-                shard=self._where(),
+                f"{FORMAT!r} version {SCHEMA_VERSION}"
             )
         root = self.base if self.base is not None else url_dir(self.url)
-        rows = self._query(
-            "SELECT url, nsamples, size, etag, mtime, md5sum, has_members FROM shards ORDER BY id"
-        )
-        try:
-            shards = [
-                ShardInfo(resolve_url(u, root), int(n), s, e, m, md5)
-                for u, n, s, e, m, md5, _ in rows
-            ]
-        except (TypeError, ValueError) as e:
-            raise IndexFormatError(f"malformed shards table: {e}", shard=self._where()) from None
+        rows = self._query(_SHARDS_QUERY)
+        shards = [self._shard(k, row, root) for k, row in enumerate(rows)]
         shards = apply_url_map(shards, self.url_map)
-        has = [bool(r[6]) for r in rows]
+        has = [bool(r[7]) for r in rows]
         comps = [
-            Component(name or "", w, int(a), int(b))
-            for name, w, a, b in self._query(
-                "SELECT name, weight, first_shard, stop_shard FROM components ORDER BY id"
+            self._component(k, row, len(shards))
+            for k, row in enumerate(
+                self._query(
+                    "SELECT id, name, weight, first_shard, stop_shard FROM components ORDER BY id"
+                )
             )
         ]
-        self._fields = [n for _, n in self._query("SELECT id, name FROM fields ORDER BY id")]
+        fields = self._query("SELECT id, name FROM fields ORDER BY id")
+        for k, (fid, name) in enumerate(fields):
+            if fid != k or type(name) is not str:
+                raise self._error(f"fields row {k}: id {fid!r}, name {name!r}; expected id {k}")
+        self._fields = [name for _, name in fields]
         self._state = (meta, shards, has, comps)
         return self._state
+
+    def _shard(self, k: int, row: tuple[Any, ...], root: str) -> ShardInfo:
+        """One row of ``shards``, every value checked (the same rules as a JSON description)."""
+        sid, url, n, size, etag, mtime, md5, has = row
+        if not (
+            sid == k
+            and type(sid) is int
+            and type(url) is str
+            and url
+            and type(n) is int
+            and (size is None or (type(size) is int and 0 <= size < MAX_SHARD_SIZE))
+            and 0 <= n <= max_samples(size)
+            and (etag is None or type(etag) is str)
+            and (md5 is None or type(md5) is str)
+            and (mtime is None or (type(mtime) in (int, float) and abs(mtime) < MAX_SHARD_SIZE))
+            and has in (0, 1)
+        ):
+            shown = ", ".join(repr(v)[:80] for v in row)
+            raise self._error(
+                f"shards row {k} ({shown}): expected id {k}, a url, 0 <= nsamples <= "
+                f"{max_samples(size) if type(size) is int else 'the most its size allows'}, "
+                "size in [0, 2**62) or NULL, text etag/md5sum, a finite mtime, has_members 0/1"
+            )
+        return ShardInfo(
+            resolve_url(url, root), n, size, etag, None if mtime is None else float(mtime), md5
+        )
+
+    def _component(self, k: int, row: tuple[Any, ...], nshards: int) -> Component:
+        cid, name, weight, first, stop = row
+        if not (
+            cid == k
+            and (name is None or type(name) is str)
+            and (weight is None or (type(weight) in (int, float) and 0 <= weight < 2**62))
+            and type(first) is int
+            and type(stop) is int
+            and 0 <= first <= stop <= nshards
+        ):
+            shown = ", ".join(repr(v)[:80] for v in row)
+            raise self._error(
+                f"components row {k} ({shown}): expected id {k}, a name, a weight >= 0 or NULL "
+                f"and 0 <= first_shard <= stop_shard <= {nshards}"
+            )
+        return Component(name or "", None if weight is None else float(weight), first, stop)
 
     # -- the reader protocol ----------------------------------------------------------------
 
@@ -215,7 +305,14 @@ class SqliteIndex:
     def report(self) -> dict[str, Any]:
         """The builder's report stored in the index."""
         text = self._load()[0].get("report")
-        return json.loads(text) if text else {}
+        report = self._json(text, "meta 'report'") if text else {}
+        return report if isinstance(report, dict) else {}
+
+    def _json(self, text: Any, what: str) -> Any:
+        try:
+            return json.loads(text)
+        except (TypeError, ValueError, RecursionError) as e:
+            raise self._error(f"{what} is not valid JSON: {type(e).__name__}") from None
 
     @property
     def has_members(self) -> bool:
@@ -228,7 +325,10 @@ class SqliteIndex:
         rows = self._query("SELECT extra FROM shards WHERE id = ?", (shard,))
         if not rows:
             raise IndexError(f"shard {shard} out of range")
-        return json.loads(rows[0][0]) if rows[0][0] else {}
+        extra = self._json(rows[0][0], f"shards row {shard} 'extra'") if rows[0][0] else {}
+        if not isinstance(extra, dict):
+            raise self._error(f"shards row {shard} 'extra' is not a JSON object")
+        return extra
 
     def members(self, shard: int) -> ShardMembers | None:
         """Load the member table of one shard (two indexed range queries).
@@ -246,10 +346,11 @@ class SqliteIndex:
         keys = self._query(_KEYS_QUERY, (shard,))
         rows = self._query(_MEMBERS_QUERY, (shard,))
         try:
-            return _table(keys, rows, info.nsamples, self._fields)
-        except (IndexFormatError, ValueError, IndexError) as e:
-            msg = e.message if isinstance(e, IndexFormatError) else str(e)
-            raise IndexFormatError(f"shard {shard}: {msg}", shard=self._where()) from None
+            table = _table(keys, rows, info.nsamples, self._fields)
+            table.check_extent(info.size)
+            return table
+        except IndexFormatError as e:
+            raise self._error(f"shard {shard}: {e.message}") from None
 
     def close(self) -> None:
         """Close this process's connection (reopened on next use)."""
@@ -265,34 +366,43 @@ class SqliteIndex:
 
 
 def _table(
-    keys: list[tuple[Any]], rows: list[tuple[Any, ...]], nsamples: int, names: list[str]
+    keys: list[tuple[Any, Any]], rows: list[tuple[Any, ...]], nsamples: int, names: list[str]
 ) -> ShardMembers:
-    """Build a :class:`ShardMembers` from key rows and ``(sample, field, offset, size)`` rows."""
+    """Build a :class:`ShardMembers` from ``(idx, key)`` and ``(sample, field, offset, size)`` rows.
+
+    Every value is checked (ids in range, integers only) before it sizes an array.
+    """
     if len(keys) != nsamples:
         raise IndexFormatError(f"{len(keys)} sample rows for {nsamples} samples")
+    if any(idx != i or type(k) not in (str, bytes) for i, (idx, k) in enumerate(keys)):
+        raise IndexFormatError(f"sample rows must be numbered 0..{nsamples - 1} with text keys")
     if not rows:
         if nsamples:
             raise IndexFormatError(f"no member rows for {nsamples} samples")
         zero = np.zeros(1, dtype=np.int64)
         return ShardMembers([], b"", zero, zero, np.zeros(0), np.zeros(0), np.zeros(0))
-    cols = np.array(rows, dtype=np.int64)
-    if cols.ndim != 2 or cols.shape[1] != 4:
-        raise IndexFormatError("malformed member rows")
-    sidx = cols[:, 0]
+    cols = np.array(rows)
+    if cols.ndim != 2 or cols.shape[1] != 4 or cols.dtype.kind != "i":
+        raise IndexFormatError("member rows must hold integers only (no NULL, text or real)")
+    cols = cols.astype(np.int64, copy=False)
+    sidx, gfield = cols[:, 0], cols[:, 1]
+    if int(sidx[0]) < 0 or int(sidx[-1]) >= nsamples:  # sorted by the query
+        raise IndexFormatError(f"member rows name samples outside 0..{nsamples - 1}")
+    if int(gfield.min()) < 0 or int(gfield.max()) >= len(names):
+        raise IndexFormatError(f"member rows name field ids outside 0..{len(names) - 1}")
     counts = np.bincount(sidx, minlength=nsamples)
-    if len(counts) != nsamples or not counts.all():
-        raise IndexFormatError(f"member rows do not cover samples 0..{nsamples - 1} exactly")
+    if not counts.all():
+        raise IndexFormatError(f"member rows do not cover samples 0..{nsamples - 1}")
     sample_start = np.zeros(nsamples + 1, dtype=np.int64)
     np.cumsum(counts, out=sample_start[1:])
-    blobs = [k if isinstance(k, bytes) else k.encode("utf-8", "surrogateescape") for (k,) in keys]
+    blobs = [k if isinstance(k, bytes) else k.encode("utf-8", "surrogateescape") for _, k in keys]
     key_offsets = np.zeros(nsamples + 1, dtype=np.int64)
     np.cumsum([len(k) for k in blobs], out=key_offsets[1:])
     # Field ids are global to the file; a table numbers its own fields by first appearance.
-    gfield = cols[:, 1]
     uniq, first = np.unique(gfield, return_index=True)
     order = np.argsort(first)
-    lut = np.zeros(int(uniq.max()) + 1, dtype=np.uint16)
-    lut[uniq[order]] = np.arange(len(uniq), dtype=np.uint16)
+    lut = np.zeros(int(uniq.max()) + 1, dtype=np.int64)
+    lut[uniq[order]] = np.arange(len(uniq), dtype=np.int64)
     return ShardMembers(
         fields=[names[int(g)] for g in uniq[order]],
         key_blob=b"".join(blobs),

@@ -44,6 +44,8 @@ from .redact import redact_url
 
 __all__ = [
     "KIND",
+    "MAX_NSAMPLES",
+    "MAX_SHARD_SIZE",
     "Component",
     "Spec",
     "UrlMap",
@@ -52,6 +54,7 @@ __all__ = [
     "expand_braces",
     "load_spec",
     "map_url",
+    "max_samples",
     "resolve_url",
     "url_dir",
 ]
@@ -60,6 +63,20 @@ KIND = "wids-shard-index-v1"
 """The ``__kind__`` of a dataset description."""
 
 _MAX_DEPTH = 32
+_MAX_FILES = 10_000  # descriptions loaded through source_url, in all (fan-out, not only depth)
+MAX_SHARD_SIZE = 1 << 62
+"""A shard's ``filesize`` is below this (the same bound as offsets in a member table)."""
+MAX_NSAMPLES = MAX_SHARD_SIZE // 512
+"""A shard's ``nsamples`` is at most this: every sample has a 512-byte header."""
+
+
+def max_samples(size: int | None) -> int:
+    """The most samples a tar of ``size`` bytes can hold.
+
+    Each sample has at least one member, and a member takes at least its 512-byte header; the
+    archive ends with at least one 512-byte zero block. Without a size, :data:`MAX_NSAMPLES`.
+    """
+    return MAX_NSAMPLES if size is None else max(0, size // 512 - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,8 +335,10 @@ class _Where:
 def _parse_json(data: bytes | str, where: _Where) -> Any:
     try:
         return json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, over 4300 digits
         raise where.error(f"not valid JSON: {e}") from None
+    except RecursionError:
+        raise where.error("not valid JSON: nested too deeply") from None
 
 
 class _Loader:
@@ -332,6 +351,7 @@ class _Loader:
         self.origins: list[str | None] = []
         self.components: list[Component] = []
         self.visiting: list[str] = []
+        self.loaded = 0
 
     def load_file(self, url: str) -> Any:
         where = _Where(redact_url(url))
@@ -339,6 +359,9 @@ class _Loader:
             raise where.error("source_url cycle: " + " -> ".join(self.visiting))
         if len(self.visiting) >= _MAX_DEPTH:
             raise where.error("source_url nesting too deep")
+        self.loaded += 1
+        if self.loaded > _MAX_FILES:
+            raise where.error(f"more than {_MAX_FILES} descriptions loaded through source_url")
         return _parse_json(read_bytes(url, self.storage_options), where)
 
     def description(
@@ -428,11 +451,12 @@ class _Loader:
                 type(url) is str
                 and url
                 and type(nsamples) is int
-                and nsamples >= 0
-                and (size is None or (type(size) is int and size >= 0))
+                and 0 <= nsamples <= _MAX_NSAMPLES
+                and (size is None or (type(size) is int and 0 <= size < _MAX_SIZE))
+                and (size is None or nsamples <= size // 512 - 1 or not nsamples)
                 and (md5 is None or type(md5) is str)
                 and (etag is None or type(etag) is str)
-                and (mtime is None or type(mtime) is float or type(mtime) is int)
+                and (mtime is None or (type(mtime) in (float, int) and _finite(mtime)))
             ):
                 raise _bad_entry(entry, k, where)
             if _PLAIN_RELATIVE.match(url) and "/." not in url and "//" not in url:
@@ -449,6 +473,7 @@ class _Loader:
 # A relative path whose join with a directory needs no normalising (no scheme, not absolute,
 # no leading dot); "/." and "//" inside are checked separately.
 _PLAIN_RELATIVE = re.compile(r"^[^/.~:][^:]*$")
+_MAX_SIZE, _MAX_NSAMPLES = MAX_SHARD_SIZE, MAX_NSAMPLES
 
 
 def _root(base: str | None) -> str:
@@ -474,9 +499,29 @@ def _bad_entry(entry: Any, k: int, where: _Where) -> IndexFormatError:
     types = {"filesize": (int,), "md5sum": (str,), "etag": (str,), "mtime": (int, float)}
     for key, allowed in types.items():
         value = entry.get(key)
-        if value is not None and (type(value) not in allowed or (key == "filesize" and value < 0)):
-            return where.error(f"shardlist[{k}]: bad {key} {value!r}")
+        if value is not None and (
+            type(value) not in allowed
+            or (key == "filesize" and not 0 <= value < _MAX_SIZE)
+            or (key == "mtime" and not _finite(value))
+        ):
+            return where.error(f"shardlist[{k}]: bad {key} {_short(value)}")
+    size = entry.get("filesize")
+    if nsamples > max_samples(size):
+        return where.error(
+            f"shardlist[{k}]: 'nsamples' {nsamples} is more than a "
+            + (f"{size}-byte tar can hold" if size is not None else "shard can hold")
+            + f" (at most {max_samples(size)})"
+        )
     return where.error(f"shardlist[{k}]: malformed entry")
+
+
+def _finite(value: float) -> bool:
+    return -_MAX_SIZE < value < _MAX_SIZE  # false for nan and the infinities JSON allows
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _check_version(desc: dict[str, Any], where: _Where, *, required: bool) -> None:
@@ -502,8 +547,8 @@ def _name(value: Any, where: _Where) -> str:
 def _weight(value: Any, where: _Where) -> float | None:
     if value is None:
         return None
-    if type(value) not in (int, float) or value < 0:
-        raise where.error(f"'weight' must be a non-negative number, got {value!r}")
+    if type(value) not in (int, float) or not 0 <= value < _MAX_SIZE:
+        raise where.error(f"'weight' must be a non-negative number, got {_short(value)}")
     return float(value)
 
 
