@@ -18,7 +18,7 @@ from tarfixtures import make_samples, write_shard
 
 from wids.build import build_index
 from wids.cli import main as wids_main
-from wids.errors import IndexFormatError, TarFormatError
+from wids.errors import IndexFormatError, TarFormatError, UntrustedLocationError
 from wids.index import open_index
 from wids.tar import iter_members_fetch, iter_members_stream, scan_local
 
@@ -408,3 +408,106 @@ def test_sqlite_report_nested_too_deeply(tmp_path: Path) -> None:
     _edit_sqlite(index, "UPDATE meta SET value = '%s' WHERE key = 'report'" % ("[" * 100_000))
     with pytest.raises(IndexFormatError, match="idx.sqlite: meta 'report' is not valid JSON"):
         _ = open_index(str(index)).report
+
+
+# -------------------------------------------------------------------------------------------
+# A remote index may not point at local files
+
+
+def _remote_index(http_server, tmp_path: Path, name: str, urls: list[str], suffix: str = "json"):
+    """An index on nginx whose shards are a real remote shard and then ``urls``, as written."""
+    local = write_shard(tmp_path / "real.tar", make_samples(3))
+    http_server.put(local, f"{name}/real.tar")
+    out = tmp_path / f"{name}.{suffix}"
+    build_index([http_server.url(f"{name}/real.tar")], str(out))
+    if suffix == "json":
+        doc = json.loads(out.read_text())
+        entry = dict(doc["shardlist"][0])
+        entry.pop("members", None)
+        doc["shardlist"] += [dict(entry, url=u) for u in urls]
+        out.write_text(json.dumps(doc))
+    else:
+        stmts = [
+            f"INSERT INTO shards (id, url, nsamples, size, has_members) "
+            f"SELECT {i + 1}, '{u}', nsamples, size, 0 FROM shards WHERE id = 0"
+            for i, u in enumerate(urls)
+        ]
+        _edit_sqlite(out, *stmts, f"UPDATE components SET stop_shard = stop_shard + {len(urls)}")
+    http_server.put(out, f"{name}/index.{suffix}")
+    return http_server.url(f"{name}/index.{suffix}"), local
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "file:///etc/passwd",
+        "FILE:///etc/passwd",
+        "memory://x/secret.tar",
+        "simplecache::file:///etc/passwd",
+        "tar://passwd::/etc/passwd.tar",
+    ],
+)
+@pytest.mark.parametrize("suffix", ["json", "sqlite"])
+def test_remote_index_cannot_name_local_files(
+    http_server, tmp_path: Path, bad: str, suffix: str, capsys
+) -> None:
+    from wids import ShardListDataset
+
+    name = f"local-{suffix}-{abs(hash(bad))}"
+    url, _ = _remote_index(http_server, tmp_path, name, [bad], suffix)
+    ds = ShardListDataset(url, transformations=[])
+    with pytest.raises(UntrustedLocationError) as err:
+        len(ds)
+    text = str(err.value)
+    assert isinstance(err.value, IndexFormatError) and "repair" not in text
+    assert f"index.{suffix}" in text and "not a remote location" in text
+    assert ("shardlist[1]" if suffix == "json" else "shards row 1") in text
+    assert bad.split("::")[0].split("://")[0].lower() in text and "allow_local_shards" in text
+    # wids subset refuses too, and creates nothing
+    dest = tmp_path / "subset"
+    assert wids_main(["subset", url, "--to", str(dest), "--shards", "0:2"]) != 0
+    assert "not a remote location" in capsys.readouterr().err and not dest.exists()
+
+
+def test_remote_index_with_a_local_base_or_source_url(http_server, tmp_path: Path) -> None:
+    real = write_shard(tmp_path / "passwd", make_samples(2))
+    base_doc = {"wids_version": 1, "base": f"file://{tmp_path}", "shardlist": []}
+    base_doc["shardlist"].append({"url": "passwd", "nsamples": 2})
+    http_server.put_bytes(json.dumps(base_doc).encode(), "localbase/index.json")
+    (tmp_path / "mine.json").write_text(json.dumps({"wids_version": 1, "shardlist": []}))
+    sub_doc = {"wids_version": 1, "datasets": [{"source_url": f"file://{tmp_path}/mine.json"}]}
+    http_server.put_bytes(json.dumps(sub_doc).encode(), "localbase/sub.json")
+    with pytest.raises(IndexFormatError, match=r"shardlist\[0\]: url .*not a remote location"):
+        _ = open_index(http_server.url("localbase/index.json")).shards
+    with pytest.raises(IndexFormatError, match="source_url .*not a remote location"):
+        _ = open_index(http_server.url("localbase/sub.json")).shards
+    # the caller may opt in, and then the local shard is served
+    from wids import ShardListDataset
+
+    ds = ShardListDataset(
+        http_server.url("localbase/index.json"), transformations=[], allow_local_shards=True
+    )
+    assert len(ds) == 2 and ds[1][".cls"] == b"1"
+    assert real.exists()
+
+
+def test_remote_index_may_name_remote_shards_anywhere(http_server, tmp_path: Path) -> None:
+    """Path-absolute and ``..`` URLs stay on the index's host: they are remote, so allowed."""
+    url, _ = _remote_index(http_server, tmp_path, "remote-abs", ["/remote-abs/real.tar"])
+    from wids import ShardListDataset
+
+    ds = ShardListDataset(url, transformations=[])
+    assert len(ds) == 6 and ds[4][".cls"] == b"1"
+
+
+def test_remote_index_opt_in_through_the_cli(http_server, tmp_path: Path) -> None:
+    local = write_shard(tmp_path / "mine.tar", make_samples(2))
+    entry = {"url": f"file://{local}", "nsamples": 2, "filesize": local.stat().st_size}
+    doc = {"wids_version": 1, "shardlist": [{"url": "x.tar", "nsamples": 0}, entry]}
+    http_server.put_bytes(json.dumps(doc).encode(), "optin/index.json")
+    url = http_server.url("optin/index.json")
+    dest = tmp_path / "copy"
+    argv = ["subset", url, "--to", str(dest), "--shards", "1:2"]
+    assert wids_main(argv) != 0 and not dest.exists()
+    assert wids_main([*argv, "--allow-local-shards"]) == 0
+    assert (dest / "mine.tar").read_bytes() == local.read_bytes()

@@ -47,6 +47,7 @@ EXPECTED = [
     "TarFormatError",
     "TruncatedTarError",
     "UnsafeDecodeError",
+    "UntrustedLocationError",
     "WidsError",
     "build_index",
     "convert_index",

@@ -27,6 +27,7 @@ from .errors import (
     TarFormatError,
     TruncatedTarError,
     UnsafeDecodeError,
+    UntrustedLocationError,
     WidsError,
 )
 from .index import IndexReader, ShardInfo, ShardMembers, open_index
@@ -78,6 +79,7 @@ __all__ = [
     "TarFormatError",
     "TruncatedTarError",
     "UnsafeDecodeError",
+    "UntrustedLocationError",
     "WidsError",
     "build_index",
     "convert_index",

@@ -90,6 +90,15 @@ def _url_map_flag(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _allow_local_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--allow-local-shards",
+        action="store_true",
+        help="let an index read from a remote location (http, s3, gs ...) name local files; "
+        "refused by default, so a crafted index cannot read your files",
+    )
+
+
 def _human(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB", "TB"):
         if abs(n) < 1000 or unit == "TB":
@@ -145,6 +154,7 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
     )
     i.add_argument("index")
     i.add_argument("--json", action="store_true", help="machine-readable output")
+    _allow_local_flag(i)
     _storage_flag(i)
     i.set_defaults(func=_cmd_index_info)
 
@@ -159,6 +169,7 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
     v.add_argument("index")
     v.add_argument("--deep", action="store_true", help="rescan shards and compare offsets")
     _url_map_flag(v)
+    _allow_local_flag(v)
     _storage_flag(v)
     v.set_defaults(func=_cmd_index_verify)
 
@@ -204,7 +215,11 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
 
     from .index import open_index
 
-    idx = open_index(args.index, parse_storage_options(args.storage_option))
+    idx = open_index(
+        args.index,
+        parse_storage_options(args.storage_option),
+        allow_local_shards=args.allow_local_shards,
+    )
     try:
         fields: dict[str, int] = {}
         missing = 0
@@ -248,7 +263,12 @@ def _cmd_index_verify(args: argparse.Namespace) -> int:
     from .remote import Source, redact_url
 
     options = parse_storage_options(args.storage_option)
-    idx = open_index(args.index, options, url_map=parse_url_map(args.url_map))
+    idx = open_index(
+        args.index,
+        options,
+        url_map=parse_url_map(args.url_map),
+        allow_local_shards=args.allow_local_shards,
+    )
     bad = 0
     try:
         shards = idx.shards
@@ -392,6 +412,7 @@ def _add_subset(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-j", "--jobs", type=int, default=8, help="shards copied at once (8)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _allow_local_flag(p)
     _storage_flag(p)
     p.set_defaults(func=_cmd_subset)
 
@@ -408,6 +429,7 @@ def _cmd_subset(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         progress=not args.quiet and sys.stderr.isatty(),
         force=args.force,
+        allow_local_shards=args.allow_local_shards,
     )
     print(
         f"{redact_url(report.index)}: {report.shards} shards, {report.samples} samples, "
@@ -552,6 +574,7 @@ def _add_show(sub: argparse._SubParsersAction) -> None:
         help="serve only from local files and the cache; fail naming what is missing",
     )
     _url_map_flag(p)
+    _allow_local_flag(p)
     _storage_flag(p)
     p.set_defaults(func=_cmd_show)
 
@@ -567,6 +590,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
         cache_dir=args.cache_dir or (default_cache_dir() if args.offline else None),
         offline=args.offline,
         url_map=parse_url_map(args.url_map),
+        allow_local_shards=args.allow_local_shards,
     )
     if args.grid:
         width, height = render_grid(samples, args.grid, cell=args.cell)

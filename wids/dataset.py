@@ -117,6 +117,9 @@ class ShardListDataset(ShardSources):
             ``{"https://old/": "s3://new/"}`` replaces the longest matching prefix of each
             resolved shard URL. A mapped shard is checked by size and member headers (the
             etag and mtime recorded at the old location are another store's).
+        allow_local_shards: Let an index read from a remote location (http, s3, gs, ...) name
+            local files (absolute paths, ``file://``, ``memory://``); refused by default with
+            ``IndexFormatError``, so a crafted remote index cannot serve the user's files.
 
     Raises:
         ValueError: An invalid parameter (checked here; all I/O happens lazily).
@@ -145,6 +148,7 @@ class ShardListDataset(ShardSources):
         allow_pickle: bool = False,
         promote_share: float = 0.05,
         url_map: Mapping[str, str] | None = None,
+        allow_local_shards: bool = False,
     ) -> None:
         if access not in ACCESS_MODES:
             raise ValueError(f"access must be one of {ACCESS_MODES}, not {access!r}")
@@ -194,6 +198,7 @@ class ShardListDataset(ShardSources):
         self.keep = bool(keep)
         self.base = base
         self.url_map = check_url_map(url_map)
+        self.allow_local_shards = bool(allow_local_shards)
         self.dataset_name = options.get("name", dataset_name)
         self.storage_options = dict(storage_options or {})
         self.access = access

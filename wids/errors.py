@@ -9,6 +9,7 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     │   └── HeaderChecksumError               a header's checksum does not match
     ├── SampleLayoutError(ValueError)         members do not group into samples cleanly
     ├── IndexFormatError(ValueError)          an index or dataset description is malformed
+    │   └── UntrustedLocationError            a remote index names a local file (not allowed)
     ├── IndexMismatchError(ValueError)        a shard changed since it was indexed
     ├── ShardNotFoundError(FileNotFoundError) a shard (or index) does not exist
     ├── RemoteError(OSError)                  reading from storage failed
@@ -51,6 +52,7 @@ __all__ = [
     "TarFormatError",
     "TruncatedTarError",
     "UnsafeDecodeError",
+    "UntrustedLocationError",
     "WidsError",
 ]
 
@@ -110,6 +112,14 @@ class SampleLayoutError(WidsError, ValueError):
 
 class IndexFormatError(WidsError, ValueError):
     """An index file or dataset description is malformed or of an unknown version."""
+
+
+class UntrustedLocationError(IndexFormatError):
+    """An index read from a remote location names a local file, path or in-process store.
+
+    Refused unless the caller passes ``allow_local_shards=True`` (``--allow-local-shards``):
+    a crafted index must not make wids serve or copy the user's files.
+    """
 
 
 class IndexMismatchError(WidsError, ValueError):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .errors import IndexFormatError
+from .errors import IndexFormatError, UntrustedLocationError
 
 if TYPE_CHECKING:
     from .spec import Component
@@ -315,8 +315,8 @@ class ShardMembers:
 
 def with_repair_hint(error: IndexFormatError) -> IndexFormatError:
     """``error`` (a damaged index) with what to do about it: :data:`REPAIR_HINT`."""
-    if REPAIR_HINT in error.message:
-        return error
+    if REPAIR_HINT in error.message or isinstance(error, UntrustedLocationError):
+        return error  # rebuilding cannot help an index that names local files
     return IndexFormatError(f"{error.message}; to repair, {REPAIR_HINT}", shard=error.shard)
 
 
@@ -466,7 +466,8 @@ def open_index(
             longest matching prefix of each resolved shard URL (see
             :func:`wids.spec.check_url_map`). A mapped shard is checked by size and member
             headers; the etag and mtime recorded at the old location are not compared.
-        **kwargs: Passed to the backend (``base``).
+        **kwargs: Passed to the backend (``base``, ``allow_local_shards``: let an index read
+            from a remote location name local files, refused by default).
 
     Returns:
         The opened index.

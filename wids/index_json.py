@@ -39,13 +39,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import IndexFormatError
+from .errors import IndexFormatError, UntrustedLocationError
 from .index import REPAIR_HINT, ShardInfo, ShardMembers
 from .spec import (
     KIND,
     Component,
     Spec,
     UrlMap,
+    check_remote_ref,
     check_url_map,
     load_spec,
     read_bytes,
@@ -93,6 +94,8 @@ class JsonIndex:
         storage_options: fsspec options for remote files.
         base: Overrides the directory relative shard URLs resolve against.
         url_map: Prefix rewrites of shard URLs, for mirrors (see :func:`wids.spec.check_url_map`).
+        allow_local_shards: Let an index read from a remote location name local files (refused
+            by default; see :func:`wids.spec.check_remote_ref`).
 
     Raises:
         IndexFormatError: (on first use) The file is malformed or of an unknown version.
@@ -106,11 +109,13 @@ class JsonIndex:
         *,
         base: str | None = None,
         url_map: Mapping[str, str] | UrlMap | None = None,
+        allow_local_shards: bool = False,
     ) -> None:
         self.url = url
         self.storage_options = dict(storage_options or {})
         self.base = base
         self.url_map = check_url_map(url_map)
+        self.allow_local_shards = bool(allow_local_shards)
         self._spec: Spec | None = None
 
     def __repr__(self) -> str:
@@ -119,7 +124,11 @@ class JsonIndex:
     def _load(self) -> Spec:
         if self._spec is None:
             spec = load_spec(
-                self.url, storage_options=self.storage_options, base=self.base, url_map=self.url_map
+                self.url,
+                storage_options=self.storage_options,
+                base=self.base,
+                url_map=self.url_map,
+                allow_local_shards=self.allow_local_shards,
             )
             meta = spec.top.get("wids_index")
             if meta is not None and not (
@@ -199,6 +208,12 @@ class JsonIndex:
         origin = spec.origins[shard]
         url = resolve_url(pointer, url_dir(origin) if origin else self.base)
         from .remote import redact_url
+
+        refused = check_remote_ref(url, origin, self.allow_local_shards)
+        if refused:
+            raise UntrustedLocationError(
+                f"shardlist[{shard}]: members {refused}", shard=redact_url(origin or "")
+            )
 
         where = redact_url(url)
         data = read_bytes(url, self.storage_options)

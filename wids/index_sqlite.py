@@ -40,7 +40,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from .errors import IndexFormatError
+from .errors import IndexFormatError, UntrustedLocationError
 from .index import ShardInfo, ShardMembers
 from .redact import redact_url
 from .spec import (
@@ -48,6 +48,7 @@ from .spec import (
     Component,
     UrlMap,
     apply_url_map,
+    check_remote_ref,
     check_url_map,
     max_samples,
     resolve_url,
@@ -94,6 +95,8 @@ class SqliteIndex:
         storage_options: fsspec options for a remote index.
         base: Overrides the directory relative shard URLs resolve against.
         url_map: Prefix rewrites of shard URLs, for mirrors (see :func:`wids.spec.check_url_map`).
+        allow_local_shards: Let an index read from a remote location name local files (refused
+            by default; see :func:`wids.spec.check_remote_ref`).
 
     Raises:
         IndexFormatError: (on first use) Not an SQLite index of a known format and version.
@@ -107,11 +110,13 @@ class SqliteIndex:
         *,
         base: str | None = None,
         url_map: Mapping[str, str] | UrlMap | None = None,
+        allow_local_shards: bool = False,
     ) -> None:
         self.url = os.fspath(url)
         self.storage_options = dict(storage_options or {})
         self.base = base
         self.url_map = check_url_map(url_map)
+        self.allow_local_shards = bool(allow_local_shards)
         self._local: str | None = None
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
@@ -263,9 +268,11 @@ class SqliteIndex:
                 f"{max_samples(size) if type(size) is int else 'the most its size allows'}, "
                 "size in [0, 2**62) or NULL, text etag/md5sum, a finite mtime, has_members 0/1"
             )
-        return ShardInfo(
-            resolve_url(url, root), n, size, etag, None if mtime is None else float(mtime), md5
-        )
+        resolved = resolve_url(url, root)
+        refused = check_remote_ref(resolved, self.url, self.allow_local_shards)
+        if refused:
+            raise UntrustedLocationError(f"shards row {k}: url {refused}", shard=self._where())
+        return ShardInfo(resolved, n, size, etag, None if mtime is None else float(mtime), md5)
 
     def _component(self, k: int, row: tuple[Any, ...], nshards: int) -> Component:
         cid, name, weight, first, stop = row

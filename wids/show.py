@@ -32,6 +32,7 @@ def read_samples(
     cache_dir: str | None = None,
     offline: bool = False,
     url_map: Mapping[str, str] | None = None,
+    allow_local_shards: bool = False,
 ) -> list[dict[str, Any]]:
     """Raw samples ``start .. start + n - 1`` of a dataset (fewer at its end).
 
@@ -44,6 +45,7 @@ def read_samples(
         offline: Serve only from local files and ``cache_dir``; never touch the network.
         url_map: Read shards from a mirror (``{"https://old/": "s3://new/"}``), as
             ``ShardListDataset`` does.
+        allow_local_shards: Let a remote index name local files, as ``ShardListDataset``.
 
     Returns:
         Sample dicts whose fields are ``bytes``.
@@ -63,6 +65,7 @@ def read_samples(
         cache_dir=cache_dir,
         offline=offline,
         url_map=url_map,
+        allow_local_shards=allow_local_shards,
     )
     try:
         total = len(ds)

@@ -159,6 +159,7 @@ class ShardSources:
     dataset_name: str | None
     base: str | None
     url_map: tuple[tuple[str, str], ...]  # checked, longest prefix first
+    allow_local_shards: bool
     storage_options: dict[str, Any]
     retry: RetryPolicy | None
     cache_dir: str | None
@@ -220,7 +221,9 @@ class ShardSources:
 
             return open_snapshot(url, self.cache_dir)  # type: ignore[arg-type]
         self._check_offline(url)
-        kwargs = {"base": self.base} if self.base is not None else {}
+        kwargs: dict[str, Any] = {"allow_local_shards": self.allow_local_shards}
+        if self.base is not None:
+            kwargs["base"] = self.base
         reader = open_index(url, self.storage_options, url_map=dict(self.url_map), **kwargs)
         if remote:
             from .subset import save_snapshot

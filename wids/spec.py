@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
-from .errors import IndexFormatError
+from .errors import IndexFormatError, UntrustedLocationError
 from .index import ShardInfo
 from .redact import redact_url
 
@@ -51,7 +51,9 @@ __all__ = [
     "UrlMap",
     "apply_url_map",
     "check_url_map",
+    "check_remote_ref",
     "expand_braces",
+    "is_remote_url",
     "load_spec",
     "map_url",
     "max_samples",
@@ -247,6 +249,48 @@ def apply_url_map(shards: list[ShardInfo], url_map: UrlMap) -> list[ShardInfo]:
     return out
 
 
+# fsspec protocols that reach local files or this process's memory (or, like ``reference``
+# and ``dir``, wherever their own configuration points): never where a remote index may send us.
+LOCAL_SCHEMES = frozenset(("file", "local", "memory", "reference", "dir"))
+
+
+def is_remote_url(url: str) -> bool:
+    """Whether ``url`` names a remote location.
+
+    Every part of an fsspec ``::`` chain must have a protocol, none of :data:`LOCAL_SCHEMES`.
+
+    Example:
+        >>> is_remote_url("https://host/a.tar"), is_remote_url("simplecache::s3://b/a.tar")
+        (True, True)
+        >>> is_remote_url("file:///etc/passwd"), is_remote_url("tar://x::/data/a.tar")
+        (False, False)
+    """
+    parts = url.split("::")
+    if "://" not in parts[-1]:
+        return False
+    for part in parts:
+        scheme = part.split("://", 1)[0] if "://" in part else part
+        if not scheme or scheme.lower() in LOCAL_SCHEMES:
+            return False
+    return True
+
+
+def check_remote_ref(url: str, origin: str | None, allow_local: bool) -> str | None:
+    """Why ``url``, read from the index file ``origin``, may not be used, or ``None``.
+
+    An index read from a remote location is not trusted with the user's local files: every
+    location it names (shards, member tables, other descriptions) must be remote too, unless
+    the caller passed ``allow_local_shards=True``. Indexes that are local themselves (files,
+    ``memory://``, Python objects) may name anything.
+    """
+    if allow_local or origin is None or not is_remote_url(origin) or is_remote_url(url):
+        return None
+    return (
+        f"{redact_url(url)!r} is not a remote location, but the index is remote: refused "
+        "(pass allow_local_shards=True, or --allow-local-shards, if you trust this index)"
+    )
+
+
 def url_dir(url: str) -> str:
     """The directory containing a file given by path or URL (absolute for local paths)."""
     if "://" in url or "::" in url:
@@ -331,6 +375,9 @@ class _Where:
     def error(self, message: str) -> IndexFormatError:
         return IndexFormatError(f"{self.inside}{message}", shard=self.file)
 
+    def untrusted(self, message: str) -> UntrustedLocationError:
+        return UntrustedLocationError(f"{self.inside}{message}", shard=self.file)
+
 
 def _parse_json(data: bytes | str, where: _Where) -> Any:
     try:
@@ -344,8 +391,9 @@ def _parse_json(data: bytes | str, where: _Where) -> Any:
 class _Loader:
     """Walks a description and its sub-datasets, accumulating shards and components."""
 
-    def __init__(self, storage_options: Mapping[str, Any] | None) -> None:
+    def __init__(self, storage_options: Mapping[str, Any] | None, allow_local: bool) -> None:
         self.storage_options = storage_options
+        self.allow_local = allow_local
         self.shards: list[ShardInfo] = []
         self.extras: list[dict[str, Any]] = []
         self.origins: list[str | None] = []
@@ -414,6 +462,9 @@ class _Loader:
         if not isinstance(ref, str) or not ref:
             raise where.error("'source_url' must be a non-empty string")
         url = resolve_url(ref, url_dir(origin) if origin else base)
+        refused = check_remote_ref(url, origin, self.allow_local)
+        if refused:
+            raise where.untrusted(f"source_url {refused}")
         sub = self.load_file(url)
         sub_base = entry.get("base")
         if sub_base is not None and not isinstance(sub_base, str):
@@ -440,6 +491,10 @@ class _Loader:
         root = _root(base)
         prefix = root.rstrip("/") + "/"
         shards, extras = self.shards, self.extras
+        # URLs from a remote file must stay remote: the plain relative ones all start with
+        # ``prefix`` (checked once), the rest are checked one by one.
+        untrusted = check_remote_ref("file:///", origin, self.allow_local) is not None
+        check_plain = untrusted and not is_remote_url(prefix)
         for k, entry in enumerate(shardlist):
             try:
                 url, nsamples = entry["url"], entry["nsamples"]
@@ -461,8 +516,14 @@ class _Loader:
                 raise _bad_entry(entry, k, where)
             if _PLAIN_RELATIVE.match(url) and "/." not in url and "//" not in url:
                 url = prefix + url
+                check = check_plain
             else:
                 url = resolve_url(url, root)
+                check = untrusted
+            if check:
+                refused = check_remote_ref(url, origin, self.allow_local)
+                if refused:
+                    raise where.untrusted(f"shardlist[{k}]: url {refused}")
             if type(mtime) is int:
                 mtime = float(mtime)
             shards.append(ShardInfo(url, nsamples, size, etag, mtime, md5))
@@ -558,6 +619,7 @@ def load_spec(
     storage_options: Mapping[str, Any] | None = None,
     base: str | None = None,
     url_map: Mapping[str, str] | UrlMap | None = None,
+    allow_local_shards: bool = False,
 ) -> Spec:
     """Load and validate a dataset description.
 
@@ -568,6 +630,8 @@ def load_spec(
         base: Directory against which relative shard URLs resolve; overrides the file's own
             ``base`` and its directory.
         url_map: Prefix rewrites applied to resolved shard URLs (see :func:`check_url_map`).
+        allow_local_shards: Let a description read from a remote location name local files
+            (shards, ``source_url``); refused by default (see :func:`check_remote_ref`).
 
     Returns:
         The description, shard URLs resolved.
@@ -578,7 +642,7 @@ def load_spec(
         ShardNotFoundError: The file (or a ``source_url``) does not exist.
     """
     mapping = check_url_map(url_map)
-    loader = _Loader(storage_options)
+    loader = _Loader(storage_options, allow_local_shards)
     url: str | None = None
     if isinstance(src, (str, os.PathLike)):
         url = os.fspath(src)

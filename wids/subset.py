@@ -319,6 +319,7 @@ def make_subset(
     jobs: int = 8,
     progress: bool = False,
     force: bool = False,
+    allow_local_shards: bool = False,
 ) -> SubsetReport:
     """Copy some shards of ``index`` into directory ``to`` and write a matching index there.
 
@@ -340,6 +341,9 @@ def make_subset(
         progress: Show a progress bar (bytes) on stderr.
         force: Replace files of the names the subset writes (every shard is copied again).
             Other files in ``to`` are still left alone.
+        allow_local_shards: Let an index read from a remote location name local files (by
+            default refused with ``IndexFormatError``: a crafted index must not make the
+            subset copy the user's files).
 
     Returns:
         What was done; ``index`` is the JSON index written into ``to``.
@@ -358,7 +362,7 @@ def make_subset(
     if "://" in target and not target.startswith("file://"):
         raise ValueError(f"the subset's directory must be local, got {redact_url(target)}")
     out_dir = os.path.abspath(os.path.expanduser(target.removeprefix("file://")))
-    idx = open_index(index, options)
+    idx = open_index(index, options, allow_local_shards=allow_local_shards)
     try:
         infos = list(idx.shards)
         chosen = select_shards([s.nsamples for s in infos], shards=shards, samples=samples)
