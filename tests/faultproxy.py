@@ -10,8 +10,14 @@ replaces some of them by a fault:
 - ``short``: a well-formed answer with only half the body (a short read the transport cannot
   see; only a length check catches it)
 - ``stall``: never answer (until the client gives up, ``stall`` seconds pass, or the proxy stops)
+- ``wrong``: a well-formed ``206`` with the ``Content-Range`` and length asked for, but bytes
+  from another offset of the object (read cyclically ``wrong_shift`` bytes further on; seeded
+  when ``None``); only a check of the bytes themselves catches it. Injected only into ranged
+  GETs.
 
 and ``permanent`` maps path substrings to a status (403, 404, ...) returned on every request.
+``script`` (a list of kinds, ``None`` for a clean answer) replaces the random schedule: the
+n-th eligible request gets the n-th entry, later ones none.
 ``injected`` counts faults by kind; ``requests`` counts all requests, ``forwarded`` the clean ones.
 
 Example:
@@ -35,7 +41,7 @@ __all__ = ["BODY_FAULTS", "FAULT_KINDS", "FaultPlan", "FaultProxy", "fault_proxy
 
 TRANSIENT_STATUS = ("500", "503", "429")
 BODY_FAULTS = ("truncate", "short")
-FAULT_KINDS = ("drop", "delay", *TRANSIENT_STATUS, *BODY_FAULTS, "stall")
+FAULT_KINDS = ("drop", "delay", *TRANSIENT_STATUS, *BODY_FAULTS, "stall", "wrong")
 _HOP_BY_HOP = {
     "connection",
     "keep-alive",
@@ -63,6 +69,12 @@ class FaultPlan:
         stall: Seconds a ``stall`` fault holds the request at most.
         permanent: Path substring → status answered on every matching request.
         seed: Seed of the schedule.
+        script: Fault kinds (``None``: none) for the eligible requests in order, instead of
+            the random schedule.
+        wrong_shift: How far from the requested offset a ``wrong`` answer's bytes come from
+            (cyclically in the object); ``None``: a seeded random shift per fault.
+        wrong_min: ``wrong`` answers only for ranges of at least this many bytes (so that,
+            e.g., whole-shard downloads get wrong bytes and sample reads do not).
     """
 
     kinds: dict[str, float] = field(default_factory=dict)
@@ -74,9 +86,12 @@ class FaultPlan:
     stall: float = 120.0
     permanent: dict[str, int] = field(default_factory=dict)
     seed: int = 0
+    script: tuple[str | None, ...] = ()
+    wrong_shift: int | None = None
+    wrong_min: int = 0
 
     def __post_init__(self) -> None:
-        unknown = set(self.kinds) - set(FAULT_KINDS)
+        unknown = (set(self.kinds) | set(self.script)) - set(FAULT_KINDS) - {None}
         if unknown:
             raise ValueError(f"unknown fault kinds {sorted(unknown)}")
 
@@ -111,6 +126,7 @@ class FaultProxy:
         self.plan = plan
         self._rng = random.Random(plan.seed)
         self._plan_faults = 0
+        self._scripted = 0
 
     def reset_counts(self) -> None:
         self.requests = 0
@@ -181,22 +197,32 @@ class FaultProxy:
         await self._runner.cleanup()
         await self._session.close()
 
-    def _pick(self, method: str, path: str) -> str | None:
+    def _pick(self, method: str, path: str, ranged: int | None) -> str | None:
         plan = self.plan
         for needle, status in plan.permanent.items():
             if needle in path:
                 return str(status)
-        if not plan.kinds or plan.rate <= 0 or method not in plan.methods:
+        if not (plan.kinds or plan.script) or method not in plan.methods:
             return None
         if plan.only is not None and plan.only not in path:
             return None
         if plan.max_faults is not None and self._plan_faults >= plan.max_faults:
             return None
-        if self._rng.random() >= plan.rate:
-            return None
-        kinds = list(plan.kinds)
-        kind = self._rng.choices(kinds, weights=[plan.kinds[k] for k in kinds])[0]
+        if plan.script:
+            if self._scripted >= len(plan.script):
+                return None
+            kind = plan.script[self._scripted]
+            self._scripted += 1
+            if kind is None:
+                return None
+        else:
+            if plan.rate <= 0 or self._rng.random() >= plan.rate:
+                return None
+            kinds = list(plan.kinds)
+            kind = self._rng.choices(kinds, weights=[plan.kinds[k] for k in kinds])[0]
         if kind in BODY_FAULTS and method != "GET":
+            return None
+        if kind == "wrong" and (method != "GET" or ranged is None or ranged < plan.wrong_min):
             return None
         self._plan_faults += 1
         return kind
@@ -205,7 +231,7 @@ class FaultProxy:
         from aiohttp import web
 
         self.requests += 1
-        fault = self._pick(request.method, request.path_qs)
+        fault = self._pick(request.method, request.path_qs, _range_length(request.headers))
         if fault is not None:
             self.injected[fault] += 1
         if fault is not None and fault.isdigit():
@@ -229,6 +255,9 @@ class FaultProxy:
         from aiohttp import web
 
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        wanted = None
+        if fault == "wrong":  # fetch the whole object, answer with other bytes of it
+            wanted = headers.pop("Range", None) or headers.pop("range", None)
         data = await request.read()
         async with self._session.request(
             request.method,
@@ -243,6 +272,12 @@ class FaultProxy:
             length = up.headers.get("Content-Length")
         if fault in BODY_FAULTS and len(body) < 2:
             self.injected[fault] -= 1  # nothing to cut; count only faults really injected
+            fault = None
+        if fault == "wrong":
+            wrong = self._wrong(status, out, body, wanted)
+            if wrong is not None:
+                return wrong
+            self.injected[fault] -= 1  # not a plain ranged answer: passed through unchanged
             fault = None
         if fault == "short":
             return web.Response(status=status, headers=out, body=body[: len(body) // 2])
@@ -260,6 +295,47 @@ class FaultProxy:
                 resp.headers["Content-Length"] = length
             return resp
         return web.Response(status=status, headers=out, body=body)
+
+    def _wrong(self, status: int, headers: dict[str, str], body: bytes, wanted: str | None) -> Any:
+        """A 206 for range ``wanted`` (``bytes=a-b``) of ``body`` with bytes from elsewhere."""
+        from aiohttp import web
+
+        total = len(body)
+        if status != 200 or wanted is None or total < 2 or not wanted.startswith("bytes="):
+            return None
+        first, _, last = wanted[len("bytes=") :].partition("-")
+        if not first.isdigit() or "," in last:
+            return None
+        a = int(first)
+        b = min(int(last), total - 1) if last.strip() else total - 1
+        if not 0 <= a <= b:
+            return None
+        shift = self.plan.wrong_shift
+        if shift is None:
+            shift = self._rng.randrange(1, total)
+        start = (a + shift) % total
+        n = b - a + 1
+        data = (body[start:] + body[:start]) * (1 + n // total)
+        # (a whole object's checksum headers do not go with a range; S3 sends none for one)
+        out = {
+            k: v
+            for k, v in headers.items()
+            if k.lower() != "content-range" and not k.lower().startswith("x-amz-checksum")
+        }
+        out["Content-Range"] = f"bytes {a}-{b}/{total}"
+        self.forwarded += 1
+        return web.Response(status=206, headers=out, body=data[:n])
+
+
+def _range_length(headers: Any) -> int | None:
+    """Bytes asked for by a request's ``Range: bytes=a-b`` (a large number for ``a-``)."""
+    value = headers.get("Range")
+    if value is None or not value.startswith("bytes="):
+        return None
+    first, _, last = value[len("bytes=") :].partition("-")
+    if not first.isdigit():
+        return None
+    return int(last) - int(first) + 1 if last.isdigit() else 1 << 62
 
 
 def _close(request: Any) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import tarfile
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from tar_oracle import dataset_samples, strip_meta
 from wids.build import build_index
 from wids.dataset import ShardListDataset
 from wids.errors import (
+    CorruptReadError,
     IndexMismatchError,
     PermanentRemoteError,
     RetriesExhaustedError,
@@ -331,3 +333,248 @@ def test_replaced_shard_detected(
     if access == "shard":
         bad = hashlib.sha256(replaced).hexdigest()
         assert bad not in set(_cache_files(cache_dir).values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Wrong bytes of the right length: 206, the Content-Range asked for, bytes from elsewhere
+
+WRONG_POLICY = RetryPolicy(attempts=3, max_time=20.0, backoff=0.01, max_backoff=0.05, timeout=5.0)
+
+
+def _record_length(shard: str) -> int:
+    """Bytes from one sample's first header to the next's (every sample here has the same)."""
+    with tarfile.open(shard) as tf:
+        starts: dict[str, int] = {}
+        for m in tf:
+            starts.setdefault(m.name.split(".", 1)[0], m.offset)
+    first, second = sorted(starts.values())[:2]
+    return second - first
+
+
+def _indexed(through: Through, shards: list[str], prefix: str, tmp_path: Path) -> str:
+    _upload(through.server, shards, prefix)
+    urls = [through.url(f"{prefix}/{os.path.basename(p)}") for p in shards]
+    index = str(tmp_path / f"{prefix}.json")
+    build_index(urls, index, storage_options=through.storage_options)  # through a clean proxy
+    return index
+
+
+@pytest.mark.parametrize("shift", ["random", "one-sample"])
+def test_wrong_offset_range_reads_raise_for_every_sample(
+    through: Through, shards: list[str], shift: str, tmp_path: Path
+) -> None:
+    """Item 5: every sample read through a proxy that serves bytes from another offset raises.
+
+    ``one-sample`` shifts by exactly one sample's record, so the bytes at the header's place
+    are a valid header, of the neighbouring sample: only the name check catches that.
+    """
+    prefix = f"wrong-range-{shift}"
+    index = _indexed(through, shards, prefix, tmp_path)
+    wrong_shift = _record_length(shards[0]) if shift == "one-sample" else None
+    plan = FaultPlan({"wrong": 1}, rate=1.0, only=prefix, wrong_shift=wrong_shift, seed=5)
+    through.proxy.set_plan(plan)
+    ds = ShardListDataset(
+        index,
+        transformations=[],
+        access="range",
+        storage_options=through.storage_options,
+        retry=WRONG_POLICY,
+    )
+    for i in range(len(ds)):
+        with pytest.raises(CorruptReadError) as info:
+            ds[i]
+        err = info.value
+        assert os.path.basename(shards[i // 25]) in str(err), str(err)
+        assert "gave up after 3 attempts" in str(err), str(err)  # retried first
+    for batch in ([0, 1, 2, 30, 31], [74, 3, 50], [60]):  # merged blocks and single reads
+        with pytest.raises(CorruptReadError):
+            ds.__getitems__(batch)
+    msg = _summary(f"{through.server.protocol} wrong {shift}", through.proxy, ds.stats)
+    assert ds.stats.retries >= 2 * len(ds), msg
+    assert ds.stats.samples == 0, msg  # not one wrong sample came back
+    ds.close()
+
+
+def test_verified_reads_survive_a_few_wrong_answers(
+    through: Through, shards: list[str], oracle: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """A wrong answer is retried like a transient failure: the samples come out right."""
+    prefix = "wrong-some"
+    index = _indexed(through, shards, prefix, tmp_path)
+    through.proxy.set_plan(FaultPlan({"wrong": 1}, rate=0.3, only=prefix, seed=9))
+    policy = RetryPolicy(attempts=8, max_time=30.0, backoff=0.0, max_backoff=0.0, timeout=5.0)
+    ds = ShardListDataset(
+        index,
+        transformations=[],
+        access="range",
+        storage_options=through.storage_options,
+        retry=policy,
+    )
+    _check_dataset(ds, oracle)
+    msg = _summary(f"{through.server.protocol} wrong some", through.proxy, ds.stats)
+    assert through.proxy.injected["wrong"] >= 10, msg
+    assert ds.stats.retries >= through.proxy.injected["wrong"] - 2, msg  # (a few merged)
+    assert ds.stats.errors == 0, msg
+    ds.close()
+
+
+def test_wrong_download_is_never_cached(
+    through: Through, shards: list[str], oracle: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """Item 5: a whole-shard download with wrong bytes (right size and etag) is not published.
+
+    ``access="shard"`` raises and keeps nothing, also on a second run; ``access="auto"``
+    keeps serving right samples by (verified) range reads while its promotions fail; once the
+    proxy is clean, the shards are cached correctly.
+    """
+    prefix = "wrong-download"
+    index = _indexed(through, shards, prefix, tmp_path)
+    cache_dir = tmp_path / "cache"
+    shard_size = os.path.getsize(shards[0])
+    plan = FaultPlan({"wrong": 1}, rate=1.0, only=prefix, wrong_min=shard_size // 2, seed=2)
+    through.proxy.set_plan(plan)
+
+    def dataset(access: str) -> ShardListDataset:
+        return ShardListDataset(
+            index,
+            transformations=[],
+            access=access,
+            cache_dir=str(cache_dir),
+            storage_options=through.storage_options,
+            retry=WRONG_POLICY,
+            promote_share=0.0,
+        )
+
+    for _ in range(2):  # a second run does not find a corrupt copy either
+        ds = dataset("shard")
+        with pytest.raises(CorruptReadError, match="not what the index records") as info:
+            ds[0]
+        assert os.path.basename(shards[0]) in str(info.value)
+        ds.close()
+        assert _cache_files(cache_dir) == {}
+    ds = dataset("auto")
+    for i in range(len(ds)):  # range reads (of one sample each) stay right; promotions fail
+        assert strip_meta(ds[i]) == oracle[i], f"sample {i}"
+    ds.close()
+    msg = _summary(f"{through.server.protocol} wrong download", through.proxy, ds.stats)
+    assert through.proxy.injected["wrong"] >= 4, msg
+    assert _cache_files(cache_dir) == {}, msg
+    through.proxy.set_plan(FaultPlan())
+    ds = dataset("shard")
+    _check_dataset(ds, oracle)
+    ds.close()
+    assert set(_cache_files(cache_dir).values()) == _hashes(shards)
+
+
+@pytest.fixture(scope="module")
+def big_shard(tmp_path_factory: pytest.TempPathFactory) -> str:
+    d = tmp_path_factory.mktemp("bigshard")
+    (path,) = write_dataset(
+        str(d), shards=1, samples_per_shard=60, real_images=False, jpg_bytes=50_000, seed=4
+    )
+    assert os.path.getsize(path) > 5 << 19  # the first MiB arrives before the cut
+    return path
+
+
+def test_resumed_download_with_wrong_bytes_is_not_cached(
+    http_server: Any, fault_proxy: Any, big_shard: str, tmp_path: Path
+) -> None:
+    """Item 5 as reported: the download is cut, resumed from a server that sends wrong bytes."""
+    through = Through(http_server, fault_proxy(http_server.base))
+    index = _indexed(through, [big_shard], "wrong-resumed", tmp_path)
+    plan = FaultPlan(script=("truncate", "wrong"), only="wrong-resumed", methods=("GET",))
+    through.proxy.set_plan(plan)
+    cache_dir = tmp_path / "cache"
+    ds = ShardListDataset(
+        index,
+        transformations=[],
+        access="shard",
+        cache_dir=str(cache_dir),
+        storage_options=through.storage_options,
+        retry=WRONG_POLICY,
+    )
+    with pytest.raises(CorruptReadError, match="not what the index records"):
+        ds[0]
+    ds.close()
+    assert dict(through.proxy.injected) == {"truncate": 1, "wrong": 1}
+    assert _cache_files(cache_dir) == {}
+    ds = ShardListDataset(
+        index,
+        transformations=[],
+        access="shard",
+        cache_dir=str(cache_dir),
+        storage_options=through.storage_options,
+    )
+    samples = dataset_samples([big_shard])
+    assert strip_meta(ds[59]) == samples[59]  # fetched again, right this time
+    ds.close()
+    assert set(_cache_files(cache_dir).values()) == _hashes([big_shard])
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 6: a shard replaced after a process's first read
+
+
+def _relabelled(original: bytes, shard: str, sample: int) -> bytes:
+    """The shard with 8 bytes of one sample's data changed: same size, same headers."""
+    with tarfile.open(shard) as tf:
+        keys: list[str] = []
+        for m in tf:
+            key = m.name.split(".", 1)[0]
+            if not keys or keys[-1] != key:
+                keys.append(key)
+            if len(keys) == sample + 1 and m.size >= 8:
+                a = m.offset_data
+                break
+    out = bytearray(original)
+    out[a : a + 8] = bytes(255 - b for b in out[a : a + 8])
+    return bytes(out)
+
+
+@pytest.mark.parametrize("reopen", [False, True])
+def test_shard_replaced_after_first_read(
+    remote_server: Any,
+    shards: list[str],
+    oracle: list[dict[str, Any]],
+    reopen: bool,
+    tmp_path: Path,
+) -> None:
+    """Item 6: reads after a same-size rewrite raise IndexMismatchError, never new bytes.
+
+    HTTP and S3 reads are conditional (If-Match the etag): caught on the open reader. GCS reads
+    are not; its reader is stat'ed again when reopened (``reopen``: evicted from the LRU).
+    """
+    protocol = remote_server.protocol
+    if protocol == "gs" and not reopen:
+        pytest.skip("GCS reads are not conditional: a change is caught when a reader reopens")
+    prefix = f"replaced-later-{reopen}"
+    urls = _upload(remote_server, shards, prefix)
+    index = str(tmp_path / "index.json")
+    build_index(urls, index, storage_options=remote_server.storage_options)
+    ds = ShardListDataset(
+        index,
+        transformations=[],
+        access="range",
+        storage_options=remote_server.storage_options,
+        lru_size=1,
+    )
+    assert strip_meta(ds[25]) == oracle[25]  # shard 1 is open and verified
+    assert strip_meta(ds[26]) == oracle[26]
+    original = Path(shards[1]).read_bytes()
+    replaced = _relabelled(original, shards[1], 2)
+    assert len(replaced) == len(original) and replaced != original
+    name = f"{prefix}/{os.path.basename(shards[1])}"
+    remote_server.put_bytes(replaced, name)
+    if protocol == "http":  # nginx's etag is mtime-size: move the mtime on
+        path = remote_server.path(name)
+        st = os.stat(path)
+        os.utime(path, (st.st_atime, st.st_mtime + 7))
+    if reopen:
+        ds[0]  # shard 0 evicts shard 1's reader
+    with pytest.raises(IndexMismatchError) as info:
+        ds[27]
+    assert os.path.basename(shards[1]) in str(info.value)
+    with pytest.raises(IndexMismatchError):
+        ds.__getitems__([25, 27, 49])
+    assert strip_meta(ds[0]) == oracle[0]  # shard 0 is untouched
+    ds.close()

@@ -12,6 +12,7 @@ EXPECTED = [
     "CacheBudgetError",
     "CacheDirError",
     "CacheError",
+    "CorruptReadError",
     "ChunkedSampler",
     "Component",
     "DatasetStats",

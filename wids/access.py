@@ -8,15 +8,29 @@ keeps at most ``lru_size`` readers open per process and does not care which kind
 :func:`plan_batch` turns the spans of a batch into requests: spans of the same shard that are
 adjacent or closer than ``merge_gap`` bytes become one request; :func:`fetch_blocks` issues all
 requests of a batch concurrently (``read_ranges``) where the reader has a ``source``.
+
+Remote reads are verified end to end: a reader with ``verifies`` set is asked for 512 more
+bytes before each sample, the tar header of the sample's first member, and
+:func:`header_check` makes sure it names that member with its recorded size (every sample of
+a merged block is checked: their headers are inside the block anyway). Bytes from anywhere
+else fail the check (:class:`~wids.errors.CorruptReadError` after retries). Local files and
+cached copies are not checked per read; :func:`download_check` checks a downloaded copy's
+member headers before the cache publishes it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .remote import IOStats, Source, read_ranges
+from .errors import CorruptReadError
+from .redact import redact_url
+from .remote import Check, IOStats, Source, read_ranges
+from .tar import header_mismatch
+
+if TYPE_CHECKING:
+    from .index import ShardMembers
 
 __all__ = [
     "Block",
@@ -24,9 +38,17 @@ __all__ = [
     "LocalReader",
     "RangeReader",
     "ShardReader",
+    "download_check",
     "fetch_blocks",
+    "header_check",
     "plan_batch",
 ]
+
+HEADER = 512
+"""Bytes of a tar header: a verified read starts this much before a sample's first member."""
+
+DOWNLOAD_CHECKS = 256
+"""At most this many member headers (first, last and evenly spread) are checked per download."""
 
 
 class ShardReader:
@@ -36,13 +58,22 @@ class ShardReader:
         source: A :class:`~wids.remote.Source` that :func:`~wids.remote.read_ranges` can read
             concurrently with other shards' spans, or ``None`` if only :meth:`read_span` works.
         cached: Whether reads are served from the local shard cache (counted as cache hits).
+        verifies: Whether callers should verify each read (:func:`header_check`): the bytes
+            come over a network, where a server, proxy or cache layer may send wrong ones.
     """
 
     source: Source | None = None
     cached: bool = False
+    verifies: bool = False
 
-    def read_span(self, start: int, end: int, stats: IOStats | None = None) -> bytes:
-        """Return exactly the bytes ``[start, end)`` of the shard."""
+    def read_span(
+        self, start: int, end: int, stats: IOStats | None = None, check: Check | None = None
+    ) -> bytes:
+        """Return exactly the bytes ``[start, end)`` of the shard.
+
+        ``check`` (see :meth:`wids.remote.Source.read_range`) is applied by readers that
+        ``verify``; others may ignore it.
+        """
         raise NotImplementedError
 
     def close(self) -> None:
@@ -54,12 +85,15 @@ class RangeReader(ShardReader):
 
     def __init__(self, source: Source) -> None:
         self.source = source
+        self.verifies = not source.is_local
 
-    def read_span(self, start: int, end: int, stats: IOStats | None = None) -> bytes:
+    def read_span(
+        self, start: int, end: int, stats: IOStats | None = None, check: Check | None = None
+    ) -> bytes:
         """Return exactly the bytes ``[start, end)`` of the shard, with one request."""
         if self.source is None:  # for mypy: the base class allows None; range readers set it
             raise RuntimeError("range reader without a source")
-        return self.source.read_range(start, end, stats)
+        return self.source.read_range(start, end, stats, check)
 
     def close(self) -> None:
         """Close the local file descriptor, if one was opened."""
@@ -96,7 +130,9 @@ class LocalReader(RangeReader):
         self._pid = os.getpid()
         return self._fd
 
-    def read_span(self, start: int, end: int, stats: IOStats | None = None) -> bytes:
+    def read_span(
+        self, start: int, end: int, stats: IOStats | None = None, check: Check | None = None
+    ) -> bytes:
         """Return exactly the bytes ``[start, end)`` of the file, with one ``pread``."""
         fd = self._fd
         if fd is None:
@@ -136,7 +172,9 @@ class CachedReader(ShardReader):
     def __init__(self, shard: Any) -> None:
         self.shard = shard
 
-    def read_span(self, start: int, end: int, stats: IOStats | None = None) -> bytes:
+    def read_span(
+        self, start: int, end: int, stats: IOStats | None = None, check: Check | None = None
+    ) -> bytes:
         """Return exactly the bytes ``[start, end)`` from the cached copy."""
         return self.shard.read_range(start, end)
 
@@ -146,6 +184,79 @@ class CachedReader(ShardReader):
 
     def __repr__(self) -> str:
         return f"CachedReader({self.shard!r})"
+
+
+def header_check(headers: Sequence[tuple[int, str, int]], base: int) -> Check:
+    """A check that a read holds the right tar headers (for ``read_range(check=...)``).
+
+    Args:
+        headers: ``(offset of the header in the read, member name, member size)`` of each
+            member to check: a sample's first member, whose header is the 512 bytes before
+            its data.
+        base: Offset of the read in the shard (for messages).
+    """
+    todo = sorted(set(headers))
+
+    def check(data: bytes) -> str | None:
+        for off, name, size in todo:
+            if off < 0:
+                return f"the index puts member {name!r} at byte {base + off + HEADER}, too early"
+            problem = header_mismatch(data[off : off + HEADER], name, size)
+            if problem is not None:
+                return f"at byte {base + off}, where member {name!r} begins, {problem}"
+        return None
+
+    return check
+
+
+def download_check(
+    members: ShardMembers, url: str, limit: int = DOWNLOAD_CHECKS
+) -> Callable[[str], None]:
+    """A check of a downloaded copy of a shard, for the cache to run before publishing it.
+
+    Reads the headers of the first and the last member and of others evenly spread between
+    them (``limit`` in all) and compares each with the member table.
+
+    Args:
+        members: The shard's member table.
+        url: The shard's URL (for messages).
+        limit: Most headers checked.
+
+    Returns:
+        ``verify(path)``, which raises :class:`~wids.errors.CorruptReadError` naming the
+        shard and the first wrong header.
+    """
+
+    def verify(path: str) -> None:
+        n = members.nmembers
+        if n == 0:
+            return
+        k = min(limit, n)
+        rows = sorted({round(i * (n - 1) / max(1, k - 1)) for i in range(k)})
+        samples = _sample_of_rows(members, rows)
+        with open(path, "rb") as f:
+            fd = f.fileno()
+            for row, j in zip(rows, samples, strict=True):
+                off = int(members.member_offset[row]) - HEADER
+                name = members.key(j) + members.fields[int(members.member_field[row])]
+                size = int(members.member_size[row])
+                h = os.pread(fd, HEADER, off) if off >= 0 else b""
+                problem = header_mismatch(h, name, size)
+                if problem is not None:
+                    raise CorruptReadError(
+                        f"the downloaded copy is not what the index records: at byte {off}, "
+                        f"where member {name!r} begins, {problem}; not cached",
+                        shard=redact_url(url),
+                    )
+
+    return verify
+
+
+def _sample_of_rows(members: ShardMembers, rows: Sequence[int]) -> list[int]:
+    import numpy as np
+
+    found = np.searchsorted(members.sample_start, np.asarray(rows, dtype=np.int64), "right")
+    return (found - 1).tolist()  # type: ignore[no-any-return]
 
 
 class Block(NamedTuple):
@@ -207,6 +318,7 @@ def fetch_blocks(
     stats: IOStats | None = None,
     *,
     defer_local: bool = False,
+    checks: Sequence[Check | None] | None = None,
 ) -> list[bytes | None]:
     """Read every block; those of remote shards go out concurrently.
 
@@ -217,6 +329,8 @@ def fetch_blocks(
         defer_local: Leave blocks of local files and cached shards unread (``None``): the
             caller reads each just before slicing it, while its bytes are still in the CPU's
             cache.
+        checks: A check per block (or ``None``) for the reads of readers that verify
+            (:func:`header_check`).
 
     Returns:
         The bytes of each block, in order (``None`` for deferred ones).
@@ -231,7 +345,8 @@ def fetch_blocks(
             out[i] = reader.read_span(b.start, b.end, stats)
     if len(remote) == 1:
         b = blocks[remote[0]]
-        out[remote[0]] = readers[b.shard].read_span(b.start, b.end, stats)
+        check = checks[remote[0]] if checks else None
+        out[remote[0]] = readers[b.shard].read_span(b.start, b.end, stats, check)
     elif remote:
         reqs = []
         for i in remote:
@@ -240,6 +355,7 @@ def fetch_blocks(
             if src is None:  # remote blocks come from range readers, which always have one
                 raise RuntimeError("internal error: remote block without a source")
             reqs.append((src, b.start, b.end))
-        for i, data in zip(remote, read_ranges(reqs, stats), strict=True):
+        remote_checks = [checks[i] for i in remote] if checks else None
+        for i, data in zip(remote, read_ranges(reqs, stats, checks=remote_checks), strict=True):
             out[i] = data
     return out

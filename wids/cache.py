@@ -316,6 +316,7 @@ class ShardCache:
         etag: str | None = None,
         md5sum: str | None = None,
         stats: IOStats | None = None,
+        verify: Callable[[str], None] | None = None,
     ) -> CachedShard:
         """Open ``source`` from the cache, fetching it first (once, across processes) if needed.
 
@@ -327,6 +328,9 @@ class ShardCache:
             etag: Expected etag; a cached copy with another etag is fetched again.
             md5sum: Expected hex MD5, verified after download.
             stats: I/O counters for the download.
+            verify: Called with the downloaded file's path before it is published; raises if
+                the copy is wrong (e.g. ``wids.access.download_check``: member headers), and
+                then nothing is cached.
 
         Returns:
             The open shard; close it (or use ``with``) to let it be evicted.
@@ -346,7 +350,10 @@ class ShardCache:
             size = source.info(stats).size
 
         def download(dest: str) -> Any:
-            return source.download(dest, stats=stats, expected_size=size)
+            stat = source.download(dest, stats=stats, expected_size=size)
+            if verify is not None:
+                verify(dest)
+            return stat
 
         return self.open_with(source.url, download, size=size, etag=etag, md5sum=md5sum)
 
@@ -806,6 +813,7 @@ class ShardCache:
         etag: str | None = None,
         md5sum: str | None = None,
         stats: IOStats | None = None,
+        verify: Callable[[str], None] | None = None,
     ) -> Future[None]:
         """Fetch ``source`` into the cache in a background thread (one fetch per URL at a time).
 
@@ -820,7 +828,10 @@ class ShardCache:
                 self._executor = ThreadPoolExecutor(2, thread_name_prefix="wids-cache")
 
             def job() -> None:
-                self.open(source, size=size, etag=etag, md5sum=md5sum, stats=stats).close()
+                shard = self.open(
+                    source, size=size, etag=etag, md5sum=md5sum, stats=stats, verify=verify
+                )
+                shard.close()
 
             future = self._executor.submit(job)
             self._pending[source.url] = future

@@ -24,9 +24,19 @@ from typing import Any
 
 import numpy as np
 
-from .access import CachedReader, LocalReader, RangeReader, ShardReader, fetch_blocks, plan_batch
+from .access import (
+    HEADER,
+    CachedReader,
+    LocalReader,
+    RangeReader,
+    ShardReader,
+    download_check,
+    fetch_blocks,
+    header_check,
+    plan_batch,
+)
 from .decode import Decoder, interpret_transformations
-from .index import ShardInfo
+from .index import ShardInfo, ShardMembers
 from .remote import IOStats, RetryPolicy
 from .samples import DUPLICATE_POLICIES, DuplicatePolicy
 from .sources import DatasetComponent, MemberTable, ShardSources, display_url
@@ -225,6 +235,7 @@ class ShardListDataset(ShardSources):
         self._pid = os.getpid()
         self._readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._verified = set()
+        self._pins: dict[int, str] = {}  # etags seen by readers since closed (LRU)
         self._tables: dict[int, MemberTable] = {}
         self._lock = threading.RLock()
         self._shard_cache: Any = None
@@ -236,7 +247,9 @@ class ShardListDataset(ShardSources):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_readers", "_verified", "_tables", "_lock", "_shard_cache", "_promoter", "_pid"):
+        for k in ("_readers", "_verified", "_pins", "_tables", "_lock", "_shard_cache"):
+            del state[k]
+        for k in ("_promoter", "_pid"):
             del state[k]
         # Tables from an index reload cheaply; scanned ones would cost a pass over the shard.
         state["_members"] = {i: m for i, m in self._members.items() if i in self._scanned}
@@ -271,7 +284,7 @@ class ShardListDataset(ShardSources):
             check = self.verify and shard not in self._verified
             if check:
                 self._verify(shard, info, members[1])
-            reader = self._open_reader(info)
+            reader = self._open_reader(info, members[0], self._pins.get(shard))
             if check:
                 try:
                     self._verify_header(shard, members[0], reader)
@@ -293,6 +306,12 @@ class ShardListDataset(ShardSources):
             while len(self._readers) > self.lru_size:
                 shard, old = self._readers.popitem(last=False)
                 self._tables.pop(shard, None)
+                src = old.source
+                if src is not None and not src.is_local:
+                    if src.etag is not None:  # the reopened reader reads the same version
+                        self._pins[shard] = src.etag
+                    if not src.pins_version:  # nothing ties reads to a version: stat again
+                        self._verified.discard(shard)
                 old.close()
 
     def _cache(self) -> Any:
@@ -307,13 +326,19 @@ class ShardListDataset(ShardSources):
             )
         return self._shard_cache
 
-    def _open_reader(self, info: ShardInfo) -> ShardReader:
-        source = self._source(info.url)
+    def _open_reader(
+        self, info: ShardInfo, members: ShardMembers, pin: str | None = None
+    ) -> ShardReader:
+        source = self._source(info.url, info)
+        if source.etag is None:
+            source.etag = pin
         expect = {"size": info.size, "etag": info.etag, "md5sum": info.md5sum}
         uses_cache = self.cache_dir is not None and self.access != "range"
         if uses_cache and not source.is_local:
             if self.access == "shard" or self.offline:
-                return CachedReader(self._cache().open(source, stats=self._io, **expect))
+                verify = download_check(members, info.url)
+                shard = self._cache().open(source, stats=self._io, verify=verify, **expect)
+                return CachedReader(shard)
             cached = self._cache().open_cached(info.url, **expect)  # promoted earlier
             if cached is not None:
                 return CachedReader(cached)
@@ -331,7 +356,8 @@ class ShardListDataset(ShardSources):
 
             self._promoter = Promoter(self._cache(), self.promote_share)
         info = self._load().infos[shard]
-        shard_bytes = info.size if info.size is not None else self._members[shard][1]
+        members, data_end = self._members[shard]
+        shard_bytes = info.size if info.size is not None else data_end
         self._promoter.requested(
             reader.source,
             nbytes,
@@ -340,6 +366,7 @@ class ShardListDataset(ShardSources):
             etag=info.etag,
             md5sum=info.md5sum,
             stats=self._io,
+            verify=download_check(members, info.url),
         )
 
     def _promoted(self, shard: int, reader: ShardReader) -> ShardReader:
@@ -413,10 +440,15 @@ class ShardListDataset(ShardSources):
         table = self._tables[shard]
         fids, offs, sizes = table.rows(local)
         start, end = offs[0], offs[-1] + sizes[-1]
+        check = None
+        if reader.verifies:  # read the first member's tar header too, and check it
+            start -= HEADER
+            name = table.key(local) + table.fields[fids[0]]
+            check = header_check(((0, name, sizes[0]),), start)
         try:
             if self._promotable:  # before the read: a promotion then overlaps with it
                 self._requested(shard, reader, end - start)
-            buf = reader.read_span(start, end, self._io)
+            buf = reader.read_span(start, end, self._io, check)
         finally:
             if len(self._readers) > self.lru_size:
                 self._evict()
@@ -458,14 +490,20 @@ class ShardListDataset(ShardSources):
         located = [self._locate(x) for x in indices]
         readers = {shard: self._reader(shard) for _, shard, _ in located}
         tables = {shard: self._tables[shard] for shard in readers}
-        spans = [(shard, *tables[shard].span(local), local) for _, shard, local in located]
+        spans = []
+        for _, shard, local in located:
+            start, end = tables[shard].span(local)
+            if readers[shard].verifies:  # the first member's tar header too, to check it
+                start -= HEADER
+            spans.append((shard, start, end, local))
         blocks, where = plan_batch(spans, self.merge_gap)
+        checks = self._header_checks(located, readers, tables, blocks, where)
         raws = []
         try:  # readers stay open until every block is read: evict only afterwards
             if self._promotable:  # before the reads: a promotion then overlaps with them
                 for blk in blocks:
                     self._requested(blk.shard, readers[blk.shard], blk.end - blk.start)
-            data = fetch_blocks(blocks, readers, self._io, defer_local=True)
+            data = fetch_blocks(blocks, readers, self._io, defer_local=True, checks=checks)
             uses = [0] * len(blocks)
             for b, _ in where:
                 uses[b] += 1
@@ -483,6 +521,27 @@ class ShardListDataset(ShardSources):
         finally:
             self._evict()
         return [self._transform(raw) for raw in raws]
+
+    @staticmethod
+    def _header_checks(
+        located: list[tuple[int, int, int]],
+        readers: dict[int, ShardReader],
+        tables: dict[int, MemberTable],
+        blocks: Sequence[Any],
+        where: list[tuple[int, int]],
+    ) -> list[Any] | None:
+        """Per block, a check of the first-member header of every sample it holds, if verified."""
+        headers: dict[int, list[tuple[int, str, int]]] = {}
+        for (_, shard, local), (b, offset) in zip(located, where, strict=True):
+            if readers[shard].verifies:
+                name, size = tables[shard].first_member(local)
+                headers.setdefault(b, []).append((offset, name, size))
+        if not headers:
+            return None
+        return [
+            header_check(headers[b], blk.start) if b in headers else None
+            for b, blk in enumerate(blocks)
+        ]
 
     # -- reference API ------------------------------------------------------------------------
 

@@ -15,7 +15,8 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     ├── RemoteError(OSError)                  reading from storage failed
     │   ├── PermanentRemoteError              retrying cannot help (403, 416, no bucket ...)
     │   ├── RetriesExhaustedError             transient failures outlasted the retry policy
-    │   └── ShortReadError                    fewer bytes arrived than were asked for
+    │   ├── ShortReadError                    fewer bytes arrived than were asked for
+    │   └── CorruptReadError                  bytes arrived that are not the ones asked for
     ├── CacheError(OSError)                   the local shard cache cannot serve a request
     │   ├── CacheBudgetError                  an entry is larger than the cache's byte budget
     │   ├── CacheDirError                     a directory wids may not use as its cache
@@ -35,6 +36,7 @@ __all__ = [
     "CacheBudgetError",
     "CacheDirError",
     "CacheError",
+    "CorruptReadError",
     "DecodeError",
     "DestinationError",
     "HeaderChecksumError",
@@ -144,6 +146,15 @@ class RetriesExhaustedError(RemoteError):
 
 class ShortReadError(RemoteError):
     """Storage returned fewer bytes than were requested."""
+
+
+class CorruptReadError(RemoteError):
+    """Storage answered with bytes that are not the ones asked for.
+
+    A range read whose tar header (the 512 bytes before a sample's first member) is not that
+    member's, or whose ``Content-Range`` is not the range requested: a server, proxy or cache
+    layer sent bytes from elsewhere. Retried like a transient failure, then raised.
+    """
 
 
 class CacheError(WidsError, OSError):

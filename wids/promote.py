@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING
@@ -74,6 +75,7 @@ class Promoter:
         etag: str | None = None,
         md5sum: str | None = None,
         stats: IOStats | None = None,
+        verify: Callable[[str], None] | None = None,
     ) -> None:
         """Count ``nbytes`` requested by range from ``source``; start the fetch at the share.
 
@@ -85,6 +87,8 @@ class Promoter:
             etag: Expected etag, if known.
             md5sum: Expected MD5, if known.
             stats: I/O counters for the fetch.
+            verify: Checks the downloaded copy before the cache publishes it (raises if
+                it is wrong); see :meth:`ShardCache.open`.
         """
         url = source.url
         with self._mutex:
@@ -99,7 +103,7 @@ class Promoter:
                 return
             log.debug("promoting %s into the cache", redact_url(url))
             self._futures[url] = self.cache.prefetch(
-                source, size=size, etag=etag, md5sum=md5sum, stats=stats
+                source, size=size, etag=etag, md5sum=md5sum, stats=stats, verify=verify
             )
 
     def open_if_ready(

@@ -8,6 +8,16 @@ Every remote request runs under a :class:`~wids.retry.RetryPolicy`: failures are
 *not found*, *permanent* and *transient* (retried with backoff) as :mod:`wids.retry` describes;
 the asynchronous retry loop, which drives fsspec's event loop, is here.
 
+Range reads are checked end to end where the transport lets us: over HTTP and S3 each answer's
+``Content-Range`` must be the range asked for (and its total the shard's known size), and a
+caller's ``check`` (the dataset's tar-header check) must accept the bytes; a wrong answer is
+:class:`~wids.errors.CorruptReadError`, retried like a transient failure. A source knows the
+version of the file it reads (``etag``, from the index or else from its first answer): over
+HTTP every range request carries ``If-Match`` that etag and over S3 ``IfMatch``, and an answer
+with another etag is refused, so a file replaced while it is read raises
+:class:`~wids.errors.IndexMismatchError` instead of mixing bytes of two versions. Other stores
+(GCS, chained URLs) are read with fsspec's ``_cat_file``, which exposes neither.
+
 Exceptions that are none of these (programming errors) propagate unchanged. Error messages
 never contain credentials: URLs are passed through :func:`~wids.redact.redact_url` and secret
 values of the storage options are masked; the backend's exception is described, not chained.
@@ -33,6 +43,7 @@ import fsspec
 import fsspec.asyn
 
 from .errors import (
+    CorruptReadError,
     IndexMismatchError,
     PermanentRemoteError,
     ShardNotFoundError,
@@ -54,6 +65,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+Check = Callable[[bytes], "str | None"]
+"""A check of the bytes of one range read: ``None`` if they are right, else what is wrong."""
 
 _LOCAL_BLOCK = 1 << 20
 _REMOTE_BLOCK = 16 << 20
@@ -266,6 +279,11 @@ class Source:
             ``gs://``, ``memory://``, chained ``a::b`` ...).
         storage_options: Passed to ``fsspec.url_to_fs``; ignored for local files.
         retry: The retry policy; the default when ``None``.
+        size: The file's size as recorded (the index's), if known: an answer announcing
+            another total size is refused.
+        etag: The version to read (the index's etag), if known; otherwise the etag of the
+            first answer is kept (``.etag``). Reads are conditional on it where the store
+            allows (HTTP ``If-Match``, S3 ``IfMatch``).
 
     Example:
         >>> src = Source("s3://bucket/shard-000.tar", {"anon": True})  # doctest: +SKIP
@@ -277,10 +295,15 @@ class Source:
         url: str,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy | None = None,
+        *,
+        size: int | None = None,
+        etag: str | None = None,
     ) -> None:
         if not isinstance(url, str) or not url:
             raise ValueError(f"url must be a non-empty str, not {url!r}")
         self.url = url
+        self.size = size
+        self.etag = etag
         self.storage_options: dict[str, Any] = dict(storage_options or {})
         self.retry = retry if retry is not None else RetryPolicy()
         self.is_local = is_local(url)
@@ -425,14 +448,26 @@ class Source:
             raise PermanentRemoteError("storage reports no size", shard=redact_url(self.url))
         return FileStat(size=int(size), etag=_etag(info), mtime=_mtime(info))
 
-    def read_range(self, start: int, end: int, stats: IOStats | None = None) -> bytes:
+    def read_range(
+        self, start: int, end: int, stats: IOStats | None = None, check: Check | None = None
+    ) -> bytes:
         """Read bytes ``[start, end)`` with one request (plus retries).
+
+        Args:
+            start: First byte.
+            end: One past the last byte.
+            stats: I/O counters.
+            check: Called on the bytes of each answer; a problem it reports is a
+                :class:`~wids.errors.CorruptReadError` (retried). Local files are read
+                without it: a caller checks those itself if it wants to.
 
         Returns:
             Exactly ``end - start`` bytes.
 
         Raises:
             ShortReadError: Fewer bytes kept arriving (e.g. the range passes the end).
+            CorruptReadError: The answers kept being other bytes than those asked for.
+            IndexMismatchError: The file is not the version this source reads any more.
             ShardNotFoundError, PermanentRemoteError, RetriesExhaustedError: See the module.
         """
         _check_range(start, end)
@@ -453,20 +488,138 @@ class Source:
         fs, path = self._filesystem()
         attempts = _Attempts(self, f"could not read bytes {start}-{end}", stats)
         if fs.async_impl:
-            return fsspec.asyn.sync(
-                fs.loop, _retry_async, attempts, self._aread_op(fs, path, start, end), _nbytes, fs
-            )
+            op = self._aread_op(fs, path, start, end, check)
+            return fsspec.asyn.sync(fs.loop, _retry_async, attempts, op, _nbytes, fs)
 
-        def op() -> bytes:
-            return _check_length(self, fs.cat_file(path, start=start, end=end), start, end)
+        def sync_op() -> bytes:
+            data = _check_length(self, fs.cat_file(path, start=start, end=end), start, end)
+            return self._checked(data, start, end, check)
 
-        return _retry_sync(attempts, op, _nbytes)
+        return _retry_sync(attempts, sync_op, _nbytes)
 
-    def _aread_op(self, fs: Any, path: str, start: int, end: int) -> Callable[[], Awaitable[bytes]]:
+    def _aread_op(
+        self, fs: Any, path: str, start: int, end: int, check: Check | None = None
+    ) -> Callable[[], Awaitable[bytes]]:
+        if _is_http(fs):
+            get = self._http_range
+        elif _is_s3(fs):
+            get = self._s3_range
+        else:
+            get = None
+
         async def op() -> bytes:
-            return _check_length(self, await fs._cat_file(path, start=start, end=end), start, end)
+            if get is not None:
+                data = await get(fs, path, start, end)
+            else:
+                data = await fs._cat_file(path, start=start, end=end)
+            return self._checked(_check_length(self, data, start, end), start, end, check)
 
         return op
+
+    def _checked(self, data: bytes, start: int, end: int, check: Check | None) -> bytes:
+        if check is not None:
+            problem = check(data)
+            if problem is not None:
+                raise CorruptReadError(
+                    f"bytes {start}-{end} are not the ones asked for: {problem}",
+                    shard=redact_url(self.url),
+                )
+        return data
+
+    # -- conditional range requests ------------------------------------------------------------
+
+    def _changed(self, what: str) -> IndexMismatchError:
+        return IndexMismatchError(
+            f"the file changed while it was read ({what}); rebuild the index if the change is "
+            "intended",
+            shard=redact_url(self.url),
+        )
+
+    def _check_answer(
+        self, start: int, end: int, content_range: str | None, etag: str | None
+    ) -> None:
+        """Check an answer's ``Content-Range`` and etag; keep the etag if none was known."""
+        if etag:
+            if self.etag is None:
+                self.etag = etag
+            elif comparable_etag(etag) != comparable_etag(self.etag):
+                raise self._changed(f"etag {etag!r} where it was {self.etag!r}")
+        if content_range is None:
+            return
+        unit, _, rest = content_range.strip().partition(" ")
+        span, _, total = rest.partition("/")
+        first, _, last = span.partition("-")
+        try:
+            got = (int(first), int(last) + 1)
+        except ValueError:
+            got = None
+        if unit != "bytes" or got != (start, end):
+            raise CorruptReadError(
+                f"asked for bytes {start}-{end}, the answer's Content-Range is {content_range!r}",
+                shard=redact_url(self.url),
+            )
+        if self.size is not None and total.strip() not in ("*", str(self.size)):
+            raise self._changed(f"its size is {total.strip()}, the index says {self.size}")
+
+    async def _http_range(self, fs: Any, path: str, start: int, end: int) -> bytes:
+        """One ranged GET as in fsspec's ``_cat_file``, but conditional and checked."""
+        session = await fs.set_session()
+        kwargs = dict(fs.kwargs)
+        headers = dict(kwargs.pop("headers", None) or {})
+        headers["Range"] = f"bytes={start}-{end - 1}"
+        condition = _if_match(self.etag)
+        if condition is not None:
+            headers["If-Match"] = condition
+        async with session.get(fs.encode_url(path), headers=headers, **kwargs) as resp:
+            if resp.status == 412:
+                raise self._changed(f"HTTP 412 for If-Match {condition}")
+            if resp.status == 404:
+                raise FileNotFoundError(path)
+            resp.raise_for_status()
+            data: bytes = await resp.read()
+            if resp.status == 200 and start > 0 and len(data) == end - start:
+                raise CorruptReadError(
+                    f"asked for bytes {start}-{end} and got a whole file (HTTP 200) of that length",
+                    shard=redact_url(self.url),
+                )
+            _check_length(self, data, start, end)  # a short answer is a short read
+            content_range = resp.headers.get("Content-Range") if resp.status == 206 else None
+            self._check_answer(start, end, content_range, resp.headers.get("ETag"))
+        return data
+
+    async def _s3_range(self, fs: Any, path: str, start: int, end: int) -> bytes:
+        """One ``get_object`` as in s3fs's ``_cat_file``, but conditional and checked."""
+        bucket, key, version = fs.split_path(path)
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{end - 1}"}
+        if version:
+            kwargs["VersionId"] = version
+        condition = _if_match(self.etag)
+        if condition is not None:
+            kwargs["IfMatch"] = condition
+        try:
+            resp = await fs._call_s3("get_object", **kwargs)
+        except Exception as exc:
+            if _precondition_failed(exc):
+                raise self._changed(f"precondition failed for IfMatch {condition}") from None
+            raise
+        try:
+            data: bytes = await resp["Body"].read()
+        finally:
+            resp["Body"].close()
+        _check_length(self, data, start, end)  # a short answer is a short read
+        self._check_answer(start, end, resp.get("ContentRange"), resp.get("ETag"))
+        return data
+
+    @property
+    def pins_version(self) -> bool:
+        """Whether reads are tied to one version of the file (conditional requests by etag).
+
+        Where they are not, a reader reopened later should stat the file again.
+        """
+        if self.is_local or self.etag is None or "::" in self.url:
+            return False
+        protocol = self.url.split("://", 1)[0].lower()
+        return protocol in ("http", "https", "s3", "s3a")
 
     def open_stream(self, stats: IOStats | None = None) -> BinaryIO:
         """Open a sequential reader for one pass over the file.
@@ -594,6 +747,33 @@ def _is_http(fs: Any) -> bool:
     return "http" in protocols and hasattr(fs, "encode_url") and hasattr(fs, "set_session")
 
 
+def _is_s3(fs: Any) -> bool:
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return "s3" in protocols and hasattr(fs, "_call_s3") and hasattr(fs, "split_path")
+
+
+def _if_match(etag: str | None) -> str | None:
+    """The ``If-Match`` value for a known etag; ``None`` for none or a weak one (never matches)."""
+    if etag is None or etag.strip().startswith("W/"):
+        return None
+    return f'"{comparable_etag(etag)}"'
+
+
+def _precondition_failed(exc: BaseException | None) -> bool:
+    """Whether a backend error (or its cause) is HTTP 412 / S3 ``PreconditionFailed``."""
+    while exc is not None:
+        response = getattr(exc, "response", None)
+        if isinstance(response, Mapping):
+            if response.get("Error", {}).get("Code") == "PreconditionFailed":
+                return True
+            if response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
+                return True
+        if getattr(exc, "status", None) == 412:
+            return True
+        exc = exc.__cause__
+    return False
+
+
 class _HttpStream(_BlockStream):
     """One streaming GET for the whole pass; a failed chunk reopens it at the current offset."""
 
@@ -631,22 +811,33 @@ class _HttpStream(_BlockStream):
         kwargs = dict(self.fs.kwargs)
         headers = dict(kwargs.pop("headers", None) or {})
         headers["Range"] = f"bytes={self.pos}-{self.stat.size - 1}"
-        etag = self.stat.etag
-        if etag and not etag.startswith("W/"):
-            headers["If-Match"] = f'"{etag}"'
+        condition = _if_match(self.stat.etag)
+        if condition is not None:
+            headers["If-Match"] = condition
         if self.stats is not None:
             self.stats.requests += 1
         resp = await session.get(self.fs.encode_url(self.path), headers=headers, **kwargs)
         try:
             if resp.status == 404:
                 raise FileNotFoundError(self.path)
-            resp.raise_for_status()  # 412: the file changed since the stat
+            if resp.status == 412:
+                raise self.source._changed(f"HTTP 412 for If-Match {condition}")
+            resp.raise_for_status()
             if resp.status != 206 and self.pos > 0:
                 raise PermanentRemoteError(
                     f"asked for bytes {self.pos}- and got status {resp.status}: the server "
                     "ignores Range",
                     shard=redact_url(self.source.url),
                 )
+            if resp.status == 206:
+                content_range = resp.headers.get("Content-Range")
+                expected = f"bytes {self.pos}-{self.stat.size - 1}/{self.stat.size}"
+                if content_range is not None and content_range.strip() != expected:
+                    raise CorruptReadError(
+                        f"asked for bytes {self.pos}-{self.stat.size}, the answer's "
+                        f"Content-Range is {content_range!r}",
+                        shard=redact_url(self.source.url),
+                    )
         except BaseException:
             resp.close()
             raise
@@ -684,12 +875,14 @@ def read_ranges(
     requests: Sequence[tuple[Source, int, int]],
     stats: IOStats | None = None,
     max_concurrency: int = 32,
+    checks: Sequence[Check | None] | None = None,
 ) -> list[bytes]:
     """Read many byte ranges, concurrently where the filesystem is asynchronous.
 
     Ranges are grouped by filesystem; each remote range is one request with its own retries (so
     only failed ones are repeated), at most ``max_concurrency`` in flight; local ranges are read
-    with ``os.pread``.
+    with ``os.pread``. ``checks`` (one per request, or ``None``) are passed to each remote
+    read as :meth:`Source.read_range` describes.
 
     Returns:
         One ``bytes`` per request, in order, each exactly ``end - start`` long.
@@ -699,6 +892,8 @@ def read_ranges(
     """
     if max_concurrency < 1:
         raise ValueError("max_concurrency must be >= 1")
+    if checks is not None and len(checks) != len(requests):
+        raise ValueError("checks must have one entry per request")
     out: list[bytes | None] = [None] * len(requests)
     groups: dict[int, tuple[Any, list[int]]] = {}
     for i, (src, start, end) in enumerate(requests):
@@ -710,27 +905,27 @@ def read_ranges(
         groups.setdefault(id(fs), (fs, []))[1].append(i)
     for fs, idxs in groups.values():
         if fs.async_impl:
-            jobs = [requests[i] for i in idxs]
+            jobs = [(*requests[i], checks[i] if checks else None) for i in idxs]
             results = fsspec.asyn.sync(fs.loop, _gather, jobs, stats, max_concurrency)
             for i, data in zip(idxs, results, strict=True):
                 out[i] = data
         else:
             for i in idxs:
                 src, start, end = requests[i]
-                out[i] = src.read_range(start, end, stats)
+                out[i] = src.read_range(start, end, stats, checks[i] if checks else None)
     return out  # type: ignore[return-value]  # every slot was filled
 
 
 async def _gather(
-    jobs: list[tuple[Source, int, int]], stats: IOStats | None, max_concurrency: int
+    jobs: list[tuple[Source, int, int, Check | None]], stats: IOStats | None, max_concurrency: int
 ) -> list[bytes]:
     gate = asyncio.Semaphore(max_concurrency)
 
-    async def one(src: Source, start: int, end: int) -> bytes:
+    async def one(src: Source, start: int, end: int, check: Check | None) -> bytes:
         fs, path = src._filesystem()
         attempts = _Attempts(src, f"could not read bytes {start}-{end}", stats)
         async with gate:
-            op = src._aread_op(fs, path, start, end)
+            op = src._aread_op(fs, path, start, end, check)
             return await _retry_async(attempts, op, _nbytes, fs)
 
     results = await asyncio.gather(*(one(*job) for job in jobs), return_exceptions=True)

@@ -5,10 +5,14 @@ Failures are sorted into three kinds:
 - *not found* (404, no such key) raises :class:`~wids.errors.ShardNotFoundError` at once;
 - *permanent* (403, 416, no bucket, bad credentials) raises
   :class:`~wids.errors.PermanentRemoteError` at once;
-- *transient* (connection reset or refused, timeouts, HTTP 5xx and 429, short reads) is
-  retried with exponential backoff and full jitter, bounded by :class:`RetryPolicy`'s
-  ``attempts`` and ``max_time``; then :class:`~wids.errors.RetriesExhaustedError` (or
-  :class:`~wids.errors.ShortReadError` when the last failure was a short read).
+- *transient* (connection reset or refused, timeouts, HTTP 5xx and 429, short reads, bytes
+  that fail their end-to-end check) is retried with exponential backoff and full jitter,
+  bounded by :class:`RetryPolicy`'s ``attempts`` and ``max_time``; then
+  :class:`~wids.errors.RetriesExhaustedError` (or :class:`~wids.errors.ShortReadError` /
+  :class:`~wids.errors.CorruptReadError` when the last failure was a short or wrong read).
+
+:class:`~wids.errors.IndexMismatchError` (the shard changed: a conditional request failed)
+is not a failure to retry: it propagates unchanged.
 
 Exceptions that are none of these (programming errors) propagate unchanged. Backend
 exceptions are recognised by class name and attributes (HTTP status, errno), so no storage
@@ -27,10 +31,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from .errors import (
+    CorruptReadError,
     PermanentRemoteError,
+    RemoteError,
     RetriesExhaustedError,
     ShardNotFoundError,
     ShortReadError,
+    WidsError,
 )
 from .redact import _scrub, redact_url
 
@@ -154,7 +161,7 @@ def _classify_status(status: int) -> str:
 
 def _classify(exc: BaseException) -> str:
     """Sort a failure into not found / permanent / transient / unknown."""
-    if isinstance(exc, ShortReadError):
+    if isinstance(exc, (ShortReadError, CorruptReadError)):
         return _TRANSIENT
     if isinstance(exc, (ShardNotFoundError, PermanentRemoteError)):
         return _NOT_FOUND if isinstance(exc, ShardNotFoundError) else _PERMANENT
@@ -185,7 +192,7 @@ def _classify(exc: BaseException) -> str:
 
 def _describe(exc: BaseException, secrets: Sequence[str]) -> str:
     status = _status_of(exc)
-    text = str(exc) or repr(exc)
+    text = (exc.message if isinstance(exc, WidsError) else str(exc)) or repr(exc)
     head = f"{type(exc).__name__}" + (f" (HTTP {status})" if status else "")
     if isinstance(exc, FileNotFoundError) and exc.__cause__ is not None:
         return f"{head} caused by {_describe(exc.__cause__, secrets)}"
@@ -252,7 +259,9 @@ class _Attempts:
             msg = (
                 f"{self.what}: gave up after {self.count} attempts in {elapsed:.1f}s; last: {desc}"
             )
-            cls = ShortReadError if isinstance(exc, ShortReadError) else RetriesExhaustedError
+            cls: type[RemoteError] = RetriesExhaustedError
+            if isinstance(exc, (ShortReadError, CorruptReadError)):
+                cls = type(exc)
             final = cls(msg, shard=shard)
             vars(final).update(attempts=self.count, status=_status_of(exc))
             raise final from None
