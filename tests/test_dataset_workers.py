@@ -8,7 +8,7 @@ import random
 import pytest
 from tar_oracle import dataset_samples, strip_meta
 
-from wids import ShardListDataset
+from wids import CorruptReadError, RetryPolicy, ShardListDataset
 from wids.build import build_index
 from wids.synth import write_dataset
 
@@ -107,6 +107,26 @@ def test_worker_errors_reach_the_parent(data, tmp_path):
     ds = ShardListDataset([{"url": str(tmp_path / "gone.tar"), "nsamples": 3}])
     with pytest.raises(Exception, match="gone.tar"):
         list(DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="spawn"))
+
+
+def test_wrong_bytes_in_workers_raise_in_the_parent(data, http_server, fault_proxy, tmp_path):
+    """Verified remote reads in worker processes: wrong bytes are an error, never a sample."""
+    from faultproxy import FaultPlan
+
+    paths, _, oracle = data
+    for p in paths:
+        http_server.put(p, f"workers-wrong/{p.rsplit('/', 1)[-1]}")
+    proxy = fault_proxy(http_server.base)
+    urls = [proxy.url(f"workers-wrong/{p.rsplit('/', 1)[-1]}") for p in paths]
+    index = str(tmp_path / "remote.json")
+    build_index(urls, index)
+    policy = RetryPolicy(attempts=2, backoff=0.0, max_backoff=0.0, timeout=5.0)
+    ds = ShardListDataset(index, transformations=[], access="range", retry=policy)
+    good = list(_loader(ds, "spawn"))  # the clean proxy: every sample right
+    assert raw_by_index(good) == dict(enumerate(oracle))
+    proxy.set_plan(FaultPlan({"wrong": 1}, rate=1.0))
+    with pytest.raises(CorruptReadError, match="not the ones asked for"):
+        list(_loader(ds, "spawn"))
 
 
 def test_pickle_roundtrip_each_stage(data):

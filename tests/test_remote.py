@@ -16,6 +16,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from wids.errors import (
+    CorruptReadError,
     IndexMismatchError,
     PermanentRemoteError,
     RemoteError,
@@ -550,3 +551,20 @@ def test_download_refuses_a_file_changed_midway(tmp_path: Any) -> None:
     finally:
         ChangingMemoryFileSystem.replacement = b""
         fs.rm_file("/changing/x.bin")
+
+
+def test_answers_must_carry_the_range_asked_for_and_the_known_version() -> None:
+    """Content-Range and etag of an answer (HTTP and S3 expose them) are checked."""
+    src = Source("http://127.0.0.1:9/x.tar", size=1000)
+    src._check_answer(10, 20, "bytes 10-19/1000", None)
+    with pytest.raises(CorruptReadError, match="Content-Range is 'bytes 0-9/1000'"):
+        src._check_answer(10, 20, "bytes 0-9/1000", None)
+    with pytest.raises(CorruptReadError):
+        src._check_answer(10, 20, "garbage", None)
+    with pytest.raises(IndexMismatchError, match="its size is 1001, the index says 1000"):
+        src._check_answer(10, 20, "bytes 10-19/1001", None)
+    src._check_answer(10, 20, None, '"abc"')  # the first answer's etag is kept ...
+    assert src.etag == '"abc"' and src.pins_version
+    src._check_answer(10, 20, None, 'W/"abc"')
+    with pytest.raises(IndexMismatchError, match="changed while it was read"):
+        src._check_answer(10, 20, None, '"abd"')  # ... and a later one must match it
