@@ -122,11 +122,11 @@ def test_wrong_bytes_in_workers_raise_in_the_parent(data, http_server, fault_pro
     build_index(urls, index)
     policy = RetryPolicy(attempts=2, backoff=0.0, max_backoff=0.0, timeout=5.0)
     ds = ShardListDataset(index, transformations=[], access="range", retry=policy)
-    good = list(_loader(ds, "spawn"))  # the clean proxy: every sample right
+    good = list(_loader(ds, "fork"))  # the clean proxy: every sample right
     assert raw_by_index(good) == dict(enumerate(oracle))
     proxy.set_plan(FaultPlan({"wrong": 1}, rate=1.0))
     with pytest.raises(CorruptReadError, match="not the ones asked for"):
-        list(_loader(ds, "spawn"))
+        list(_loader(ds, "fork"))
 
 
 def test_pickle_roundtrip_each_stage(data):
