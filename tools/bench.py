@@ -9,7 +9,8 @@ Sections (each figure is compared with a floor measured in the same run, on the 
 - read: random ``ds[i]`` on local shards vs ``os.pread`` of the same byte spans, and a
   ``DataLoader`` (2 workers, batches of 32) over the same order;
 - remote: ``ds.__getitems__`` batches of 32 over nginx on 127.0.0.1 vs raw ``fs.cat_ranges``
-  of the same spans, with requests per sample from nginx's access log;
+  of the same spans, with requests per sample from nginx's access log; random ``ds[i]`` with
+  the end-to-end header check (the default) vs without it;
 - cache: one epoch in chunked order over nginx in each access mode (``range``, ``shard``,
   ``auto``; ``tools/bench_cache.py``) vs ``fs.cat_ranges`` of the same order;
 - reference (``--reference VENV``): the reference wids (webdataset==0.2.111) in its own venv,
@@ -230,6 +231,17 @@ def remote_section(t: Table, nginx: Nginx, order: list[int], spans: tuple, data:
         "samples/s",
         fname,
         f"{rps:.3f} requests/sample",
+    )
+    verified, plain, extra = bench_read.bench_verify(nginx, order[:1000])
+    fname = "ds[i], HTTP, header check off"
+    t.add("remote", fname, plain, "samples/s", note="median latency")
+    t.add(
+        "remote",
+        "ds[i], HTTP, verified (default)",
+        verified,
+        "samples/s",
+        fname,
+        f"+{extra:.0f} bytes/sample",
     )
 
 

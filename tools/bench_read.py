@@ -230,6 +230,41 @@ def bench_http(
     return ours, floor, rps, floor_rps
 
 
+def bench_verify(server: Nginx, order: list[int]) -> tuple[float, float, float]:
+    """The cost of verified remote reads: random ``ds[i]`` over nginx, checked and not.
+
+    Verification (the first member's tar header read and checked with each sample) has no
+    switch in the API; the benchmark turns it off on the open readers (``reader.verifies``)
+    and alternates sample by sample, so both see the same server, cache and load.
+
+    Returns:
+        ``(verified samples/s, unverified samples/s, extra bytes per sample)``, the rates
+        from the median latency of each.
+    """
+    ds = ShardListDataset(f"{server.base}/bench.json", transformations=[], access="range")
+    nshards = len(ds.shards)
+    ds.lru_size = nshards  # every reader stays open: no reopen costs in either half
+    cum = ds.cum_lengths
+    for s in range(nshards):  # open every reader
+        ds[int(cum[s - 1]) if s else 0]
+    times: dict[bool, list[float]] = {True: [], False: []}
+    nbytes: dict[tuple[int, bool], int] = {}
+    for rep in range(2 * ROUNDS):  # each sample read as often verified as not
+        for n, i in enumerate(order):
+            on = (n + rep) % 2 == 0
+            for reader in ds._readers.values():
+                reader.verifies = on
+            before = ds.stats.bytes_read
+            t = time.perf_counter()
+            ds[i]
+            times[on].append(time.perf_counter() - t)
+            nbytes[i, on] = ds.stats.bytes_read - before
+    med = {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+    extra = sum(nbytes[i, True] - nbytes[i, False] for i in order) / max(1, len(order))
+    ds.close()
+    return 1.0 / med[True], 1.0 / med[False], extra
+
+
 # -- the reference, in its own venv ------------------------------------------------------------
 
 _REF = textwrap.dedent(
