@@ -511,3 +511,87 @@ def test_remote_index_opt_in_through_the_cli(http_server, tmp_path: Path) -> Non
     assert wids_main(argv) != 0 and not dest.exists()
     assert wids_main([*argv, "--allow-local-shards"]) == 0
     assert (dest / "mine.tar").read_bytes() == local.read_bytes()
+
+
+# -------------------------------------------------------------------------------------------
+# Huge sample counts: samplers hold shards and chunks, never per-sample arrays
+
+HUGE = 10**12
+
+
+def _peak_bytes(fn) -> int:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _take(sampler, n: int) -> list[int]:
+    import itertools
+
+    return list(itertools.islice(iter(sampler), n))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: __import__("wids").ChunkedSampler([HUGE]), id="chunked"),
+        pytest.param(lambda: __import__("wids").ChunkedSampler([HUGE // 2] * 2), id="2-shards"),
+        pytest.param(
+            lambda: __import__("wids").ChunkedSampler([HUGE], shufflefirst=True), id="reordered"
+        ),
+        pytest.param(
+            lambda: __import__("wids").ChunkedSampler([HUGE], num_workers=4, batch_size=8),
+            id="workers",
+        ),
+        pytest.param(lambda: __import__("wids").ShardedSampler(lengths=[HUGE]), id="sharded"),
+        pytest.param(
+            lambda: __import__("wids").DistributedChunkedSampler([HUGE], num_replicas=4, rank=3),
+            id="distributed",
+        ),
+        pytest.param(
+            lambda: __import__("wids").DistributedChunkedSampler(
+                [HUGE], num_replicas=4, rank=0, partition="global", chunksize=2000
+            ),
+            id="global",
+        ),
+    ],
+)
+def test_samplers_over_10_12_samples_use_little_memory(make) -> None:
+    box: dict = {}
+
+    def run() -> None:
+        s = box["s"] = make()
+        s.set_epoch(1)  # epoch 1 shuffles the chunk order too
+        box["a"] = _take(s, 50_000)
+
+    peak = _peak_bytes(run)
+    s, first = box["s"], box["a"]
+    assert peak < 200 << 20, f"{peak / 2**20:.0f} MiB"
+    assert len(first) == 50_000 and len(set(first)) == 50_000
+    assert all(0 <= i < HUGE for i in first)
+    assert len(s) in (HUGE, HUGE // 4)
+    # deterministic per seed and epoch, and resumable
+    again = make()
+    again.set_epoch(1)
+    assert _take(again, 1000) == first[:1000]
+    state = s.state_dict(position=700)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert _take(resumed, 300) == first[700:1000]
+
+
+def test_distributed_ranks_have_equal_exact_lengths_at_10_12() -> None:
+    from wids import DistributedChunkedSampler
+
+    lengths = [HUGE + 3, 7]
+    for drop_last in (False, True):
+        sizes = {
+            len(DistributedChunkedSampler(lengths, num_replicas=8, rank=r, drop_last=drop_last))
+            for r in range(8)
+        }
+        assert sizes == {(HUGE + 10) // 8 if drop_last else -(-(HUGE + 10) // 8)}

@@ -534,3 +534,72 @@ def test_mix_distributed_and_weights():
         ChunkedSampler([10], mix=True)
     with pytest.raises(ValueError, match="global"):
         DistributedChunkedSampler(ds, num_replicas=1, rank=0, mix=True, partition="block")
+
+
+# -- memory proportional to shards, not samples -------------------------------------------------
+
+
+def _eager_interleave(pieces, num_workers, batch_size):
+    """The previous implementation (all of an epoch in memory): the lazy one must equal it."""
+    streams = [[] for _ in range(num_workers)]
+    for piece in pieces:
+        min(streams, key=len).extend(piece)
+    taken = [0] * num_workers
+    remaining = sum(len(s) for s in streams)
+    for k in itertools.count():
+        if remaining == 0:
+            return
+        w = k % num_workers
+        need = batch_size
+        while need:
+            if taken[w] == len(streams[w]):
+                w = max(range(num_workers), key=lambda j: len(streams[j]) - taken[j])
+                if taken[w] == len(streams[w]):
+                    break
+            part = streams[w][taken[w] : taken[w] + need]
+            taken[w] += len(part)
+            need -= len(part)
+            remaining -= len(part)
+            yield from part
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40), max_size=30),
+    workers=st.integers(1, 6),
+    batch=st.integers(1, 9),
+)
+def test_lazy_interleave_equals_the_eager_one(sizes, workers, batch):
+    from wids.sampler import _interleave
+
+    pieces, start = [], 0
+    for n in sizes:
+        pieces.append(list(range(start, start + n)))
+        start += n
+    assert list(_interleave(iter(pieces), workers, batch)) == list(
+        _eager_interleave(pieces, workers, batch)
+    )
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 1000, 4097, 65536, 70001])
+def test_lazy_permutation_is_a_permutation(n):
+    from wids.sampler import _Permutation
+
+    perm = _Permutation(n, 12345)
+    got = list(perm)
+    assert sorted(got) == list(range(n)) and got == list(_Permutation(n, 12345))
+    if n > 100:
+        assert got != list(range(n)) and got != list(_Permutation(n, 54321))
+        assert perm.block(17, 40) == got[17:40]
+
+
+def test_a_shard_larger_than_the_shuffle_threshold_is_still_a_permutation():
+    """ShardedSampler over one shard of 2**20 + 5000 samples: the lazy path, still a shuffle."""
+    n = (1 << 20) + 5000
+    s = ShardedSampler(lengths=[n], seed=3)
+    first = list(s)
+    s.set_epoch(1)
+    second = list(s)
+    assert sorted(first) == list(range(n)) and first != list(range(n)) and first != second
+    again = ShardedSampler(lengths=[n], seed=3)
+    assert list(itertools.islice(again, 1000)) == first[:1000]

@@ -31,12 +31,18 @@ are shuffled together every epoch (also epoch 0) and partitioned with ``partitio
 
 Cost: an epoch's order is generated lazily, one chunk at a time; resuming at position ``p``
 replays the shuffles up to ``p``. ``partition="global"`` and ``mix`` make every rank generate
-the sequence up to the end of its slice; worker-aware ordering holds the rank's epoch in memory.
+the sequence up to the end of its slice. Memory is proportional to shards (and, with ``mix``,
+to the chunks drawn for a remainder), never to samples: chunks are computed on demand, and a
+chunk order or a chunk of more than 2**20 elements is shuffled by a lazy keyed permutation
+instead of ``random.shuffle`` (below that size orders are exactly the reference's).
+Worker-aware ordering holds only the chunks handed to workers and not yet consumed.
 torch is imported only when ``num_replicas`` or ``rank`` has to be looked up.
 """
 
 from __future__ import annotations
 
+import bisect
+import collections
 import itertools
 import math
 import operator
@@ -70,6 +76,158 @@ _STATE_CHECKED = (
 Range = tuple[int, int]
 Chunking = Literal["shard", "fixed"]
 Partition = Literal["block", "global"]
+
+# Chunks and shuffles up to this many elements are materialised and shuffled with
+# ``random.shuffle``, exactly as the reference does; beyond it a lazy permutation takes over, so
+# memory stays proportional to shards, not samples (``nsamples=10**12`` must not allocate).
+_BIG = 1 << 20
+_PIECE = 1 << 16  # indices handed out at once from a chunk larger than _BIG
+
+
+class _Run(Sequence[Range]):
+    """The chunks of ``[a, b)``: consecutive pieces of ``size`` indices, the last one shorter."""
+
+    __slots__ = ("a", "b", "size")
+
+    def __init__(self, a: int, b: int, size: int) -> None:
+        self.a, self.b, self.size = a, b, size
+
+    def __len__(self) -> int:
+        return -(-(self.b - self.a) // self.size)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        lo = self.a + operator.index(i) * self.size
+        return (lo, min(lo + self.size, self.b))
+
+    def __iter__(self) -> Iterator[Range]:
+        b, size = self.b, self.size
+        return ((lo, min(lo + size, b)) for lo in range(self.a, b, size))
+
+
+class _Chunks(Sequence[Range]):
+    """A sequence of chunks concatenated from parts, each repeated ``times``, built lazily.
+
+    Memory is per part (a shard's run of chunks, a component), never per chunk or sample.
+    Compares equal to any sequence of the same ``(lo, hi)`` pairs.
+    """
+
+    __slots__ = ("_ends", "_parts")
+
+    def __init__(self, parts: Iterable[tuple[Sequence[Range], int]]) -> None:
+        self._parts = [(p, t) for p, t in parts if t > 0 and len(p)]
+        self._ends = list(itertools.accumulate(len(p) * t for p, t in self._parts))
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = operator.index(i)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("chunk index out of range")
+        k = bisect.bisect_right(self._ends, i)
+        part = self._parts[k][0]
+        return part[(i - (self._ends[k - 1] if k else 0)) % len(part)]
+
+    def __iter__(self) -> Iterator[Range]:
+        for part, times in self._parts:
+            for _ in range(times):
+                yield from part
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        if len(other) != len(self):
+            return False
+        return all(tuple(x) == y for x, y in zip(other, self))  # noqa: B905 - same length
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(list(self)) if len(self) <= 20 else f"<{len(self)} chunks>"
+
+
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+class _Permutation:
+    """A pseudo-random permutation of ``range(n)`` computed on demand, in numpy blocks.
+
+    A four-round Feistel network over the smallest even-bit domain holding ``n`` (less than
+    ``4 n``), keyed from one 64-bit draw, with cycle walking to stay below ``n``. Used instead
+    of materialising and shuffling when ``n`` exceeds :data:`_BIG`.
+    """
+
+    def __init__(self, n: int, key: int) -> None:
+        import numpy as np
+
+        bits = max(2, (n - 1).bit_length())
+        bits += bits & 1
+        self.n, self.half = n, bits // 2
+        keys = random.Random(key)
+        self.keys = [np.uint64(keys.getrandbits(64)) for _ in range(4)]
+
+    def _round(self, x: Any) -> Any:
+        import numpy as np
+
+        u = np.uint64
+        half, mask = u(self.half), u((1 << self.half) - 1)
+        left, right = x >> half, x & mask
+        for key in self.keys:
+            z = (right + key) * u(_GOLDEN)
+            z = (z ^ (z >> u(30))) * u(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> u(27))) * u(0x94D049BB133111EB)
+            left, right = right, left ^ ((z ^ (z >> u(31))) & mask)
+        return (left << half) | right
+
+    def block(self, start: int, stop: int) -> list[int]:
+        """Positions ``start .. stop - 1`` of the permutation."""
+        import numpy as np
+
+        with np.errstate(over="ignore"):
+            y = self._round(np.arange(start, stop, dtype=np.uint64))
+            out = y >= np.uint64(self.n)
+            while out.any():  # cycle walking: a bijection of the domain, so this ends
+                y[out] = self._round(y[out])
+                out = y >= np.uint64(self.n)
+        return y.tolist()  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[int]:
+        for start in range(0, self.n, _PIECE):
+            yield from self.block(start, min(start + _PIECE, self.n))
+
+
+def _order(n: int, rng: random.Random) -> Iterable[int]:
+    """A shuffled ``range(n)``: by ``random.shuffle`` up to :data:`_BIG`, else lazily."""
+    if n <= _BIG:
+        order = list(range(n))
+        rng.shuffle(order)
+        return order
+    return _Permutation(n, rng.getrandbits(64))
+
+
+def _chunk_pieces(a: int, b: int, rng: random.Random, shuffle: bool) -> Iterator[list[int]]:
+    """The indices of chunk ``[a, b)``, shuffled if ``shuffle``.
+
+    One list, or past :data:`_BIG` indices several lists of :data:`_PIECE`.
+    """
+    if b - a <= _BIG:
+        indices = list(range(a, b))
+        if shuffle:
+            rng.shuffle(indices)
+        yield indices
+    elif not shuffle:
+        for lo in range(a, b, _PIECE):
+            yield list(range(lo, min(lo + _PIECE, b)))
+    else:
+        perm = _Permutation(b - a, rng.getrandbits(64))
+        for s in range(0, b - a, _PIECE):
+            yield [a + x for x in perm.block(s, min(s + _PIECE, b - a))]
 
 
 def _shard_lengths(dataset: Any) -> list[int]:
@@ -108,13 +266,11 @@ def _boundaries(lengths: Sequence[int]) -> list[int]:
     return list(itertools.accumulate(lengths, initial=0))
 
 
-def _chunks(lo: int, hi: int, cuts: Sequence[int], chunksize: int) -> list[Range]:
-    """Cut ``[lo, hi)`` at every position in ``cuts``, then into pieces of ``chunksize``."""
-    edges = [lo, *(c for c in cuts if lo < c < hi), hi]
-    result: list[Range] = []
-    for a, b in itertools.pairwise(edges):
-        result.extend((i, min(i + chunksize, b)) for i in range(a, b, chunksize))
-    return result
+def _chunks(lo: int, hi: int, cuts: Sequence[int], chunksize: int) -> _Chunks:
+    """Cut ``[lo, hi)`` at every position in sorted ``cuts``, then into ``chunksize`` pieces."""
+    inner = cuts[bisect.bisect_right(cuts, lo) : bisect.bisect_left(cuts, hi)]
+    edges = [lo, *inner, hi]
+    return _Chunks((_Run(a, b, chunksize), 1) for a, b in itertools.pairwise(edges))
 
 
 def _cyclic_segments(lo: int, hi: int, start: int, count: int) -> list[Range]:
@@ -134,14 +290,9 @@ def _shuffled_pieces(
     ranges: Sequence[Range], rng: random.Random, reorder: bool, shuffle: bool
 ) -> Iterator[list[int]]:
     """The reference's order: chunk order shuffled if ``reorder``, then each chunk's indices."""
-    order = list(range(len(ranges)))
-    if reorder:
-        rng.shuffle(order)
-    for i in order:
-        indices = list(range(*ranges[i]))
-        if shuffle:
-            rng.shuffle(indices)
-        yield indices
+    chunks = (ranges[i] for i in _order(len(ranges), rng)) if reorder else iter(ranges)
+    for a, b in chunks:
+        yield from _chunk_pieces(a, b, rng, shuffle)
 
 
 def _slice(pieces: Iterable[list[int]], n: int, start: int, stop: int) -> Iterator[list[int]]:
@@ -179,27 +330,56 @@ def _interleave(pieces: Iterable[list[int]], num_workers: int, batch_size: int) 
 
     A DataLoader sends batch ``k`` to worker ``k % num_workers``. Each chunk goes to the worker
     with the fewest samples so far; a worker whose chunks run out borrows from the fullest.
+    Chunks are assigned as the workers need them, so only the chunks handed out but not yet
+    consumed are held (about one per worker), not the epoch.
     """
-    streams: list[list[int]] = [[] for _ in range(num_workers)]
-    for piece in pieces:
-        min(streams, key=len).extend(piece)
-    taken = [0] * num_workers
-    remaining = sum(len(s) for s in streams)
+    source = iter(pieces)
+    queues: list[collections.deque[list[int]]] = [collections.deque() for _ in range(num_workers)]
+    heads = [0] * num_workers  # position inside each queue's first piece
+    assigned, taken = [0] * num_workers, [0] * num_workers
+    exhausted = False
+
+    def refill(w: int) -> None:
+        nonlocal exhausted
+        while taken[w] == assigned[w] and not exhausted:
+            piece = next(source, None)
+            if piece is None:
+                exhausted = True
+                return
+            j = min(range(num_workers), key=assigned.__getitem__)
+            queues[j].append(piece)
+            assigned[j] += len(piece)
+
+    def take(w: int, need: int) -> list[int]:
+        out: list[int] = []
+        queue = queues[w]
+        while need and queue:
+            piece, pos = queue[0], heads[w]
+            part = piece[pos : pos + need]
+            out += part
+            need -= len(part)
+            if pos + len(part) >= len(piece):
+                queue.popleft()
+                heads[w] = 0
+            else:
+                heads[w] = pos + len(part)
+        taken[w] += len(out)
+        return out
+
     for k in itertools.count():
-        if remaining == 0:
-            return
         w = k % num_workers
         need = batch_size
         while need:
-            if taken[w] == len(streams[w]):  # this worker's chunks are used up: borrow
-                w = max(range(num_workers), key=lambda j: len(streams[j]) - taken[j])
-                if taken[w] == len(streams[w]):
+            refill(w)
+            if taken[w] == assigned[w]:  # this worker's chunks are used up: borrow
+                w = max(range(num_workers), key=lambda j: assigned[j] - taken[j])
+                if taken[w] == assigned[w]:
                     break
-            part = streams[w][taken[w] : taken[w] + need]
-            taken[w] += len(part)
+            part = take(w, need)
             need -= len(part)
-            remaining -= len(part)
             yield from part
+        if need == batch_size:  # nothing left anywhere
+            return
 
 
 def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
@@ -312,12 +492,13 @@ class ChunkedSampler:
         replicas = self.num_replicas
         self._length = n // replicas if self.drop_last else -(-n // replicas)
         self._components = self._read_components(dataset) if mix else []
+        self.ranges: Sequence[Range]
         if self.partition == "block":
             start = self.rank * self._length
             segments = _cyclic_segments(lo, hi, start, self._length) if n else []
-            self.ranges = [c for a, b in segments for c in self._chunk(a, b)]
+            self.ranges = _Chunks((self._chunk(a, b), 1) for a, b in segments)
         elif mix:
-            self.ranges = [c for a, b, _ in self._components for c in self._chunk(a, b)]
+            self.ranges = _Chunks((self._chunk(a, b), 1) for a, b, _ in self._components)
         else:
             self.ranges = self._chunk(lo, hi)
         self._position = 0  # indices handed out by the current iterator
@@ -326,7 +507,7 @@ class ChunkedSampler:
         self._completed_epoch: int | None = None
         self._warned = False
 
-    def _chunk(self, lo: int, hi: int) -> list[Range]:
+    def _chunk(self, lo: int, hi: int) -> _Chunks:
         return _chunks(lo, hi, self._cuts, self.chunksize)
 
     def _read_components(self, dataset: Any) -> list[tuple[int, int, float]]:
@@ -376,22 +557,24 @@ class ChunkedSampler:
         start = self.rank * self._length
         return _slice(pieces, hi - lo, start, start + self._length)
 
-    def _mixed_ranges(self, rng: random.Random) -> list[Range]:
+    def _mixed_ranges(self, rng: random.Random) -> _Chunks:
         """Whole passes over each component plus randomly chosen chunks for the remainder."""
         lo, hi = self.span
         quotas = _quotas(hi - lo, [w for _, _, w in self._components])
-        selected: list[Range] = []
+        selected: list[tuple[Sequence[Range], int]] = []
         for (a, b, _), quota in zip(self._components, quotas, strict=True):
             chunks = self._chunk(a, b)
             passes, rest = divmod(quota, b - a)
-            selected.extend(chunks * passes)
-            rng.shuffle(chunks)
-            for c_lo, c_hi in chunks:
+            selected.append((chunks, passes))
+            extra: list[Range] = []
+            for i in _order(len(chunks), rng):  # as random.shuffle(chunks), lazily past _BIG
                 if rest <= 0:
                     break
-                selected.append((c_lo, min(c_hi, c_lo + rest)))
+                c_lo, c_hi = chunks[i]
+                extra.append((c_lo, min(c_hi, c_lo + rest)))
                 rest -= c_hi - c_lo
-        return selected
+            selected.append((extra, 1))
+        return _Chunks(selected)
 
     def _indices(self) -> Iterator[int]:
         pieces = self._pieces()
