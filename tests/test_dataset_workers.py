@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 import random
 
@@ -105,8 +106,13 @@ def test_default_collate_with_decoding(data):
 def test_worker_errors_reach_the_parent(data, tmp_path):
     paths, _, _ = data
     ds = ShardListDataset([{"url": str(tmp_path / "gone.tar"), "nsamples": 3}])
+    batches = iter(DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="spawn"))
     with pytest.raises(Exception, match="gone.tar"):
-        list(DataLoader(ds, batch_size=2, num_workers=2, multiprocessing_context="spawn"))
+        list(batches)
+    # Shut the workers down now: a spawn worker still starting would otherwise die later (its
+    # parent's semaphores are gone) and torch's SIGCHLD handler would fail the next test.
+    del batches
+    gc.collect()
 
 
 def test_wrong_bytes_in_workers_raise_in_the_parent(data, http_server, fault_proxy, tmp_path):
