@@ -24,6 +24,7 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     ├── LockTimeoutError(TimeoutError)        a file lock was not acquired in time
     ├── OutputExistsError(FileExistsError)    writing would replace a file wids did not create
     ├── DestinationError(ValueError)          an output wids cannot write (read-only scheme ...)
+    ├── EncodeError(ValueError)               a field's value cannot be encoded by its extension
     └── DecodeError(ValueError)               a field could not be decoded
         └── UnsafeDecodeError                 decoding would unpickle; not enabled
 
@@ -39,6 +40,7 @@ __all__ = [
     "CorruptReadError",
     "DecodeError",
     "DestinationError",
+    "EncodeError",
     "HeaderChecksumError",
     "IndexFormatError",
     "IndexMismatchError",
@@ -196,6 +198,14 @@ class DestinationError(WidsError, ValueError):
 
     A read-only or chained URL scheme (``http://``), or a name that selects no index format.
     Raised before any work is done. (Refusing to replace a file is :class:`OutputExistsError`.)
+    """
+
+
+class EncodeError(WidsError, ValueError):
+    """A sample's field cannot be written: its value's type does not fit its extension.
+
+    Raised by :class:`~wids.encode.Encoder` (for example an ``int`` for a ``.jpg`` field, or a
+    pickling extension without ``allow_pickle=True``); the message names the key and field.
     """
 
 

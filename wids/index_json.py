@@ -396,6 +396,18 @@ class JsonIndexWriter:
         self._check_open()
         self._report = dict(report)
 
+    def flush(self) -> None:
+        """Publish the description of the shards added so far; the writer stays open.
+
+        A writer that adds shards over a long time (:class:`~wids.ShardWriter`) calls this
+        after each one, so the file on disk is always a loadable index of whole shards.
+        """
+        self._check_open()
+        from .lock import atomic_write
+
+        with atomic_write(self.path, "w", encoding="ascii") as f:
+            f.write(self._render())
+
     def close(self) -> None:
         """Publish the description atomically and remove sidecars no longer referenced."""
         if self._closed:

@@ -35,10 +35,12 @@ from .redact import redact_url
 __all__ = [
     "SQLITE_SUFFIXES",
     "check_output",
+    "check_writable",
     "index_destination",
     "is_remote",
     "local_path",
     "output_dir",
+    "put_file",
     "stored_url",
 ]
 
@@ -125,6 +127,30 @@ def _check_scheme(output: str) -> None:
             "writable store (s3://, gs://, ...) and serve it from there",
             shard=redact_url(output),
         )
+
+
+def check_writable(url: str) -> None:
+    """Refuse a destination URL that wids cannot or will not write (local paths pass).
+
+    Raises:
+        DestinationError: A read-only (``http://``), archive or chained scheme, or an unknown one.
+    """
+    if is_remote(url):
+        _check_scheme(url)
+
+
+def put_file(local: str, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Upload one local file so that readers of ``url`` see the old object or the whole new one.
+
+    On object stores that is one PUT (or a multipart upload, visible only once completed);
+    elsewhere a temporary name beside ``url``, then a rename.
+    """
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
+    _put_whole(fs, local, path, bool(protocols & _OBJECT_STORES))
+    fs.invalidate_cache(path)
 
 
 def _looks_like_index(head: bytes, sqlite: bool) -> bool:

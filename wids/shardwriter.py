@@ -1,0 +1,444 @@
+"""Writing a dataset: samples into numbered tar shards, and their index, in one pass.
+
+:class:`ShardWriter` has the call shape of webdataset's (``pattern``, ``maxcount``,
+``maxsize``, ``post``, ``start_shard``; ``write(sample)``; a context manager), so writing code
+ports by changing the import. On top of that:
+
+- **The index as a by-product.** Every member's offset and size is recorded as it is written;
+  each published shard goes into the index (``index=``: ``*.json`` or ``*.sqlite``, default
+  beside the shards, named after the pattern) as :mod:`wids.writer_index` describes. The index
+  equals what ``wids index create`` writes for the same shards.
+- **Whole shards only.** A local shard is written under a hidden temporary name and renamed
+  into place when complete; a remote one (``s3://``, ``gs://``, any writable fsspec URL) is
+  written to a local temporary file and uploaded whole (one PUT, or a completed multipart
+  upload), at most ``max_uploads`` at a time while the next shards are being written. A killed
+  writer leaves whole shards, the index of them (see :mod:`wids.writer_index` for SQLite), and
+  hidden ``.*.tmp`` files that the next writer of the same directory removes.
+- **Resume.** ``resume=True`` keeps the consecutive whole shards from ``start_shard`` on
+  (taking their member tables from the index, or scanning the ones it lacks) and continues with
+  the next number; :attr:`ShardWriter.total` then says how many samples to skip.
+- **No silent overwrite.** Without ``resume`` or ``overwrite``, a shard that already exists is
+  :class:`~wids.errors.OutputExistsError`, checked before the shard is written.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import logging
+import os
+import re
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .encode import Encoder
+from .errors import OutputExistsError, ShardNotFoundError
+from .index import ShardMembers, header_mismatch_at_spot, shard_mismatch
+from .writer import DEFAULT_MTIME, TarWriter, prepare_sample, tar_size
+
+__all__ = ["ShardWriter", "default_index"]
+
+logger = logging.getLogger(__name__)
+
+_FORMAT = re.compile(r"%[-#0 +]*\d*[diouxX]")
+
+
+def default_index(pattern: str) -> str:
+    """The index a pattern's shards get by default: ``out/train-%06d.tar`` -> ``out/train.json``.
+
+    Example:
+        >>> default_index("s3://b/data/train-%06d.tar")
+        's3://b/data/train.json'
+    """
+    head, sep, tail = pattern.rpartition("/")
+    stem = _FORMAT.sub("", tail)
+    stem = stem[: -len(".tar")] if stem.endswith(".tar") else stem
+    stem = stem.strip("-_. ") or "index"
+    return f"{head}{sep}{stem}.json"
+
+
+class ShardWriter:
+    """Write samples into shards ``pattern % n`` and keep their index.
+
+    Args:
+        pattern: Shard names with one ``%d``-style field: ``"out/train-%06d.tar"``, or a
+            writable fsspec URL, ``"s3://bucket/train-%06d.tar"``.
+        maxcount: Samples per shard, at most.
+        maxsize: Bytes per shard, at most (a sample larger than this gets a shard of its own).
+        post: Called with each shard's name once it is published (and in the index).
+        start_shard: Number of the first shard.
+        verbose: Log each new shard at INFO (else DEBUG).
+        index: The index file (``*.json`` or ``*.sqlite``; a path or URL), ``True`` for
+            :func:`default_index` of the pattern, ``None``/``False`` for none.
+        name: Dataset name stored in the index.
+        resume: Keep the whole shards already there and continue after them.
+        overwrite: Replace shards that already exist (without ``resume``).
+        storage_options: fsspec options for remote shards and index.
+        max_uploads: Remote shards uploading at once; writing waits when this many are pending.
+        encoder: As for :class:`~wids.TarWriter`: ``True``, ``False`` or a callable.
+        mtime: Modification time of every member (default: a constant; deterministic shards).
+        mode: Permission bits of every member.
+        user: User name in the tar headers.
+        group: Group name in the tar headers.
+
+    Raises:
+        ValueError: A pattern without exactly one number field, or bad limits.
+
+    Example:
+        >>> with ShardWriter("out/train-%06d.tar", maxcount=1000) as sink:  # doctest: +SKIP
+        ...     for i, (image, label) in enumerate(data):
+        ...         sink.write({"__key__": f"{i:08d}", "jpg": image, "cls": label})
+    """
+
+    def __init__(
+        self,
+        pattern: str,
+        maxcount: int = 100000,
+        maxsize: float = 3e9,
+        post: Callable[[str], Any] | None = None,
+        start_shard: int = 0,
+        verbose: int = 0,
+        *,
+        index: str | bool | None = True,
+        name: str | None = None,
+        resume: bool = False,
+        overwrite: bool = False,
+        storage_options: Mapping[str, Any] | None = None,
+        max_uploads: int = 4,
+        encoder: bool | Callable[[Mapping[str, Any]], Mapping[str, Any]] = True,
+        mtime: int = DEFAULT_MTIME,
+        mode: int = 0o444,
+        user: str = "",
+        group: str = "",
+    ) -> None:
+        if len(_FORMAT.findall(pattern)) != 1 or pattern % 0 == pattern % 1:
+            raise ValueError(f"pattern needs exactly one number field like %06d: {pattern!r}")
+        if maxcount < 1 or maxsize <= 0 or start_shard < 0 or max_uploads < 1:
+            raise ValueError("maxcount, maxsize and max_uploads must be positive, start_shard >= 0")
+        self.pattern = pattern
+        self.maxcount = int(maxcount)
+        self.maxsize = maxsize
+        self.post = post
+        self.start_shard = self.shard = int(start_shard)
+        self.verbose = verbose
+        self.index: str | None = default_index(pattern) if index is True else (index or None)
+        self.name = name
+        self.resume = bool(resume)
+        self.overwrite = bool(overwrite)
+        self.storage_options = dict(storage_options or {})
+        self.max_uploads = int(max_uploads)
+        self.encoder = Encoder() if encoder is True else (encoder or None)
+        self._tar_options: dict[str, Any] = {
+            "mtime": mtime,
+            "mode": mode,
+            "user": user,
+            "group": group,
+        }
+        TarWriter(_NullSink(), encoder=False, **self._tar_options)  # type: ignore[arg-type]
+        self.total = 0
+        self.count = 0
+        self.size = 0
+        self.fname: str | None = None
+        self.written: list[str] = []
+        self._tar: TarWriter | None = None
+        self._keeper: Any = None
+        self._stack = contextlib.ExitStack()
+        self._pool: cf.ThreadPoolExecutor | None = None
+        self._uploads: deque[tuple[str, TarWriter, cf.Future[None]]] = deque()
+        self._state = "new"
+
+    def __repr__(self) -> str:
+        return f"ShardWriter({self.pattern!r}, shard={self.shard}, total={self.total})"
+
+    # -- opening ------------------------------------------------------------------------------
+
+    def open(self) -> ShardWriter:
+        """Check the destination, take the index's lock, and with ``resume`` find whole shards.
+
+        Called by the first :meth:`write` or by entering the ``with`` block.
+
+        Raises:
+            OutputExistsError: The index path is a file that is not an index.
+            DestinationError: A read-only destination or an index name that selects no format.
+            LockTimeoutError: Another writer holds the (local) index.
+        """
+        if self._state != "new":
+            if self._state == "closed":
+                raise ValueError(f"{self!r} is closed")
+            return self
+        from .lock import remove_stale_temps, writer_lock
+        from .publish import check_output, check_writable, is_remote, local_path
+
+        check_writable(self.pattern)
+        if self.index is not None:
+            check_output(self.index, [], self.storage_options)
+            if not is_remote(self.index):
+                self._stack.enter_context(writer_lock(local_path(self.index), timeout=0))
+        try:
+            if not is_remote(self.pattern):
+                directory = os.path.dirname(os.path.abspath(local_path(self.pattern % 0)))
+                if os.path.isdir(directory):
+                    remove_stale_temps(directory, min_age=0.0)  # left by a killed writer
+            if is_remote(self.pattern):
+                self._pool = cf.ThreadPoolExecutor(self.max_uploads, "wids-upload")
+            if self.index is not None:
+                from .writer_index import IndexKeeper
+
+                self._keeper = IndexKeeper(self.index, self.storage_options, self.name)
+            if self.resume:
+                self._resume()
+        except BaseException:
+            self._stack.close()
+            raise
+        self._state = "open"
+        return self
+
+    def _resume(self) -> None:
+        from .build import scan_shard
+        from .remote import Source
+
+        reader = self._old_index()
+        known = {} if reader is None else {info.url: i for i, info in enumerate(reader.shards)}
+        try:
+            while True:
+                url = self.pattern % self.shard
+                src = Source(url, self.storage_options)
+                try:
+                    stat = src.info()
+                except ShardNotFoundError:
+                    break
+                i = known.get(_resolved(url))
+                members = None if i is None else _reusable(reader, i, stat, src)
+                if members is None:
+                    stat, members, _ = scan_shard(src)
+                src.close()
+                if self._keeper is not None:
+                    self._keeper.add(url, stat, members, checkpoint=False)
+                self.written.append(url)
+                self.total += len(members)
+                self.shard += 1
+        finally:
+            if reader is not None:
+                reader.close()
+        if self._keeper is not None and self.written:
+            self._keeper.checkpoint()
+        logger.info(
+            "resuming %s at shard %d after %d samples", self.pattern, self.shard, self.total
+        )
+
+    def _old_index(self) -> Any:
+        from .errors import WidsError
+        from .index import open_index
+        from .publish import is_remote
+
+        if self.index is None or (not is_remote(self.index) and not os.path.exists(self.index)):
+            return None
+        try:
+            reader: Any = open_index(self.index, self.storage_options)
+            reader.shards  # noqa: B018 - load it now, so a damaged index is noticed here
+            return reader
+        except ShardNotFoundError:
+            return None
+        except WidsError as e:
+            logger.warning(
+                "cannot reuse the existing index %s (%s); scanning shards", self.index, e
+            )
+            return None
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def __enter__(self) -> ShardWriter:
+        return self.open()
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def write(self, sample: Mapping[str, Any]) -> int:
+        """Encode and write one sample, starting a new shard when the current one is full.
+
+        Returns:
+            The bytes of the sample's fields.
+
+        Raises:
+            SampleLayoutError: A bad or repeated key (in this shard), or a bad field name.
+            EncodeError: A field's value does not fit its extension.
+            OutputExistsError: The next shard exists (without ``resume``/``overwrite``).
+        """
+        if self._state != "open":
+            self.open()
+        prepared = prepare_sample(sample, self.encoder)
+        nbytes = tar_size(prepared)
+        if (
+            self._tar is None
+            or self.count >= self.maxcount
+            or (self.count and self.size + nbytes > self.maxsize - 1024)
+        ):
+            self._next_shard()
+        if self._tar is None:  # an invariant, kept under python -O
+            raise RuntimeError("internal error: no shard open")
+        payload = self._tar.emit(prepared)
+        self.count += 1
+        self.total += 1
+        self.size = self._tar.offset
+        return payload
+
+    def _next_shard(self) -> None:
+        self._finish_shard()
+        url = self.pattern % self.shard
+        self._check_new(url)
+        log = logger.info if self.verbose else logger.debug
+        log("writing %s (%d samples so far)", url, self.total)
+        self._tar = TarWriter(
+            url,
+            encoder=False,
+            storage_options=self.storage_options,
+            index=self._keeper is not None,
+            **self._tar_options,
+        )
+        self.fname = url
+        self.shard += 1
+        self.count = 0
+        self.size = 0
+
+    def _check_new(self, url: str) -> None:
+        if self.overwrite or self.resume:  # resume: what is left after the whole shards
+            return
+        from .remote import Source
+
+        try:
+            Source(url, self.storage_options).info()
+        except ShardNotFoundError:
+            return
+        raise OutputExistsError(
+            "shard exists; pass resume=True to continue after the whole shards there, or "
+            "overwrite=True to replace them",
+            shard=_redact(url),
+        )
+
+    def _finish_shard(self) -> None:
+        tar, self._tar = self._tar, None
+        if tar is None:
+            return
+        url = self.fname or ""
+        if self._pool is None:
+            tar.close()
+            self._published(url, tar)
+            return
+        tar.finish()  # the end blocks are written here; the upload runs in the pool
+        while len(self._uploads) >= self.max_uploads:
+            self._collect(wait=True)
+        self._uploads.append((url, tar, self._pool.submit(tar.close)))
+        self._collect(wait=False)
+
+    def _collect(self, *, wait: bool) -> None:
+        """Index finished uploads in shard order (waiting for the oldest when ``wait``)."""
+        while self._uploads and (wait or self._uploads[0][2].done()):
+            url, tar, fut = self._uploads.popleft()
+            fut.result()
+            self._published(url, tar)
+            wait = False
+
+    def _published(self, url: str, tar: TarWriter) -> None:
+        self.written.append(url)
+        if self._keeper is not None:
+            self._keeper.add(url, tar.stat, tar.members())
+        if callable(self.post):
+            self.post(url)
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Publish the last shard, wait for uploads, and write the final index."""
+        if self._state == "closed":
+            return
+        if self._state == "new" and self.index is None:
+            self._state = "closed"
+            return
+        try:
+            self.open()
+            self._finish_shard()
+            while self._uploads:
+                self._collect(wait=True)
+            if self._keeper is not None:
+                self._keeper.close()
+        except BaseException:
+            self.abort()
+            raise
+        self._shutdown()
+
+    def abort(self) -> None:
+        """Stop without publishing the shard being written; finished uploads are indexed.
+
+        Uploads still running are waited for; the index then holds the shards uploaded in
+        order up to the first that failed (a whole shard after that is left for ``resume``).
+        """
+        if self._state == "closed":
+            return
+        try:
+            if self._tar is not None:
+                self._tar.abort()
+                self._tar = None
+            pending, failed = list(self._uploads), False
+            self._uploads.clear()
+            for url, tar, fut in pending:
+                try:
+                    fut.result()
+                except Exception as e:
+                    logger.warning("upload of %s failed: %s", _redact(url), e)
+                    failed = True
+                    tar.abort()
+                    continue
+                if not failed:
+                    self._published(url, tar)
+            if self._keeper is not None:
+                self._keeper.close()
+        finally:
+            self._shutdown()
+
+    def finish(self) -> None:
+        """Publish the current shard now (webdataset's name); :meth:`close` ends the writer."""
+        if self._state == "open":
+            self._finish_shard()
+
+    def _shutdown(self) -> None:
+        self._state = "closed"
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self._stack.close()
+
+
+def _reusable(reader: Any, i: int, stat: Any, src: Any) -> ShardMembers | None:
+    """The old index's member table of a shard, if it still describes the file."""
+    info = reader.shards[i]
+    try:
+        members = reader.members(i)
+        if members is None or shard_mismatch(info, stat, strict=True) is not None:
+            return None
+        return members if header_mismatch_at_spot(members, src.read_range) is None else None
+    except Exception as e:  # a damaged entry: scan the shard instead
+        logger.warning("not reusing the index entry of %s: %s", _redact(info.url), e)
+        return None
+
+
+class _NullSink:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+
+def _resolved(url: str) -> str:
+    from .publish import is_remote, local_path
+
+    return url if is_remote(url) else os.path.abspath(local_path(url))
+
+
+def _redact(url: str) -> str:
+    from .redact import redact_url
+
+    return redact_url(url)

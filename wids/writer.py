@@ -1,0 +1,414 @@
+"""Writing one WebDataset tar shard, recording every member's offset and size as it goes.
+
+:class:`TarWriter` has the call shape of webdataset's: ``write(sample)`` with ``"__key__"`` and
+fields by extension (``"jpg"`` or ``".jpg"``), encoded by :class:`~wids.encode.Encoder`. The tar
+is deterministic and portable:
+
+- ustar headers (uid/gid 0, empty user and group names, a fixed mode, the caller's mtime,
+  default :data:`DEFAULT_MTIME`), so the same samples give byte-identical shards;
+- a pax ``x`` record before a member only when ustar cannot hold it: a name over 100 bytes or
+  not ASCII (``path``), a size of 8 GiB or more (``size``);
+- fields of a sample written in sorted order, as webdataset does; the archive ends with two
+  zero blocks.
+
+Member names are ``key + "." + field``, and keys and fields are checked so that every reader
+(:mod:`wids.samples`, webdataset's grouping) splits them back the same way: a key's last path
+part has no dot, a field has no slash, no ``.``/``..`` path parts, no absolute names. A key
+used twice in one tar is an error.
+
+While writing, the member table (:class:`~wids.index.ShardMembers`) is collected; it is what
+``wids index create`` would scan from the finished file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import IO, Any
+
+from .encode import Encoder
+from .errors import SampleLayoutError
+from .index import ShardMembers
+
+__all__ = ["DEFAULT_MTIME", "TarWriter", "check_key", "prepare_sample", "tar_size"]
+
+DEFAULT_MTIME = 946684800
+"""The members' modification time unless the caller gives one: 2000-01-01T00:00:00Z."""
+
+BLOCK = 512
+_ZEROS = bytes(BLOCK)
+_MAX_OCTAL = 0o77777777777  # 11 octal digits: sizes up to 8 GiB - 1
+_PAX_NAME = b"././@PaxHeader"
+
+Prepared = tuple[str, list[tuple[str, bytes, Any]]]
+"""A sample ready to write: key, and per field (field with its dot, member name, data)."""
+
+
+def _octal(value: int, width: int) -> bytes:
+    return b"%0*o\0" % (width - 1, value)
+
+
+class _HeaderMaker:
+    """512-byte ustar headers with every field but name and size fixed per writer."""
+
+    def __init__(self, mode: int, mtime: int, user: str, group: str) -> None:
+        uname, gname = user.encode("utf-8"), group.encode("utf-8")
+        if len(uname) > 31 or len(gname) > 31:
+            raise ValueError("user and group names must fit 31 bytes")
+        self.middle = _octal(mode, 8) + _octal(0, 8) + _octal(0, 8)  # mode, uid, gid
+        self.mtime = _octal(mtime, 12)
+        self.tail = b"".join(
+            (
+                b"0",  # typeflag: regular file (replaced for pax records)
+                bytes(100),  # linkname
+                b"ustar\x0000",
+                uname.ljust(32, b"\0"),
+                gname.ljust(32, b"\0"),
+                _octal(0, 8) + _octal(0, 8),  # devmajor, devminor
+                bytes(155 + 12),  # prefix, padding
+            )
+        )
+        self.base = sum(self.middle) + sum(self.mtime) + sum(self.tail) + 8 * 32
+
+    def header(self, name: bytes, size: int, typeflag: bytes = b"0") -> bytes:
+        size_field = _octal(size, 12)
+        tail = self.tail if typeflag == b"0" else typeflag + self.tail[1:]
+        chk = self.base + sum(name) + sum(size_field) + typeflag[0] - 48
+        return b"".join(
+            (
+                name.ljust(100, b"\0"),
+                self.middle,
+                size_field,
+                self.mtime,
+                b"%06o\0 " % chk,
+                tail,
+            )
+        )
+
+    def member(self, name: bytes, size: int) -> bytes:
+        """The header(s) of one member: a pax record first if ustar cannot hold it."""
+        if len(name) <= 100 and size <= _MAX_OCTAL and name.isascii():
+            return self.header(name, size)
+        records = _pax_records(name, size)
+        short = name.decode("utf-8").encode("ascii", "replace")[:100]
+        return b"".join(
+            (
+                self.header(_PAX_NAME, len(records), b"x"),
+                records,
+                _ZEROS[: -len(records) % BLOCK],
+                self.header(short, size if size <= _MAX_OCTAL else 0),
+            )
+        )
+
+
+def _pax_records(name: bytes, size: int) -> bytes:
+    """The pax records a member needs: ``path`` for long or non-ASCII names, ``size`` >= 8 GiB."""
+    records = b""
+    if len(name) > 100 or not name.isascii():
+        records += _pax_record(b"path", name)
+    if size > _MAX_OCTAL:
+        records += _pax_record(b"size", b"%d" % size)
+    return records
+
+
+def _pax_record(key: bytes, value: bytes) -> bytes:
+    """``"%d key=value"`` and a newline, whose length counts its own digits."""
+    body = b" " + key + b"=" + value + b"\n"
+    n = len(body) + 1
+    while len(str(n)) + len(body) != n:
+        n = len(str(n)) + len(body)
+    return b"%d" % n + body
+
+
+def check_key(key: Any) -> str:
+    """A sample key that every reader splits back unchanged, or :class:`SampleLayoutError`."""
+    if not isinstance(key, str) or not key:
+        raise SampleLayoutError(f"__key__ must be a non-empty str, not {key!r}")
+    parts = key.split("/")
+    problem = None
+    if "." in parts[-1]:
+        problem = "its last path part has a dot (readers would split the key there)"
+    elif key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        problem = "it has an empty, '.' or '..' path part, or starts with '/'"
+    elif "\0" in key:
+        problem = "it contains a NUL character"
+    if problem is None:
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            problem = "it is not valid Unicode (lone surrogates)"
+    if problem:
+        raise SampleLayoutError(f"key {key!r} cannot be written: {problem}")
+    return key
+
+
+def _check_field(key: str, field: str) -> str:
+    name = field[1:] if field.startswith(".") else field
+    if not name or "/" in name or "\0" in name or name.startswith("."):
+        raise SampleLayoutError(
+            f"sample {key!r}: field {field!r} cannot be written (empty, or has '/' or NUL)"
+        )
+    return "." + name
+
+
+def prepare_sample(
+    sample: Mapping[str, Any], encoder: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None
+) -> Prepared:
+    """Check and encode a sample: its key, and its fields as member names and bytes, sorted.
+
+    Raises:
+        SampleLayoutError: No or a bad ``__key__``, a bad field name, or no fields.
+        EncodeError: A field's value does not fit its extension.
+    """
+    if not isinstance(sample, Mapping):
+        raise SampleLayoutError(f"a sample must be a dict, not {type(sample).__name__}")
+    if "__key__" not in sample:
+        raise SampleLayoutError("sample has no '__key__'")
+    key = check_key(sample["__key__"])
+    encoded = encoder(sample) if encoder is not None else sample
+    fields: dict[str, Any] = {}
+    for name in encoded:
+        if not isinstance(name, str):
+            raise SampleLayoutError(f"sample {key!r}: field name {name!r} is not a str")
+        if name.startswith("_"):
+            continue
+        field = _check_field(key, name)
+        if field in fields:
+            raise SampleLayoutError(f"sample {key!r}: field {field!r} given twice")
+        fields[field] = encoded[name]
+    if not fields:
+        raise SampleLayoutError(f"sample {key!r} has no fields to write")
+    out = []
+    for field in sorted(fields):
+        data = fields[field]
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        elif not isinstance(data, bytes):
+            if not isinstance(data, (bytearray, memoryview)):
+                raise SampleLayoutError(
+                    f"sample {key!r} field {field!r}: {type(data).__name__} after encoding, "
+                    "not bytes"
+                )
+            data = memoryview(data).cast("B")
+        out.append((field, (key + field).encode("utf-8"), data))
+    return key, out
+
+
+def tar_size(prepared: Prepared) -> int:
+    """Bytes that writing a prepared sample adds to a tar (headers, pax records, padding)."""
+    total = 0
+    for _, name, data in prepared[1]:
+        size = len(data)
+        total += BLOCK + size + (-size % BLOCK)
+        if len(name) > 100 or size > _MAX_OCTAL or not name.isascii():
+            records = _pax_records(name, size)
+            total += BLOCK + len(records) + (-len(records) % BLOCK)
+    return total
+
+
+class TarWriter:
+    """Write samples into one tar file, and collect its member table while doing so.
+
+    Args:
+        fileobj: A writable binary file object (written from its current position, not
+            closed), or a path or fsspec URL: a path is written under a temporary name beside
+            it and renamed into place on :meth:`close`; a URL is written to a local temporary
+            file and uploaded on :meth:`close` (one PUT). Either way the file appears whole.
+        encoder: ``True`` for :class:`~wids.encode.Encoder()`, ``False`` to take fields that
+            are ``bytes`` (or ``str``, written as UTF-8) only, or a callable ``sample ->
+            sample`` (an :class:`~wids.encode.Encoder` with options, for instance).
+        mtime: Modification time of every member (an int, seconds since the epoch).
+        mode: Permission bits of every member.
+        user: User name in the headers (uid is 0).
+        group: Group name in the headers (gid is 0).
+        compress: Only ``None`` or ``False``: a compressed tar cannot be read by byte range.
+        storage_options: fsspec options for a URL destination.
+        index: Record members' offsets and sizes (:meth:`members`); off only to measure its cost.
+
+    Raises:
+        ValueError: ``compress`` is set, or ``mtime``/``mode``/``user``/``group`` do not fit a
+            ustar header.
+
+    Example:
+        >>> with TarWriter("out/train-000000.tar") as w:  # doctest: +SKIP
+        ...     w.write({"__key__": "000000", "jpg": image, "cls": 3})
+    """
+
+    def __init__(
+        self,
+        fileobj: str | os.PathLike[str] | IO[bytes],
+        *,
+        encoder: bool | Callable[[Mapping[str, Any]], Mapping[str, Any]] = True,
+        mtime: int = DEFAULT_MTIME,
+        mode: int = 0o444,
+        user: str = "",
+        group: str = "",
+        compress: bool | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        index: bool = True,
+    ) -> None:
+        if compress:
+            raise ValueError("compressed tars cannot be read by byte range; wids writes plain tar")
+        if not (isinstance(mtime, int) and 0 <= mtime <= _MAX_OCTAL):
+            raise ValueError(f"mtime must be an int in [0, 8**11), not {mtime!r}")
+        if not (isinstance(mode, int) and 0 <= mode <= 0o7777777):
+            raise ValueError(f"mode must be an int in [0, 8**7), not {mode!r}")
+        self._headers = _HeaderMaker(mode, mtime, user, group)
+        self.encoder: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None
+        self.encoder = Encoder() if encoder is True else (encoder or None)
+        self.storage_options = dict(storage_options or {})
+        self.index = bool(index)
+        self.url: str | None = None
+        self.stat: Any = None
+        self.offset = 0
+        self._samples: list[tuple[str, list[tuple[str, int, int]]]] = []
+        self._keys: set[str] = set()
+        self._tmp: Any = None
+        self._tmpdir: str | None = None
+        if isinstance(fileobj, (str, os.PathLike)):
+            self.url = os.fspath(fileobj)
+            self._stream: Any = self._open_destination(self.url)
+        else:
+            self._stream = fileobj
+        self._closed = False
+
+    def _open_destination(self, url: str) -> IO[bytes]:
+        from .lock import TempFile
+        from .publish import check_writable, is_remote, local_path
+
+        check_writable(url)
+        if is_remote(url):
+            self._tmpdir = tempfile.mkdtemp(prefix="wids-write-")
+            directory, stem = self._tmpdir, "shard.tar"
+        else:
+            path = os.path.abspath(local_path(url))
+            directory, stem = os.path.dirname(path), os.path.basename(path)
+        self._tmp = TempFile(directory, stem)
+        return open(os.dup(self._tmp.fd), "wb", buffering=1 << 20)
+
+    def __repr__(self) -> str:
+        return f"TarWriter({self.url!r}, {len(self._samples)} samples, {self.offset} bytes)"
+
+    def __enter__(self) -> TarWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    @property
+    def count(self) -> int:
+        """Samples written."""
+        return len(self._keys)
+
+    def prepare(self, sample: Mapping[str, Any]) -> Prepared:
+        """Check and encode a sample without writing it (see :func:`prepare_sample`)."""
+        return prepare_sample(sample, self.encoder)
+
+    def emit(self, prepared: Prepared) -> int:
+        """Write a sample made by :meth:`prepare`; returns its payload bytes.
+
+        Raises:
+            SampleLayoutError: Its key was already written to this tar.
+        """
+        self._check_open()
+        key, members = prepared
+        if key in self._keys:
+            raise SampleLayoutError(f"key {key!r} was already written to this tar")
+        write, member = self._stream.write, self._headers.member
+        offset, record, payload = self.offset, [], 0
+        for field, name, data in members:
+            size = len(data)
+            header = member(name, size)
+            write(header)
+            write(data)
+            pad = -size % BLOCK
+            if pad:
+                write(_ZEROS[:pad])
+            offset += len(header)
+            record.append((field, offset, size))
+            offset += size + pad
+            payload += size
+        self.offset = offset
+        self._keys.add(key)
+        if self.index:
+            self._samples.append((key, record))
+        return payload
+
+    def write(self, sample: Mapping[str, Any]) -> int:
+        """Encode and write one sample; returns the bytes of its fields' data.
+
+        Raises:
+            SampleLayoutError: See :meth:`prepare`.
+            EncodeError: A field's value does not fit its extension.
+        """
+        return self.emit(self.prepare(sample))
+
+    def members(self) -> ShardMembers:
+        """The member table of what was written so far (offsets from the tar's start)."""
+        return ShardMembers.from_samples(self._samples)
+
+    def finish(self) -> None:
+        """Write the end-of-archive blocks and flush; the file is not yet published."""
+        self._check_open()
+        self._stream.write(_ZEROS * 2)
+        self.offset += 2 * BLOCK
+        self._stream.flush()
+        self._closed = True
+
+    def close(self) -> None:
+        """Finish the tar and publish it (rename into place, or upload) when it has a path.
+
+        After closing, :attr:`stat` holds the published file's size/etag/mtime (paths and URLs).
+        """
+        if self._closed and self._tmp is None:
+            return
+        try:
+            if not self._closed:
+                self.finish()
+            if self._tmp is not None:
+                self._stream.close()
+                self.stat = self._publish()
+        except BaseException:
+            self.abort()
+            raise
+        self._cleanup()
+
+    def _publish(self) -> Any:
+        from .publish import is_remote, local_path, put_file
+        from .remote import Source
+
+        if self.url is None or self._tmp is None:  # an invariant, kept under python -O
+            raise RuntimeError("internal error: no destination to publish")
+        if is_remote(self.url):
+            put_file(self._tmp.path, self.url, self.storage_options)
+            return Source(self.url, self.storage_options).info()
+        path = os.path.abspath(local_path(self.url))
+        self._tmp.publish(path)
+        return Source(path).info()
+
+    def abort(self) -> None:
+        """Give up: nothing is published, temporary files are removed."""
+        self._closed = True
+        if self._tmp is not None:
+            try:
+                self._stream.close()
+            except OSError:
+                pass
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._tmp is not None:
+            self._tmp.close()
+            self._tmp = None
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"TarWriter({self.url!r}) is closed")

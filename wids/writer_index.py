@@ -1,0 +1,208 @@
+"""The index a :class:`~wids.ShardWriter` keeps: loadable on disk while the shards are written.
+
+Shards are added in shard order once they are published, with the member table the writer
+recorded and the fingerprint a later stat gives (size plus mtime locally, size plus etag from
+the store after an upload). The result is what ``wids index create`` writes for the same
+shards: the same writer classes (through :func:`~wids.index_convert.create_index_writer`),
+the same stored URLs (relative to the index's directory), the same report.
+
+Checkpoints, so a killed writer leaves an index of whole shards:
+
+- JSON: each shard's sidecar is written once, when it is added, and the description is
+  republished after every shard (its size grows by a line per shard).
+- SQLite: the file is rebuilt from the last checkpoint plus the shards added since, when the
+  shards written since the last checkpoint are at least :data:`SQLITE_REBUILD_RATIO` times
+  the index's size (so rebuilding costs a bounded fraction of the writing), and at the end.
+  Between checkpoints the file lags behind; ``resume=True`` indexes the shards it lacks.
+
+A remote index is kept in a local temporary directory and each checkpoint is uploaded
+(new sidecars first, the description last, each file whole).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from typing import Any
+
+from .index import ShardInfo, ShardMembers
+
+__all__ = ["SQLITE_REBUILD_RATIO", "IndexKeeper"]
+
+logger = logging.getLogger(__name__)
+
+SQLITE_REBUILD_RATIO = 20
+"""An SQLite checkpoint waits until this many times its size in shard bytes were written."""
+
+
+class IndexKeeper:
+    """Write an index shard by shard, keeping a loadable checkpoint on disk.
+
+    Args:
+        url: The index: a local path or writable fsspec URL, ``*.json`` or ``*.sqlite``.
+        storage_options: fsspec options for a remote index.
+        name: The dataset's name stored in the index.
+    """
+
+    def __init__(
+        self, url: str, storage_options: Mapping[str, Any] | None = None, name: str | None = None
+    ) -> None:
+        from .publish import SQLITE_SUFFIXES, is_remote, local_path, output_dir
+
+        self.url = url
+        self.storage_options = dict(storage_options or {})
+        self.name = name
+        self.remote = is_remote(url)
+        self.sqlite = url.lower().split("?", 1)[0].endswith(SQLITE_SUFFIXES)
+        self.out_dir = output_dir(url)
+        self._tmpdir: str | None = None
+        if self.remote:
+            self._tmpdir = tempfile.mkdtemp(prefix="wids-index-")
+            self.path = os.path.join(self._tmpdir, url.rstrip("/").rsplit("/", 1)[-1])
+        else:
+            self.path = os.path.abspath(local_path(url))
+        self.shards = 0
+        self.samples = 0
+        self.bytes = 0
+        self._json: Any = None
+        self._uploaded: set[str] = set()
+        self._pending: list[tuple[ShardInfo, ShardMembers]] = []
+        self._since = 0  # shard bytes added since the last SQLite checkpoint
+        self._checkpoint_size = 0
+        self._closed = False
+
+    def add(self, url: str, stat: Any, members: ShardMembers, *, checkpoint: bool = True) -> None:
+        """Record a published shard (``stat``: its :class:`~wids.remote.FileStat`)."""
+        from .publish import stored_url
+
+        info = ShardInfo(
+            url=stored_url(url, self.out_dir),
+            nsamples=len(members),
+            size=stat.size,
+            etag=stat.etag,
+            mtime=stat.mtime,
+        )
+        self.shards += 1
+        self.samples += len(members)
+        self.bytes += stat.size
+        if self.sqlite:
+            self._pending.append((info, members))
+            self._since += stat.size
+            if checkpoint and self._since >= SQLITE_REBUILD_RATIO * self._checkpoint_size:
+                self._rebuild_sqlite(final=False)
+            return
+        if self._json is None:
+            from .index_json import JsonIndexWriter
+
+            self._json = JsonIndexWriter(self.path, name=self.name)
+        self._json.add(info, members)
+        if checkpoint:
+            self._json.set_report(self._report())
+            self._json.flush()
+            self._upload()
+
+    def checkpoint(self) -> None:
+        """Publish the index of the shards added so far now (after adds without checkpoint)."""
+        if self.sqlite:
+            self._rebuild_sqlite(final=False)
+        elif self._json is not None:
+            self._json.set_report(self._report())
+            self._json.flush()
+            self._upload()
+
+    def _report(self) -> dict[str, Any]:
+        from .build import BuildReport
+
+        report = BuildReport(output=self.url, shards=self.shards, samples=self.samples)
+        report.bytes = self.bytes
+        return report.as_dict()
+
+    def close(self) -> None:
+        """Publish the final index (also when no shard was written: an empty index)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self.sqlite:
+                self._rebuild_sqlite(final=True)
+            else:
+                if self._json is None:
+                    from .index_json import JsonIndexWriter
+
+                    self._json = JsonIndexWriter(self.path, name=self.name)
+                self._json.set_report(self._report())
+                self._json.close()
+                self._upload()
+        finally:
+            self._cleanup()
+
+    def abort(self) -> None:
+        """Stop; the last checkpoint stays as it is."""
+        self._closed = True
+        if self._json is not None:
+            self._json.abort()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._tmpdir is not None:
+            shutil.rmtree(self._tmpdir, ignore_errors=True)
+            self._tmpdir = None
+
+    def _rebuild_sqlite(self, *, final: bool) -> None:
+        """Write a new SQLite file: the last checkpoint's shards, then the pending ones."""
+        from .index_convert import create_index_writer
+        from .index_sqlite import SqliteIndex
+
+        old = SqliteIndex(self.path, base=self.out_dir) if self._checkpoint_size else None
+        writer = create_index_writer(self.path, name=self.name)
+        try:
+            if old is not None:
+                for i, info in enumerate(old.shards):
+                    stored = _stored_copy(info, self.out_dir)
+                    writer.add(stored, old.members(i))
+            for info, members in self._pending:
+                writer.add(info, members)
+            writer.set_report(self._report())
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            if old is not None:
+                old.close()
+        writer.close()
+        self._pending.clear()
+        self._since = 0
+        self._checkpoint_size = max(1, os.path.getsize(self.path))
+        self._upload()
+        logger.debug("index %s: checkpoint of %d shards (final=%s)", self.url, self.shards, final)
+
+    def _upload(self) -> None:
+        """Upload a remote index's new sidecars, then its description."""
+        if not self.remote:
+            return
+        from .publish import put_file
+
+        if not self.sqlite:
+            from .index_json import _members_dir
+
+            local_dir = _members_dir(self.path)
+            remote_dir = _members_dir(self.url)
+            names = sorted(os.listdir(local_dir)) if os.path.isdir(local_dir) else []
+            for name in names:
+                if name not in self._uploaded:
+                    dest = f"{remote_dir}/{name}"
+                    put_file(os.path.join(local_dir, name), dest, self.storage_options)
+                    self._uploaded.add(name)
+        put_file(self.path, self.url, self.storage_options)
+
+
+def _stored_copy(info: ShardInfo, out_dir: str) -> ShardInfo:
+    """``info`` read back from the index, its resolved URL stored again as the writer had it."""
+    from dataclasses import replace
+
+    from .publish import stored_url
+
+    return replace(info, url=stored_url(info.url, out_dir))
