@@ -6,6 +6,7 @@ from .build import BuildReport, build_index
 from .cache import ShardCache
 from .dataset import DatasetStats, ShardListDataset
 from .decode import Decoder, default_decoders
+from .encode import Encoder
 from .errors import (
     CacheBudgetError,
     CacheDirError,
@@ -13,6 +14,7 @@ from .errors import (
     CorruptReadError,
     DecodeError,
     DestinationError,
+    EncodeError,
     HeaderChecksumError,
     IndexFormatError,
     IndexMismatchError,
@@ -38,7 +40,9 @@ from .index_sqlite import SqliteIndex, SqliteIndexWriter
 from .remote import IOStats
 from .retry import RetryPolicy
 from .sampler import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
+from .shardwriter import ShardWriter
 from .spec import Component, Spec, expand_braces, load_spec
+from .writer import TarWriter
 
 __all__ = [
     "BuildReport",
@@ -53,6 +57,8 @@ __all__ = [
     "Decoder",
     "DestinationError",
     "DistributedChunkedSampler",
+    "EncodeError",
+    "Encoder",
     "HeaderChecksumError",
     "IOStats",
     "IndexFormatError",
@@ -73,12 +79,14 @@ __all__ = [
     "ShardListDataset",
     "ShardMembers",
     "ShardNotFoundError",
+    "ShardWriter",
     "ShardedSampler",
     "ShortReadError",
     "Spec",
     "SqliteIndex",
     "SqliteIndexWriter",
     "TarFormatError",
+    "TarWriter",
     "TruncatedTarError",
     "UnsafeDecodeError",
     "UntrustedLocationError",

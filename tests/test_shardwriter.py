@@ -1,0 +1,294 @@
+"""ShardWriter: shards plus the index `wids index create` would write, crash safety, remote."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+import pytest
+from tar_oracle import tar_samples
+
+from wids import ShardListDataset, build_index, open_index
+from wids.build import scan_shard
+from wids.errors import OutputExistsError, SampleLayoutError
+from wids.remote import Source
+from wids.shardwriter import ShardWriter, default_index
+from wids.tar import scan_local_rows
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sample(i: int) -> dict:
+    return {
+        "__key__": f"{i:06d}",
+        "bin": hashlib.sha256(str(i).encode()).digest() * (1 + i % 50),
+        "cls": i % 10,
+        "json": {"i": i},
+    }
+
+
+def write_all(pattern, n, **kw) -> ShardWriter:
+    with ShardWriter(pattern, **kw) as w:
+        for i in range(n):
+            w.write(sample(i))
+    return w
+
+
+def index_files(directory: Path) -> dict[str, bytes]:
+    """Every file of the index (description, sidecars) under ``directory``, by relative path."""
+    out = {}
+    for p in sorted(directory.rglob("*")):
+        if p.is_file() and not p.name.endswith(".tar"):
+            out[str(p.relative_to(directory))] = p.read_bytes()
+    return out
+
+
+def shards_in(directory: Path) -> list[str]:
+    return sorted(str(p) for p in directory.glob("train-*.tar"))
+
+
+def test_json_index_is_byte_identical_to_index_create(tmp_path):
+    w = write_all(str(tmp_path / "train-%06d.tar"), 175, maxcount=50)
+    assert w.written == shards_in(tmp_path) and len(w.written) == 4
+    ours = index_files(tmp_path)
+    for name in ours:
+        (tmp_path / name).unlink()
+    build_index(shards_in(tmp_path), str(tmp_path / "train.json"), incremental=False)
+    assert index_files(tmp_path) == ours
+
+
+def sqlite_rows(path: Path) -> dict[str, list]:
+    conn = sqlite3.connect(path)
+    try:
+        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        return {t: conn.execute(f'SELECT * FROM "{t}" ORDER BY rowid').fetchall() for t in tables}
+    finally:
+        conn.close()
+
+
+def test_sqlite_index_equals_index_create(tmp_path):
+    write_all(str(tmp_path / "train-%06d.tar"), 120, maxcount=25, index=str(tmp_path / "t.sqlite"))
+    ours = tmp_path / "t.sqlite"
+    theirs = tmp_path / "built.sqlite"
+    build_index(shards_in(tmp_path), str(theirs))
+    assert sqlite_rows(ours) == sqlite_rows(theirs)
+    assert ours.read_bytes() == theirs.read_bytes()
+
+
+def test_rotation_by_count_and_by_size(tmp_path):
+    w = write_all(str(tmp_path / "a-%03d.tar"), 23, maxcount=7, index=None)
+    assert [len(tar_samples(p)) for p in w.written] == [7, 7, 7, 2]
+    assert not list(tmp_path.glob("*.json"))
+    sizes = tmp_path / "s"
+    with ShardWriter(str(sizes / "b-%03d.tar"), maxsize=20_000) as w:
+        for i in range(40):
+            w.write(sample(i))
+        w.write({"__key__": "huge", "bin": b"x" * 50_000})
+        w.write(sample(40))
+    lengths = [os.path.getsize(p) for p in w.written]
+    assert all(n <= 20_000 for n in lengths[:-2]) and lengths[-2] > 50_000
+    assert [s["__key__"] for s in tar_samples(w.written[-2])] == ["huge"]
+    keys = [s["__key__"] for p in w.written for s in tar_samples(p)]
+    assert keys == [f"{i:06d}" for i in range(40)] + ["huge", "000040"]
+
+
+def test_default_index_name():
+    assert default_index("out/train-%06d.tar") == "out/train.json"
+    assert default_index("s3://b/x/shard_%d.tar") == "s3://b/x/shard.json"
+    assert default_index("%05d.tar") == "index.json"
+    with pytest.raises(ValueError, match="number field"):
+        ShardWriter("out/train.tar")
+
+
+def test_the_dataset_reads_back_every_sample(tmp_path):
+    write_all(str(tmp_path / "train-%06d.tar"), 60, maxcount=16)
+    ds = ShardListDataset(str(tmp_path / "train.json"), transformations=[])
+    assert len(ds) == 60
+    for i in (0, 15, 16, 59):
+        got = ds[i]
+        assert got["__key__"] == f"{i:06d}" and got[".bin"] == sample(i)["bin"]
+        assert got[".cls"] == str(i % 10).encode() and got[".json"] == b'{"i": %d}' % i
+
+
+def test_existing_shards_are_not_overwritten(tmp_path):
+    pattern = str(tmp_path / "train-%06d.tar")
+    first = write_all(pattern, 30, maxcount=10)
+    before = Path(first.written[0]).read_bytes()
+    with pytest.raises(OutputExistsError, match="resume=True"):
+        write_all(pattern, 5, maxcount=10)
+    assert Path(first.written[0]).read_bytes() == before
+    write_all(pattern, 5, maxcount=10, overwrite=True)
+    assert len(tar_samples(first.written[0])) == 5
+
+
+def test_keys_repeat_only_across_shards(tmp_path):
+    with ShardWriter(str(tmp_path / "t-%d.tar"), maxcount=2) as w:
+        w.write({"__key__": "a", "txt": "1"})
+        w.write({"__key__": "b", "txt": "2"})
+        w.write({"__key__": "a", "txt": "3"})  # a new shard
+        with pytest.raises(SampleLayoutError, match="already written"):
+            w.write({"__key__": "a", "txt": "4"})
+    assert [len(tar_samples(p)) for p in w.written] == [2, 1]
+
+
+def test_an_error_publishes_whole_shards_only(tmp_path):
+    pattern = str(tmp_path / "train-%06d.tar")
+    with pytest.raises(RuntimeError), ShardWriter(pattern, maxcount=10) as w:
+        for i in range(25):
+            w.write(sample(i))
+        raise RuntimeError("the caller's loop failed")
+    assert shards_in(tmp_path) == w.written and len(w.written) == 2
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    index = open_index(str(tmp_path / "train.json"))
+    assert [s.nsamples for s in index.shards] == [10, 10]
+
+
+CHILD = """
+import hashlib, sys, time
+sys.path.insert(0, sys.argv[5])
+from test_shardwriter import sample
+from wids.shardwriter import ShardWriter
+pattern, index, resume, stop = sys.argv[1], sys.argv[2], sys.argv[3] == "1", int(sys.argv[4])
+w = ShardWriter(pattern, maxcount=10, index=index, resume=resume,
+                post=lambda url: print("published", url, flush=True))
+w.open()
+print("start", w.total, flush=True)
+for i in range(w.total, stop):
+    w.write(sample(i))
+    if i % 10 == 5:
+        print("mid", i, flush=True)
+        time.sleep(0.02)
+w.close()
+print("done", flush=True)
+"""
+
+
+def run_child(tmp_path, index, *, resume, stop, kill_after=None):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    argv = [sys.executable, str(script), str(tmp_path / "d" / "train-%06d.tar"), index]
+    argv += ["1" if resume else "0", str(stop), str(REPO / "tests")]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    lines, published = [], 0
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.split())
+        published += line.startswith("published")
+        if kill_after is not None and published >= kill_after and line.startswith("mid"):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    return proc.returncode, lines
+
+
+@pytest.mark.parametrize("suffix", [".json", ".sqlite"])
+def test_sigkill_mid_shard_leaves_whole_shards_and_their_index_then_resume(tmp_path, suffix):
+    index = str(tmp_path / "d" / f"train{suffix}")
+    code, lines = run_child(tmp_path, index, resume=False, stop=10**6, kill_after=3)
+    assert code == -signal.SIGKILL and lines[-1][0] == "mid"
+    d = tmp_path / "d"
+    shards = shards_in(d)
+    assert [Path(s).name for s in shards] == [f"train-{i:06d}.tar" for i in range(3)]
+    for k, s in enumerate(shards):
+        scan_local_rows(s)  # a whole tar, end blocks included
+        assert [x["__key__"] for x in tar_samples(s)] == [
+            f"{i:06d}" for i in range(10 * k, 10 * k + 10)
+        ]
+    leftovers = {p.name for p in d.iterdir() if p.name.startswith(".")}
+    assert all(n.endswith(".tmp") for n in leftovers) and len(leftovers) == 1
+    reader = open_index(index)
+    indexed = [s.url for s in reader.shards]
+    if suffix == ".json":
+        assert indexed == shards  # exactly the whole shards
+    else:
+        assert indexed == shards[: len(indexed)] and indexed  # the last checkpoint's prefix
+    for i, info in enumerate(reader.shards):
+        stat, scanned, _ = scan_shard(Source(info.url))
+        assert reader.members(i) == scanned and (info.size, info.mtime) == (stat.size, stat.mtime)
+    reader.close()
+
+    code, lines = run_child(tmp_path, index, resume=True, stop=55)
+    assert code == 0 and lines[0] == ["start", "30"] and lines[-1] == ["done"]
+    assert not [p for p in d.iterdir() if p.name.startswith(".")]  # temp and lock removed
+    shards = shards_in(d)
+    keys = [x["__key__"] for s in shards for x in tar_samples(s)]
+    assert keys == [f"{i:06d}" for i in range(55)]
+    built = tmp_path / "built"
+    built.mkdir()
+    build_index(shards, str(built / f"train{suffix}"))
+    ours, theirs = open_index(index), open_index(str(built / f"train{suffix}"))
+    assert [s.url for s in ours.shards] == [s.url for s in theirs.shards] == shards
+    for i in range(len(shards)):
+        assert ours.shards[i] == theirs.shards[i] and ours.members(i) == theirs.members(i)
+
+
+def test_resume_scans_shards_the_index_lacks(tmp_path):
+    pattern = str(tmp_path / "train-%06d.tar")
+    write_all(pattern, 30, maxcount=10, index=None)
+    with ShardWriter(pattern, maxcount=10, resume=True) as w:
+        assert (w.total, w.shard) == (30, 3)
+        for i in range(w.total, 42):
+            w.write(sample(i))
+    ds = ShardListDataset(str(tmp_path / "train.json"), transformations=[])
+    assert [ds[i]["__key__"] for i in range(len(ds))] == [f"{i:06d}" for i in range(42)]
+
+
+# -- remote -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=["s3", "gcs"])
+def bucket(request):
+    return request.getfixturevalue(f"{request.param}_server")
+
+
+def test_remote_shards_and_index_equal_index_create(bucket, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where upload buffers live
+    prefix = f"w-{uuid.uuid4().hex[:8]}"
+    pattern = bucket.url(f"{prefix}/train-%06d.tar")
+    buffers: list[int] = []
+
+    def post(url):
+        buffers.append(len([p for p in tmp_path.iterdir() if p.name.startswith("wids-write-")]))
+
+    so = bucket.storage_options
+    w = write_all(pattern, 70, maxcount=8, storage_options=so, max_uploads=2, post=post)
+    assert w.written == [bucket.url(f"{prefix}/train-{i:06d}.tar") for i in range(9)]
+    assert max(buffers) <= 2 + 1  # uploads in flight plus the shard being written
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith("wids-")]
+    index = bucket.url(f"{prefix}/train.json")
+    ours = open_index(index, so)
+    assert [s.url for s in ours.shards] == w.written
+    for info in ours.shards:
+        stat = Source(info.url, so).info()
+        assert (info.size, info.etag, info.mtime) == (stat.size, stat.etag, stat.mtime)
+        assert info.etag
+    built = bucket.url(f"{prefix}/built/train.json")
+    build_index(w.written, built, storage_options=so)
+    theirs = open_index(built, so)
+    for i in range(len(w.written)):
+        assert ours.shards[i] == theirs.shards[i] and ours.members(i) == theirs.members(i)
+    ds = ShardListDataset(index, storage_options=so, transformations=[])
+    assert [ds[i][".bin"] for i in (0, 69)] == [sample(0)["bin"], sample(69)["bin"]]
+
+
+def test_remote_resume(s3_server):
+    prefix = f"r-{uuid.uuid4().hex[:8]}"
+    pattern = s3_server.url(f"{prefix}/train-%06d.tar")
+    so = s3_server.storage_options
+    write_all(pattern, 20, maxcount=10, storage_options=so)
+    with pytest.raises(OutputExistsError):
+        write_all(pattern, 1, maxcount=10, storage_options=so)
+    with ShardWriter(pattern, maxcount=10, storage_options=so, resume=True) as w:
+        assert w.total == 20
+        for i in range(20, 25):
+            w.write(sample(i))
+    ds = ShardListDataset(s3_server.url(f"{prefix}/train.json"), storage_options=so)
+    assert len(ds) == 25 and ds[24]["__key__"] == "000024"
