@@ -8,11 +8,11 @@ import tarfile
 
 import pytest
 
-from wids.build import build_index, expand_shard_args, scan_cached, scan_shard
+from wids import ShardMembers, open_index
 from wids.errors import IndexMismatchError, SampleLayoutError, TarFormatError
-from wids.index import ShardMembers, open_index
-from wids.remote import Source
+from wids.index.build import build_index, expand_shard_args, scan_cached, scan_shard
 from wids.samples import split_name
+from wids.storage.source import Source
 from wids.synth import write_dataset, write_shard
 
 
@@ -175,7 +175,7 @@ def test_scan_cached_scans_once_and_serves_other_processes(shards, tmp_path):
 
 
 def test_scan_cached_rejects_a_shard_of_the_wrong_size(shards, tmp_path):
-    from wids.index import ShardInfo
+    from wids import ShardInfo
 
     with pytest.raises(IndexMismatchError, match="index says 5"):
         scan_cached(
@@ -244,7 +244,7 @@ def test_scan_cache_record_is_checked_by_fingerprint(tmp_path):
     os.utime(b, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
     assert scan_cached(Source(b), cache_dir=cache).key(0) == "a000"
     # and the index's fingerprint is checked, not only its size
-    from wids.index import ShardInfo
+    from wids import ShardInfo
 
     wrong = ShardInfo(b, 5, size=st.st_size, mtime=st.st_mtime - 3600)
     with pytest.raises(IndexMismatchError, match="modified at"):

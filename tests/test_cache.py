@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-import wids.cache as cache_mod
-from wids.cache import CachedShard, ShardCache, entry_key
+import wids.cache.shards as cache_mod
+from wids.cache.shards import CachedShard, ShardCache, entry_key
 from wids.errors import (
     CacheBudgetError,
     CacheError,
@@ -21,7 +21,7 @@ from wids.errors import (
     ShardNotFoundError,
 )
 from wids.lock import FileLock
-from wids.remote import FileStat, Source
+from wids.storage.source import FileStat, Source
 
 
 def blob(n: int, seed: int = 0) -> bytes:
@@ -566,7 +566,7 @@ def test_waiting_fetcher_takes_a_copy_fetched_meanwhile(tmp_path):
 def test_promoter_share_wait_failure_and_backoff(tmp_path):
     import fsspec
 
-    from wids.cache import Promoter
+    from wids.cache.shards import Promoter
 
     fs = fsspec.filesystem("memory")
     data = blob(10_000, 7)

@@ -7,9 +7,8 @@ import os
 import pytest
 from tar_oracle import dataset_samples, strip_meta
 
-from wids.build import build_index
-from wids.cache import Promoter, ShardCache
-from wids.dataset import ShardListDataset
+from wids import ShardListDataset, build_index
+from wids.cache.shards import Promoter, ShardCache
 from wids.errors import CacheDirError, OfflineError
 from wids.synth import write_dataset
 
@@ -111,7 +110,7 @@ def test_auto_without_cache_dir_stays_on_range_requests(remote, tmp_path):
 
 def test_offline_serves_cached_shards_and_names_missing_ones(remote, tmp_path):
     cache = ShardCache(tmp_path)
-    from wids.remote import Source
+    from wids.storage.source import Source
 
     cache.open(Source(remote["urls"][0])).close()
     for access in ("auto", "shard"):

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from wids.cache import ShardCache, entry_key
-from wids.remote import Source
+from wids.cache.shards import ShardCache, entry_key
+from wids.storage.source import Source
 from wids.synth import write_dataset
 
 pytestmark = pytest.mark.servers
@@ -159,7 +159,7 @@ def test_tampered_cache_file_is_fetched_again(http_server, tmp_path, how):
 
 _EXIT_WITHOUT_CLOSE = r"""
 import os, sys
-from wids.dataset import ShardListDataset
+from wids.dataset.listdataset import ShardListDataset
 
 index, cache_dir, budget, per_shard, how = sys.argv[1:]
 ds = ShardListDataset(
@@ -180,7 +180,7 @@ if how == "os._exit":  # what a DataLoader worker does: no atexit, no finalizers
 
 @pytest.fixture(scope="module")
 def rest_dataset(http_server, tmp_path_factory):
-    from wids.build import build_index
+    from wids import build_index
 
     src = tmp_path_factory.mktemp("rest")
     paths = write_dataset(

@@ -15,11 +15,11 @@ import time
 
 import pytest
 
-from wids.cache import ShardCache, entry_key
-from wids.cachedir import MARKER, cache_state, cache_subdir, open_cache_dir
+from wids.cache.layout import MARKER, cache_state, cache_subdir, open_cache_dir
+from wids.cache.shards import ShardCache, entry_key
 from wids.cli import main
 from wids.errors import CacheDirError, CacheError
-from wids.remote import FileStat, Source
+from wids.storage.source import FileStat, Source
 
 SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"
 HOUR_AGO = time.time() - 3600
@@ -229,7 +229,7 @@ def test_a_link_swapped_in_after_the_check_is_not_followed(tmp_path, caplog):
     with pytest.raises(CacheDirError):
         cache.open_with("s3://b/new.tar", writer(b"n" * 1000), size=1000)
     cache.max_bytes = 500
-    with caplog.at_level(logging.WARNING, logger="wids.cache"):
+    with caplog.at_level(logging.WARNING, logger="wids.cache.shards"):
         cache._evict_quietly()  # the path a read takes: logged, not raised
     assert "symbolic link" in caplog.text
     assert contents(tmp_path / "user") == mine
@@ -266,8 +266,8 @@ def test_clean_removes_only_temporary_files_of_wids_naming(tmp_path):
 
 
 def test_scan_cache_and_snapshots_use_the_same_checks(tmp_path, caplog):
-    from wids.build import build_index, scan_cached
-    from wids.index import open_index
+    from wids import open_index
+    from wids.index.build import build_index, scan_cached
     from wids.subset import save_snapshot
     from wids.synth import write_dataset
 

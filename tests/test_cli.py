@@ -140,7 +140,7 @@ SECRET_USER, SECRET_PASS, SECRET_SIG = "alice", "HUNTER2pw", "SIGabcdef0123"
 def test_index_info_and_errors_never_print_credentials(http_server, shards, tmp_path):
     import shutil
 
-    from wids.build import build_index
+    from wids import build_index
 
     d = tmp_path / "served"
     d.mkdir()

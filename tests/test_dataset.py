@@ -18,8 +18,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from tar_oracle import dataset_samples, strip_meta
 from tarfixtures import FIXTURES
 
-from wids.build import build_index
-from wids.dataset import ShardListDataset
+from wids import ShardListDataset, build_index
 from wids.errors import IndexFormatError, IndexMismatchError, OfflineError, ShardNotFoundError
 from wids.synth import write_dataset, write_shard
 
@@ -106,7 +105,7 @@ def test_json_index_matches_tarfile(json_index, oracle):
 
 
 def test_sqlite_index_matches_tarfile(shards, oracle, tmp_path):
-    pytest.importorskip("wids.index_sqlite")
+    pytest.importorskip("wids.index.sqlitefile")
     out = str(tmp_path / "train.sqlite")
     build_index(shards, out)
     _check_all(ShardListDataset(out, transformations=[]), oracle)
@@ -373,7 +372,7 @@ def test_stats(json_index):
 
 
 def test_access_shard_uses_cache(counting, tmp_path, oracle):
-    pytest.importorskip("wids.cache")
+    pytest.importorskip("wids.cache.shards")
     out = str(tmp_path / "i.json")
     build_index(counting, out)
     ds = ShardListDataset(

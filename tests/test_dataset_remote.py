@@ -16,8 +16,7 @@ import uuid
 import pytest
 from tar_oracle import dataset_samples, strip_meta
 
-from wids import IndexMismatchError, ShardListDataset
-from wids.build import build_index
+from wids import IndexMismatchError, ShardListDataset, build_index
 from wids.synth import write_dataset
 
 NS, NSAMPLES = 4, 20

@@ -9,8 +9,7 @@ import random
 import pytest
 from tar_oracle import dataset_samples, strip_meta
 
-from wids import CorruptReadError, RetryPolicy, ShardListDataset
-from wids.build import build_index
+from wids import CorruptReadError, RetryPolicy, ShardListDataset, build_index
 from wids.synth import write_dataset
 
 torch = pytest.importorskip("torch")

@@ -17,8 +17,7 @@ import pytest
 from faultproxy import FaultPlan, FaultProxy
 from tar_oracle import dataset_samples, strip_meta
 
-from wids.build import build_index
-from wids.dataset import ShardListDataset
+from wids import ShardListDataset, build_index
 from wids.errors import (
     CorruptReadError,
     IndexMismatchError,
@@ -27,7 +26,7 @@ from wids.errors import (
     ShardNotFoundError,
     ShortReadError,
 )
-from wids.remote import IOStats, RetryPolicy, Source, read_ranges
+from wids.storage.source import IOStats, RetryPolicy, Source, read_ranges
 from wids.synth import write_dataset
 
 pytestmark = pytest.mark.servers

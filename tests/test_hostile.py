@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 from tarfixtures import make_samples, write_shard
 
-from wids.build import build_index
+from wids import build_index, open_index
 from wids.cli import main as wids_main
 from wids.errors import IndexFormatError, TarFormatError, UntrustedLocationError
-from wids.index import open_index
 from wids.tar import iter_members_fetch, iter_members_stream, scan_local
 
 # -------------------------------------------------------------------------------------------

@@ -5,8 +5,8 @@ import pickle
 import numpy as np
 import pytest
 
+from wids import ShardMembers
 from wids.errors import IndexFormatError
-from wids.index import ShardMembers
 
 SAMPLES = [
     ("a/0001", [(".jpg", 512, 100), (".cls", 1536, 1)]),
@@ -87,8 +87,8 @@ def test_keys_fast_path_equals_per_key_decode():
 
 # -- a shard's identity: fingerprint and a recorded member's header ----------------------------
 
-from wids.index import ShardInfo, header_mismatch_at_spot, shard_mismatch, spot_member  # noqa: E402
-from wids.remote import FileStat  # noqa: E402
+from wids.index.model import ShardInfo, header_mismatch_at_spot, shard_mismatch, spot_member  # noqa: E402
+from wids.storage.source import FileStat  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -131,8 +131,8 @@ def test_shard_mismatch_strict_needs_a_positive_identification():
 
 
 def _shard(path, prefix, n=3):
-    from wids.build import scan_shard
-    from wids.remote import Source
+    from wids.index.build import scan_shard
+    from wids.storage.source import Source
     from wids.synth import write_shard
 
     write_shard(
@@ -177,7 +177,7 @@ def _indexed(tmp_path, suffix=".json", n=3):
     import os
     import time
 
-    from wids.build import build_index
+    from wids import build_index
 
     paths = [tmp_path / f"s{k}.tar" for k in range(n)]
     for k, p in enumerate(paths):

@@ -22,13 +22,20 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tarfixtures import make_samples, write_shard
 
+from wids import (
+    Component,
+    JsonIndex,
+    JsonIndexWriter,
+    ShardInfo,
+    ShardMembers,
+    SqliteIndex,
+    SqliteIndexWriter,
+    convert_index,
+    create_index_writer,
+    open_index,
+)
 from wids.errors import IndexFormatError, ShardNotFoundError
-from wids.index import ShardInfo, ShardMembers, open_index
-from wids.index_convert import convert_index, create_index_writer
-from wids.index_json import JsonIndex, JsonIndexWriter
-from wids.index_sqlite import SqliteIndex, SqliteIndexWriter
 from wids.samples import split_name
-from wids.spec import Component
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
 
@@ -431,7 +438,7 @@ class IndexContract:
         """A store without atomic PUT: temporary name, then a move; nothing left beside it."""
         import fsspec
 
-        from wids.build import build_index
+        from wids import build_index
 
         base = f"memory://wids-{uuid.uuid4().hex[:8]}"
         fs = fsspec.filesystem("memory")
@@ -450,7 +457,7 @@ class IndexContract:
     def test_build_to_gcs_and_rebuild_drops_stale_sidecars(
         self, gcs_server: Any, tmp_path: Path, shards: list[Path]
     ) -> None:
-        from wids.build import build_index
+        from wids import build_index
 
         options = gcs_server.storage_options
         prefix = f"w-{uuid.uuid4().hex[:8]}"

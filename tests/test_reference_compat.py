@@ -22,9 +22,7 @@ import pytest
 from tarfixtures import make_samples, write_shard
 from test_index_backends import shard_info, tar_table
 
-from wids.index_convert import convert_index
-from wids.index_json import JsonIndexWriter
-from wids.index_sqlite import SqliteIndexWriter
+from wids import JsonIndexWriter, SqliteIndexWriter, convert_index
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Tests for wids.remote: one contract, run against local files, memory://, S3, HTTP and GCS."""
+"""wids.storage.source: one contract, run against local files, memory://, S3, HTTP and GCS."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from wids.errors import (
     ShortReadError,
     WidsError,
 )
-from wids.remote import (
+from wids.storage.source import (
     FileStat,
     IOStats,
     RetryPolicy,

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from wids.build import build_index
+from wids import build_index
 from wids.show import read_samples, render_grid, sample_label, samples_table
 from wids.synth import CLASS_NAMES, write_dataset
 

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from wids.errors import IndexFormatError, ShardNotFoundError
-from wids.spec import Component, expand_braces, load_spec, resolve_url, url_dir
+from wids.index.spec import Component, expand_braces, load_spec, resolve_url, url_dir
 
 
 def write_json(path: Path, obj: object) -> str:

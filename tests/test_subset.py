@@ -11,12 +11,10 @@ import pytest
 from serverfixtures import HttpServer
 from tar_oracle import dataset_samples, strip_meta
 
-from wids.build import build_index
-from wids.cache import ShardCache
+from wids import ShardCache, ShardListDataset, build_index
 from wids.cli import main, parse_duration, parse_size
-from wids.dataset import ShardListDataset
 from wids.errors import IndexMismatchError, OfflineError, OutputExistsError
-from wids.remote import Source
+from wids.storage.source import Source
 from wids.subset import make_subset, select_shards
 from wids.synth import write_dataset
 
@@ -191,7 +189,7 @@ def test_parse_size_and_duration():
 def test_snapshot_roundtrip_and_refresh(tmp_path):
     import fsspec
 
-    from wids.index import open_index
+    from wids import open_index
     from wids.subset import open_snapshot, save_snapshot, snapshot_path
 
     paths = write_dataset(str(tmp_path / "src"), shards=3, samples_per_shard=5, real_images=False)

@@ -52,7 +52,7 @@ import bench_read  # noqa: E402
 import bench_sqlite  # noqa: E402
 from localservers import Nginx  # noqa: E402
 
-from wids.build import build_index  # noqa: E402
+from wids import build_index  # noqa: E402
 from wids.sampler import ChunkedSampler  # noqa: E402
 from wids.tar import scan_local  # noqa: E402
 

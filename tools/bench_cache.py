@@ -31,9 +31,11 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from localservers import Nginx  # noqa: E402
 
-import wids.cache  # noqa: E402, F401 - imported up front, not inside the first timing
-from wids import ShardListDataset  # noqa: E402
-from wids.build import build_index  # noqa: E402
+import wids.cache.shards  # noqa: E402, F401 - imported up front, not inside the first timing
+from wids import (
+    ShardListDataset,  # noqa: E402
+    build_index,  # noqa: E402
+)
 from wids.sampler import ChunkedSampler  # noqa: E402
 from wids.synth import write_dataset  # noqa: E402
 

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from wids.build import build_index
+from wids import build_index
 from wids.tar import iter_members_fetch, iter_members_stream, scan_local, scan_local_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

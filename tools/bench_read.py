@@ -36,9 +36,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from localservers import Nginx  # noqa: E402
 
-from wids import ShardListDataset  # noqa: E402
-from wids.build import build_index  # noqa: E402
-from wids.index import open_index  # noqa: E402
+from wids import (
+    ShardListDataset,  # noqa: E402
+    build_index,  # noqa: E402
+    open_index,  # noqa: E402
+)
 from wids.synth import write_dataset  # noqa: E402
 
 

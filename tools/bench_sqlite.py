@@ -12,8 +12,7 @@ import time
 
 import numpy as np
 
-from wids.index import ShardInfo, ShardMembers
-from wids.index_sqlite import SqliteIndex, SqliteIndexWriter
+from wids import ShardInfo, ShardMembers, SqliteIndex, SqliteIndexWriter
 
 FIELDS = (".cls", ".jpg", ".json")
 

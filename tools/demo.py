@@ -158,8 +158,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr] # keep order with tqdm
     import wids
-    from wids.build import build_index
-    from wids.cache import ShardCache
+    from wids import ShardCache, build_index
     from wids.synth import CLASS_NAMES, write_dataset
 
     # SIGTERM unwinds like Ctrl-C, so the servers and the temp dir are cleaned up either way.

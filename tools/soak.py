@@ -90,8 +90,7 @@ def child(rank: int, cfg: dict[str, Any], results: Any) -> None:
     import torch
     from torch.utils.data import DataLoader, RandomSampler
 
-    from wids.dataset import ShardListDataset
-    from wids.remote import RetryPolicy
+    from wids import RetryPolicy, ShardListDataset
 
     access = cfg["access"][rank]
     ds = ShardListDataset(
@@ -195,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
-    from wids.build import build_index
+    from wids import build_index
     from wids.synth import write_dataset
 
     t_start = time.time()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from .build import BuildReport, build_index
 from .cache import ShardCache
 from .dataset import DatasetStats, ShardListDataset
 from .decode import Decoder, default_decoders
@@ -33,15 +32,27 @@ from .errors import (
     UntrustedLocationError,
     WidsError,
 )
-from .index import IndexReader, ShardInfo, ShardMembers, open_index
-from .index_convert import convert_index, create_index_writer
-from .index_json import JsonIndex, JsonIndexWriter
-from .index_sqlite import SqliteIndex, SqliteIndexWriter
-from .remote import IOStats
-from .retry import RetryPolicy
+from .index import (
+    BuildReport,
+    Component,
+    IndexReader,
+    JsonIndex,
+    JsonIndexWriter,
+    ShardInfo,
+    ShardMembers,
+    Spec,
+    SqliteIndex,
+    SqliteIndexWriter,
+    build_index,
+    convert_index,
+    create_index_writer,
+    expand_braces,
+    load_spec,
+    open_index,
+)
 from .sampler import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
 from .shardwriter import ShardWriter
-from .spec import Component, Spec, expand_braces, load_spec
+from .storage import IOStats, RetryPolicy
 from .writer import TarWriter
 
 __all__ = [

@@ -5,7 +5,7 @@ Each subcommand is an ``_add_<name>(subparsers)`` function that registers its pa
 variables only supply defaults here, and every one is named in ``--help``.
 
 Everything the command prints, and every log line (wids' and, with ``--debug``, those of
-fsspec, s3fs, gcsfs, aiohttp, botocore and urllib3), passes through :mod:`wids.redact`:
+fsspec, s3fs, gcsfs, aiohttp, botocore and urllib3), passes through :mod:`wids.storage.redact`:
 credentials never reach the terminal, and control characters from shards are escaped.
 """
 
@@ -19,7 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .redact import RedactingFilter, _secret_values, escape_controls, redact_text, redact_url
+from .storage import RedactingFilter, _secret_values, escape_controls, redact_text, redact_url
 
 __all__ = ["main"]
 
@@ -186,7 +186,7 @@ def _add_index(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_index_create(args: argparse.Namespace) -> int:
-    from .build import build_index
+    from .index import build_index
 
     report = build_index(
         args.shards,
@@ -260,7 +260,7 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
 def _cmd_index_verify(args: argparse.Namespace) -> int:
     from .errors import WidsError
     from .index import REPAIR_HINT, open_index
-    from .remote import Source, redact_url
+    from .storage import Source, redact_url
 
     options = parse_storage_options(args.storage_option)
     idx = open_index(
@@ -293,9 +293,8 @@ def _cmd_index_verify(args: argparse.Namespace) -> int:
 
 def _verify_shard(src: Any, info: Any, members: Any, *, deep: bool) -> str | None:
     """What is wrong with one shard against its index entry and member table, if anything."""
-    from .build import scan_shard
     from .errors import WidsError
-    from .index import header_mismatch_at_spot, shard_mismatch
+    from .index import header_mismatch_at_spot, scan_shard, shard_mismatch
 
     try:
         stat = src.info()
@@ -317,7 +316,7 @@ def _verify_shard(src: Any, info: Any, members: Any, *, deep: bool) -> str | Non
 
 
 def _cmd_index_convert(args: argparse.Namespace) -> int:
-    from .index_convert import convert_index
+    from .index import convert_index
 
     convert_index(
         args.source, args.dest, storage_options=parse_storage_options(args.storage_option)
@@ -482,8 +481,7 @@ def _add_cache(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:
-    from .cache import ShardCache
-    from .cachedir import MARKER, cache_state
+    from .cache import MARKER, ShardCache, cache_state
     from .errors import CacheDirError
 
     cache = ShardCache(args.cache_dir or default_cache_dir())
@@ -532,7 +530,7 @@ def _cache_ls(cache: Any, as_json: bool) -> int:
 
 
 def _cache_du(cache: Any) -> str:
-    from .cachedir import count_files
+    from .cache import count_files
 
     parts = [f"{_human(cache.total_bytes())} in {len(cache.entries())} shards"]
     for sub, what in (("scans", "member tables"), ("indexes", "index copies")):

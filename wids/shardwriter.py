@@ -168,7 +168,7 @@ class ShardWriter:
                 raise ValueError(f"{self!r} is closed")
             return self
         from .lock import remove_stale_temps, writer_lock
-        from .publish import check_output, check_writable, is_remote, local_path
+        from .storage import check_output, check_writable, is_remote, local_path
 
         check_writable(self.pattern)
         if self.index is not None:
@@ -195,8 +195,8 @@ class ShardWriter:
         return self
 
     def _resume(self) -> None:
-        from .build import scan_shard
-        from .remote import Source
+        from .index import scan_shard
+        from .storage import Source
 
         reader = self._old_index()
         known = {} if reader is None else {info.url: i for i, info in enumerate(reader.shards)}
@@ -230,7 +230,7 @@ class ShardWriter:
     def _old_index(self) -> Any:
         from .errors import WidsError
         from .index import open_index
-        from .publish import is_remote
+        from .storage import is_remote
 
         if self.index is None or (not is_remote(self.index) and not os.path.exists(self.index)):
             return None
@@ -307,7 +307,7 @@ class ShardWriter:
     def _check_new(self, url: str) -> None:
         if self.overwrite or self.resume:  # resume: what is left after the whole shards
             return
-        from .remote import Source
+        from .storage import Source
 
         try:
             Source(url, self.storage_options).info()
@@ -433,12 +433,12 @@ class _NullSink:
 
 
 def _resolved(url: str) -> str:
-    from .publish import is_remote, local_path
+    from .storage import is_remote, local_path
 
     return url if is_remote(url) else os.path.abspath(local_path(url))
 
 
 def _redact(url: str) -> str:
-    from .redact import redact_url
+    from .storage import redact_url
 
     return redact_url(url)

@@ -1,8 +1,8 @@
 """Looking at samples: a text table of keys, fields and labels, or a grid image of them.
 
 Used by ``wids show``. Samples are read raw (``transformations=[]``) through
-:class:`~wids.dataset.ShardListDataset`; only images and labels are decoded here. Pillow is
-imported only when a grid is drawn.
+:class:`~wids.dataset.listdataset.ShardListDataset`; only images and labels are decoded here.
+Pillow is imported only when a grid is drawn.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .decode import IMAGE_EXTENSIONS
-from .redact import escape_controls
+from .storage import escape_controls
 
 __all__ = ["read_samples", "render_grid", "sample_label", "samples_table"]
 

@@ -38,7 +38,7 @@ from typing import Any
 from .errors import IndexMismatchError, OutputExistsError
 from .index import ShardInfo
 from .lock import TempFile, fsync_dir
-from .redact import redact_url
+from .storage import redact_url
 
 __all__ = [
     "SubsetReport",
@@ -134,7 +134,7 @@ class _Plan:
 
 
 def _plan(out_dir: str, index: str, names: list[str], tables: list[Any]) -> _Plan:
-    from .index_json import _members_dir, _sidecar_name
+    from .index import _members_dir, _sidecar_name
 
     stem = os.path.basename(redact_url(index).split("?", 1)[0].rstrip("/")) or "index"
     stem = stem.rsplit(".", 1)[0] if "." in stem.lstrip(".") else stem
@@ -150,8 +150,8 @@ def _plan(out_dir: str, index: str, names: list[str], tables: list[Any]) -> _Pla
 
 def _check_destination(plan: _Plan, index: str, shard_urls: list[str], force: bool) -> None:
     """Refuse a destination that holds the source or, without ``force``, files of our names."""
-    from .index_json import _members_dir
-    from .remote import _local_path, is_local
+    from .index import _members_dir
+    from .storage import _local_path, is_local
 
     real = os.path.realpath
     source = {real(_local_path(u)) for u in shard_urls if is_local(u)}
@@ -258,7 +258,7 @@ class _Run:
 def _check_copy(path: str, info: ShardInfo, stat: Any, members: Any) -> None:
     """Refuse a downloaded copy whose etag, md5 or member headers differ from the index."""
     from .cache import _md5_file
-    from .remote import comparable_etag
+    from .storage import comparable_etag
     from .tar import header_mismatch
 
     name = redact_url(info.url)
@@ -294,7 +294,7 @@ def _copy(
     progress: Callable[[int], None],
 ) -> None:
     """Copy one shard to ``dest``: download to a temporary file, verify, then publish."""
-    from .remote import Source
+    from .storage import Source
 
     src = Source(info.url, storage_options)
     try:
@@ -396,7 +396,7 @@ def _write_index(
     plan: _Plan, idx: Any, chosen: list[int], names: list[str], tables: list[Any], run: _Run
 ) -> None:
     """Write the subset's index in a staging directory, then publish sidecars, then the index."""
-    from .index_json import JsonIndexWriter
+    from .index import JsonIndexWriter
 
     staging = run.staging(plan.out_dir)
     infos = idx.shards
@@ -476,8 +476,8 @@ def save_snapshot(
 
     The copy holds no secrets: its URLs (the index's and every shard's) are stored without
     ``user:password@`` and without signature or token query parameters (see
-    :func:`wids.redact.redact_url`). Offline, a shard is found in the shard cache under the
-    same credential-free URL (:func:`wids.cache.entry_key` ignores credentials).
+    :func:`wids.storage.redact.redact_url`). Offline, a shard is found in the shard cache under the
+    same credential-free URL (:func:`wids.cache.shards.entry_key` ignores credentials).
 
     Rewritten only when the remote index changed (its size/etag/mtime, one stat). Failures
     are logged, not raised: the snapshot is a convenience for later offline runs.
@@ -487,9 +487,9 @@ def save_snapshot(
     """
     import logging
 
-    from .cachedir import cache_subdir
-    from .index_json import JsonIndexWriter
-    from .remote import Source
+    from .cache import cache_subdir
+    from .index import JsonIndexWriter
+    from .storage import Source
 
     path = snapshot_path(cache_dir, url)
     try:
@@ -522,7 +522,7 @@ def save_snapshot(
 
 
 def _snapshot_ident(path: str) -> dict[str, Any] | None:
-    from .index_json import JsonIndex
+    from .index import JsonIndex
 
     try:
         report = JsonIndex(path).report
@@ -538,7 +538,7 @@ def open_snapshot(url: str, cache_dir: str | os.PathLike[str]) -> Any:
         OfflineError: There is none (the index was never opened online with this cache).
     """
     from .errors import OfflineError
-    from .index_json import JsonIndex
+    from .index import JsonIndex
 
     path = snapshot_path(cache_dir, url)
     if not os.path.exists(path):

@@ -276,7 +276,7 @@ class TarWriter:
 
     def _open_destination(self, url: str) -> IO[bytes]:
         from .lock import TempFile
-        from .publish import check_writable, is_remote, local_path
+        from .storage import check_writable, is_remote, local_path
 
         check_writable(url)
         if is_remote(url):
@@ -379,8 +379,8 @@ class TarWriter:
         self._cleanup()
 
     def _publish(self) -> Any:
-        from .publish import is_remote, local_path, put_file
-        from .remote import Source
+        from .storage import is_remote, local_path, put_file
+        from .storage import Source
 
         if self.url is None or self._tmp is None:  # an invariant, kept under python -O
             raise RuntimeError("internal error: no destination to publish")

@@ -50,7 +50,7 @@ class IndexKeeper:
     def __init__(
         self, url: str, storage_options: Mapping[str, Any] | None = None, name: str | None = None
     ) -> None:
-        from .publish import SQLITE_SUFFIXES, is_remote, local_path, output_dir
+        from .storage import SQLITE_SUFFIXES, is_remote, local_path, output_dir
 
         self.url = url
         self.storage_options = dict(storage_options or {})
@@ -76,7 +76,7 @@ class IndexKeeper:
 
     def add(self, url: str, stat: Any, members: ShardMembers, *, checkpoint: bool = True) -> None:
         """Record a published shard (``stat``: its :class:`~wids.remote.FileStat`)."""
-        from .publish import stored_url
+        from .storage import stored_url
 
         info = ShardInfo(
             url=stored_url(url, self.out_dir),
@@ -95,7 +95,7 @@ class IndexKeeper:
                 self._rebuild_sqlite(final=False)
             return
         if self._json is None:
-            from .index_json import JsonIndexWriter
+            from .index import JsonIndexWriter
 
             self._json = JsonIndexWriter(self.path, name=self.name)
         self._json.add(info, members)
@@ -114,7 +114,7 @@ class IndexKeeper:
             self._upload()
 
     def _report(self) -> dict[str, Any]:
-        from .build import BuildReport
+        from .index import BuildReport
 
         report = BuildReport(output=self.url, shards=self.shards, samples=self.samples)
         report.bytes = self.bytes
@@ -130,7 +130,7 @@ class IndexKeeper:
                 self._rebuild_sqlite(final=True)
             else:
                 if self._json is None:
-                    from .index_json import JsonIndexWriter
+                    from .index import JsonIndexWriter
 
                     self._json = JsonIndexWriter(self.path, name=self.name)
                 self._json.set_report(self._report())
@@ -153,8 +153,8 @@ class IndexKeeper:
 
     def _rebuild_sqlite(self, *, final: bool) -> None:
         """Write a new SQLite file: the last checkpoint's shards, then the pending ones."""
-        from .index_convert import create_index_writer
-        from .index_sqlite import SqliteIndex
+        from .index import create_index_writer
+        from .index import SqliteIndex
 
         old = SqliteIndex(self.path, base=self.out_dir) if self._checkpoint_size else None
         writer = create_index_writer(self.path, name=self.name)
@@ -183,10 +183,10 @@ class IndexKeeper:
         """Upload a remote index's new sidecars, then its description."""
         if not self.remote:
             return
-        from .publish import put_file
+        from .storage import put_file
 
         if not self.sqlite:
-            from .index_json import _members_dir
+            from .index import _members_dir
 
             local_dir = _members_dir(self.path)
             remote_dir = _members_dir(self.url)
@@ -203,6 +203,6 @@ def _stored_copy(info: ShardInfo, out_dir: str) -> ShardInfo:
     """``info`` read back from the index, its resolved URL stored again as the writer had it."""
     from dataclasses import replace
 
-    from .publish import stored_url
+    from .storage import stored_url
 
     return replace(info, url=stored_url(info.url, out_dir))

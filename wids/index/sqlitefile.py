@@ -40,9 +40,9 @@ from urllib.parse import quote
 
 import numpy as np
 
-from .errors import IndexFormatError, UntrustedLocationError
-from .index import ShardInfo, ShardMembers
-from .redact import redact_url
+from ..errors import IndexFormatError, UntrustedLocationError
+from ..storage import redact_url
+from .model import ShardInfo, ShardMembers
 from .spec import (
     MAX_SHARD_SIZE,
     Component,
@@ -94,9 +94,10 @@ class SqliteIndex:
         url: Path or URL of the index file.
         storage_options: fsspec options for a remote index.
         base: Overrides the directory relative shard URLs resolve against.
-        url_map: Prefix rewrites of shard URLs, for mirrors (see :func:`wids.spec.check_url_map`).
+        url_map: Prefix rewrites of shard URLs, for mirrors (see
+            :func:`wids.index.spec.check_url_map`).
         allow_local_shards: Let an index read from a remote location name local files (refused
-            by default; see :func:`wids.spec.check_remote_ref`).
+            by default; see :func:`wids.index.spec.check_remote_ref`).
 
     Raises:
         IndexFormatError: (on first use) Not an SQLite index of a known format and version.
@@ -146,7 +147,7 @@ class SqliteIndex:
             return os.path.abspath(os.path.expanduser(url.removeprefix("file://")))
         if self._local is not None and os.path.exists(self._local):
             return self._local
-        from .remote import Source
+        from ..storage import Source
 
         src = Source(url, self.storage_options)
         tmpdir = tempfile.mkdtemp(prefix="wids-index-")
@@ -163,7 +164,7 @@ class SqliteIndex:
             if self._conn is None or self._pid != os.getpid():
                 path = self._local_path()
                 if not os.path.exists(path):
-                    from .errors import ShardNotFoundError
+                    from ..errors import ShardNotFoundError
 
                     raise ShardNotFoundError("no such index file", shard=redact_url(self.url))
                 uri = f"file:{quote(path)}?mode=ro&immutable=1"
@@ -463,7 +464,7 @@ class SqliteIndexWriter:
             return self._db.conn
         import sqlite_utils
 
-        from .lock import TempFile
+        from ..lock import TempFile
 
         self._tmp = TempFile(os.path.dirname(self.path), os.path.basename(self.path))
         conn = sqlite3.connect(self._tmp.path, isolation_level=None)

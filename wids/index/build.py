@@ -23,8 +23,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import IndexFormatError, ShardNotFoundError, WidsError
-from .index import (
+from ..errors import IndexFormatError, ShardNotFoundError, WidsError
+from ..samples import DuplicatePolicy, group_members, group_regular
+from ..storage import FileStat, IOStats, Source, redact_url
+from ..tar import iter_members_stream, scan_local_rows
+from .model import (
     IndexReader,
     ShardInfo,
     ShardMembers,
@@ -32,9 +35,6 @@ from .index import (
     open_index,
     shard_mismatch,
 )
-from .remote import FileStat, IOStats, Source, redact_url
-from .samples import DuplicatePolicy, group_members, group_regular
-from .tar import iter_members_stream, scan_local_rows
 
 __all__ = [
     "BuildReport",
@@ -164,7 +164,7 @@ def _unchanged(old: ShardInfo, members: ShardMembers, stat: FileStat, src: Sourc
 
 
 def _open_existing(output: str, storage_options: Mapping[str, Any] | None) -> IndexReader | None:
-    from .publish import is_remote
+    from ..storage import is_remote
 
     if not is_remote(output) and not os.path.exists(output):
         return None
@@ -227,7 +227,7 @@ def build_index(
     Example:
         >>> build_index("data/train-{000000..000031}.tar", "data/train.json")  # doctest: +SKIP
     """
-    from .publish import check_output, index_destination
+    from ..storage import check_output, index_destination
 
     t0 = time.monotonic()
     urls = expand_shard_args([shards] if isinstance(shards, str) else shards)
@@ -264,7 +264,7 @@ def _build_locked(
     name: str | None,
     progress: bool | Callable[[int, int], None],
 ) -> BuildReport:
-    from .publish import output_dir
+    from ..storage import output_dir
 
     out_dir = output_dir(dest)  # ``output`` is where the writer writes, ``dest`` where it goes
     report = BuildReport(output=dest)
@@ -349,8 +349,8 @@ def _write(
     name: str | None,
     report: BuildReport,
 ) -> None:
-    from .index_convert import create_index_writer
-    from .publish import stored_url
+    from ..storage import stored_url
+    from .convert import create_index_writer
 
     writer = create_index_writer(output, name=name)
     try:
@@ -438,11 +438,11 @@ def scan_cached(
 
     Raises:
         IndexMismatchError: The shard's size differs from ``expected``.
-        CacheDirError: ``cache_dir`` is not one wids may use (see :mod:`wids.cachedir`).
+        CacheDirError: ``cache_dir`` is not one wids may use (see :mod:`wids.cache.layout`).
     """
-    from .cachedir import cache_subdir
-    from .errors import IndexMismatchError
-    from .lock import FileLock, atomic_write_bytes
+    from ..cache import cache_subdir
+    from ..errors import IndexMismatchError
+    from ..lock import FileLock, atomic_write_bytes
 
     cache_subdir(cache_dir, "scans")  # a marked cache directory, no links inside
     path = _scan_path(cache_dir, source.url)

@@ -8,11 +8,11 @@ API (what ``ShardListDataset`` and the ``wids cache`` command use)::
     cache.open_with(url, download, size=..., etag=..., md5sum=...)  # core: download(dest) -> any
     cache.open_cached(url, ...) -> CachedShard | None             # only if cached now
     cache.prefetch(source, ...) -> Future                         # background fetch
-    Promoter(cache, share).requested(source, nbytes, ...); .open_if_ready(url)  # wids.promote
+    Promoter(cache, share).requested(source, nbytes, ...); .open_if_ready(url)  # wids.cache.promote
     cache.contains(url); cache.entries(); cache.total_bytes()
     cache.evict_to(max_bytes); cache.clean(older_than=None, max_bytes=None); cache.remove(url)
 
-Layout of ``cache_dir`` (created and marked on first use, see :mod:`wids.cachedir`)::
+Layout of ``cache_dir`` (created and marked on first use, see :mod:`wids.cache.layout`)::
 
     wids-cache.json                  the mark: this directory is a wids cache, layout version 1
     CACHEDIR.TAG                     backup tools skip the directory
@@ -22,7 +22,7 @@ Layout of ``cache_dir`` (created and marked on first use, see :mod:`wids.cachedi
     tmp/.<key>.<random>.tmp          downloads in progress (or left by a killed process)
     .evict.lock                      serialises eviction
     indexes/<key>.json               offline copies of remote indexes (``wids.subset``)
-    scans/                           member tables of scanned shards (``wids.build``)
+    scans/                           member tables of scanned shards (``wids.index.build``)
 
 ``<key>`` is 24 hex digits of the SHA-256 of the full URL plus the URL's basename reduced to
 ``[A-Za-z0-9._-]``: two ``train-000000.tar`` from different buckets never alias, and no URL
@@ -30,7 +30,7 @@ can name a path outside ``cache_dir``. The record also keeps the full hash, so t
 never decides identity.
 
 Ownership: wids refuses a non-empty directory it did not mark and layout subdirectories that
-are symbolic links (:mod:`wids.cachedir`). Clean and eviction delete only entries that have a
+are symbolic links (:mod:`wids.cache.layout`). Clean and eviction delete only entries that have a
 record in ``meta/``, and a download's record is written before its data is published, so every
 data file wids makes is recorded; files of anyone else in ``data/`` are neither counted against
 the budget nor deleted, and only temporary files of wids' own naming are removed.
@@ -67,8 +67,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import cachedir
-from .errors import (
+from ..errors import (
     CacheBudgetError,
     CacheError,
     IndexMismatchError,
@@ -76,13 +75,13 @@ from .errors import (
     OfflineError,
     ShardNotFoundError,
 )
-from .lock import FileLock, TempFile, atomic_write
+from ..lock import FileLock, TempFile, atomic_write
+from ..storage import comparable_etag, redact_url
+from . import layout as cachedir
 from .promote import Promoter
-from .redact import redact_url
-from .remote import comparable_etag
 
 if TYPE_CHECKING:
-    from .remote import IOStats, Source
+    from ..storage import IOStats, Source
 
 __all__ = ["CacheEntry", "CachedShard", "Promoter", "ShardCache", "entry_key"]
 
@@ -224,7 +223,7 @@ class ShardCache:
 
     Args:
         cache_dir: The cache directory, created and marked on first use; an existing one
-            must be empty or a wids cache (see :mod:`wids.cachedir`). Give every user their
+            must be empty or a wids cache (see :mod:`wids.cache.layout`). Give every user their
             own; a world-writable shared root is not safe.
         max_bytes: Byte budget; least-recently-used entries not open anywhere are evicted to
             keep within it. ``None``: no budget.
@@ -291,7 +290,7 @@ class ShardCache:
         closing their shards (killed, ``os._exit``) may have left the cache over budget.
 
         Raises:
-            CacheDirError: The directory is not one wids may use (see :mod:`wids.cachedir`).
+            CacheDirError: The directory is not one wids may use (see :mod:`wids.cache.layout`).
         """
         if self._ready:
             return True
@@ -329,7 +328,8 @@ class ShardCache:
             md5sum: Expected hex MD5, verified after download.
             stats: I/O counters for the download.
             verify: Called with the downloaded file's path before it is published; raises if
-                the copy is wrong (e.g. ``wids.access.download_check``: member headers), and
+                the copy is wrong (e.g. ``wids.dataset.readers.download_check``: member
+                headers), and
                 then nothing is cached.
 
         Returns:
@@ -713,7 +713,7 @@ class ShardCache:
             The keys removed.
 
         Raises:
-            CacheDirError: The directory is not one wids may use (see :mod:`wids.cachedir`).
+            CacheDirError: The directory is not one wids may use (see :mod:`wids.cache.layout`).
         """
         if not self._prepare(create=False):
             return []
@@ -770,7 +770,7 @@ class ShardCache:
             The keys of the entries removed.
 
         Raises:
-            CacheDirError: The directory is not one wids may use (see :mod:`wids.cachedir`).
+            CacheDirError: The directory is not one wids may use (see :mod:`wids.cache.layout`).
         """
         if not self._prepare(create=False):
             return []

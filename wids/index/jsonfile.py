@@ -39,8 +39,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import IndexFormatError, UntrustedLocationError
-from .index import REPAIR_HINT, ShardInfo, ShardMembers
+from ..errors import IndexFormatError, UntrustedLocationError
+from .model import REPAIR_HINT, ShardInfo, ShardMembers
 from .spec import (
     KIND,
     Component,
@@ -89,13 +89,14 @@ class JsonIndex:
     tables are read one shard at a time by :meth:`members`.
 
     Args:
-        url: Path or URL of the JSON file; anything :func:`wids.spec.load_spec` accepts (an
+        url: Path or URL of the JSON file; anything :func:`wids.index.spec.load_spec` accepts (an
             open stream, a list of shard dicts) works too.
         storage_options: fsspec options for remote files.
         base: Overrides the directory relative shard URLs resolve against.
-        url_map: Prefix rewrites of shard URLs, for mirrors (see :func:`wids.spec.check_url_map`).
+        url_map: Prefix rewrites of shard URLs, for mirrors (see
+            :func:`wids.index.spec.check_url_map`).
         allow_local_shards: Let an index read from a remote location name local files (refused
-            by default; see :func:`wids.spec.check_remote_ref`).
+            by default; see :func:`wids.index.spec.check_remote_ref`).
 
     Raises:
         IndexFormatError: (on first use) The file is malformed or of an unknown version.
@@ -144,7 +145,7 @@ class JsonIndex:
         return self._spec
 
     def _where(self) -> str:
-        from .remote import redact_url
+        from ..storage import redact_url
 
         return redact_url(self.url) if isinstance(self.url, str) else "<json>"
 
@@ -207,7 +208,7 @@ class JsonIndex:
             )
         origin = spec.origins[shard]
         url = resolve_url(pointer, url_dir(origin) if origin else self.base)
-        from .remote import redact_url
+        from ..storage import redact_url
 
         refused = check_remote_ref(url, origin, self.allow_local_shards)
         if refused:
@@ -370,7 +371,7 @@ class JsonIndexWriter:
         self._current.append(entry)
 
     def _write_sidecar(self, info: ShardInfo, members: ShardMembers) -> str:
-        from .lock import atomic_write_bytes
+        from ..lock import atomic_write_bytes
 
         name = _sidecar_name(info.url)
         doc: dict[str, Any] = {
@@ -412,7 +413,7 @@ class JsonIndexWriter:
         """Publish the description atomically and remove sidecars no longer referenced."""
         if self._closed:
             return
-        from .lock import atomic_write
+        from ..lock import atomic_write
 
         self._closed = True
         with atomic_write(self.path, "w", encoding="ascii") as f:

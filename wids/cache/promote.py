@@ -1,7 +1,7 @@
 """Promotion for ``access="auto"``: fetch a remote shard whole once enough of it is read.
 
 :class:`Promoter` counts the bytes a dataset requests by range from each remote shard and,
-past a share of the shard's size, has the local shard cache (:mod:`wids.cache`) fetch the
+past a share of the shard's size, has the local shard cache (:mod:`wids.cache.shards`) fetch the
 whole shard in the background; later reads then come from the cached copy.
 """
 
@@ -14,11 +14,11 @@ from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
 from typing import TYPE_CHECKING
 
-from .redact import redact_url
+from ..storage import redact_url
 
 if TYPE_CHECKING:
-    from .cache import CachedShard, ShardCache
-    from .remote import IOStats, Source
+    from ..storage import IOStats, Source
+    from .shards import CachedShard, ShardCache
 
 __all__ = ["Promoter"]
 

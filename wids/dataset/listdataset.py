@@ -7,7 +7,8 @@ and is read with one range request, then sliced into its fields. A batch
 once. Readers are opened lazily in each process and never pickled.
 
 What the dataset reads (the ``shards`` argument resolved to shards, member tables and
-components) is :mod:`wids.sources`; how it reads a shard's bytes is :mod:`wids.access`.
+components) is :mod:`wids.dataset.catalog`; how it reads a shard's bytes is
+:mod:`wids.dataset.readers`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from .access import (
+from ..decode import Decoder, interpret_transformations
+from ..index import ShardInfo, ShardMembers, check_url_map
+from ..samples import DUPLICATE_POLICIES, DuplicatePolicy
+from ..storage import IOStats, RetryPolicy
+from .catalog import DatasetComponent, MemberTable, ShardSources, display_url
+from .readers import (
     HEADER,
     CachedReader,
     LocalReader,
@@ -35,12 +41,6 @@ from .access import (
     header_check,
     plan_batch,
 )
-from .decode import Decoder, interpret_transformations
-from .index import ShardInfo, ShardMembers
-from .remote import IOStats, RetryPolicy
-from .samples import DUPLICATE_POLICIES, DuplicatePolicy
-from .sources import DatasetComponent, MemberTable, ShardSources, display_url
-from .spec import check_url_map
 
 __all__ = ["DatasetComponent", "DatasetStats", "ShardListDataset"]
 
@@ -317,7 +317,7 @@ class ShardListDataset(ShardSources):
     def _cache(self) -> Any:
         """This process's ``ShardCache`` (``cache_dir`` is set)."""
         if self._shard_cache is None:
-            from .cache import ShardCache
+            from ..cache import ShardCache
 
             if self.cache_dir is None:  # callers check; a bug if reached
                 raise RuntimeError("the shard cache needs cache_dir")
@@ -352,7 +352,7 @@ class ShardListDataset(ShardSources):
         if reader.source is None or reader.source.is_local:
             return
         if self._promoter is None:
-            from .cache import Promoter
+            from ..cache import Promoter
 
             self._promoter = Promoter(self._cache(), self.promote_share)
         info = self._load().infos[shard]

@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
 
-from .errors import IndexFormatError, UntrustedLocationError
-from .index import ShardInfo
-from .redact import redact_url
+from ..errors import IndexFormatError, UntrustedLocationError
+from ..storage import redact_url
+from .model import ShardInfo
 
 __all__ = [
     "KIND",
@@ -353,7 +353,7 @@ def expand_braces(pattern: str) -> list[str]:
 
 def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
     """Read a whole (small) file from a path or any fsspec URL."""
-    from .remote import Source
+    from ..storage import Source
 
     src = Source(url, storage_options)
     try:

@@ -1,7 +1,7 @@
 """The cache directory itself: its mark, its layout, and the checks made before writing to it.
 
-Three writers share one cache directory: the shard cache (:mod:`wids.cache`: ``data/``,
-``meta/``, ``locks/``, ``tmp/``), the scan-once member tables (``wids.build.scan_cached``:
+Three writers share one cache directory: the shard cache (:mod:`wids.cache.shards`: ``data/``,
+``meta/``, ``locks/``, ``tmp/``), the scan-once member tables (``wids.index.build.scan_cached``:
 ``scans/``) and offline index snapshots (``wids.subset.save_snapshot``: ``indexes/``). Each
 goes through :func:`open_cache_dir` (or :func:`cache_subdir`) first, which enforces:
 
@@ -31,8 +31,8 @@ import stat
 import time
 from typing import Literal
 
-from .errors import CacheDirError
-from .lock import atomic_write
+from ..errors import CacheDirError
+from ..lock import atomic_write
 
 __all__ = [
     "LAYOUT_VERSION",

@@ -7,10 +7,10 @@ cumulative lengths and :class:`DatasetComponent` ranges; finds each shard's memb
 index, or by scanning the shard, kept in ``cache_dir`` when given); keeps a remote index's shard
 list in ``cache_dir`` for ``offline`` use; and checks a shard against the index on first touch.
 
-:class:`ShardSources` is a mixin of :class:`~wids.dataset.ShardListDataset`: its state lives in
-the dataset's ``__dict__`` (assigned by the dataset's constructor and per-process reset, pickled
-by its ``__getstate__``) and is declared here. :class:`MemberTable` is one open shard's member
-table as Python lists, for the hot path.
+:class:`ShardSources` is a mixin of :class:`~wids.dataset.listdataset.ShardListDataset`: its
+state lives in the dataset's ``__dict__`` (assigned by the dataset's constructor and
+per-process reset, pickled by its ``__getstate__``) and is declared here.
+:class:`MemberTable` is one open shard's member table as Python lists, for the hot path.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import IndexFormatError, IndexMismatchError, OfflineError
-from .index import (
+from ..errors import IndexFormatError, IndexMismatchError, OfflineError
+from ..index import (
     REPAIR_HINT,
     ShardInfo,
     ShardMembers,
@@ -34,8 +34,8 @@ from .index import (
     shard_mismatch,
     with_repair_hint,
 )
-from .remote import IOStats, RetryPolicy, Source, is_local, redact_url
-from .samples import DuplicatePolicy
+from ..samples import DuplicatePolicy
+from ..storage import IOStats, RetryPolicy, Source, is_local, redact_url
 
 __all__ = ["DatasetComponent", "MemberTable", "ShardSources", "display_url"]
 
@@ -205,7 +205,7 @@ class ShardSources:
             name = self.dataset_name or reader.name or ""
             loaded = _Loaded(shards, components, name, reader.members)
         else:
-            from .spec import load_spec
+            from ..index import load_spec
 
             spec = load_spec(
                 src, storage_options=self.storage_options, base=self.base, url_map=self.url_map
@@ -218,11 +218,11 @@ class ShardSources:
 
     def _open_index(self, url: str) -> Any:
         """Open the index; with ``cache_dir``, a remote index's shard list is kept for offline."""
-        from .index import open_index
+        from ..index import open_index
 
         remote = self.cache_dir is not None and not is_local(url)
         if self.offline and remote:
-            from .subset import open_snapshot
+            from ..subset import open_snapshot
 
             return open_snapshot(url, self.cache_dir)  # type: ignore[arg-type]
         self._check_offline(url)
@@ -231,23 +231,23 @@ class ShardSources:
             kwargs["base"] = self.base
         reader = open_index(url, self.storage_options, url_map=dict(self.url_map), **kwargs)
         if remote:
-            from .subset import save_snapshot
+            from ..subset import save_snapshot
 
             save_snapshot(reader, url, self.cache_dir, self.storage_options)  # type: ignore[arg-type]
         return reader
 
     def _load_pattern(self, src: Any) -> _Loaded:
-        from .spec import Component, expand_braces
+        from ..index import Component, expand_braces
 
         urls: list[str] = []
         for s in [src] if isinstance(src, (str, os.PathLike)) else src:
             urls += expand_braces(os.fspath(s))
         if self.base is not None:
-            from .spec import resolve_url
+            from ..index import resolve_url
 
             urls = [resolve_url(u, self.base) for u in urls]
         if self.url_map:
-            from .spec import map_url
+            from ..index import map_url
 
             urls = [map_url(u, self.url_map) for u in urls]
         if not urls:
@@ -263,7 +263,7 @@ class ShardSources:
     # -- members ------------------------------------------------------------------------------
 
     def _scan(self, source: Source, expected: ShardInfo | None = None) -> ShardMembers:
-        from .build import scan_cached, scan_shard
+        from ..index import scan_cached, scan_shard
 
         if self.offline and self.cache_dir is not None and not source.is_local:
             # Offline (index snapshot without member tables): scan the cached copy.

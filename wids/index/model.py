@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from .errors import IndexFormatError, UntrustedLocationError
+from ..errors import IndexFormatError, UntrustedLocationError
 
 if TYPE_CHECKING:
     from .spec import Component
@@ -343,7 +343,7 @@ def shard_mismatch(
     A shard's fingerprint is its size plus the storage's etag when both the index and the store
     have one, else, when the store gives no etag, its modification time (local files; HTTP
     servers that send no ETag). Etags are compared through
-    :func:`wids.remote.comparable_etag`. A store that gives an etag where the index recorded
+    :func:`wids.storage.source.comparable_etag`. A store that gives an etag where the index recorded
     none holds a copy made elsewhere (a local dataset uploaded to S3): its modification time is
     the upload's, so only the size is compared here (and the member header, see
     :func:`header_mismatch_at_spot`). Every check of a shard against an index (the dataset's
@@ -352,8 +352,8 @@ def shard_mismatch(
 
     Args:
         info: What the index records.
-        stat: What the storage says now (a :class:`~wids.remote.FileStat`: ``size``, ``etag``,
-            ``mtime``).
+        stat: What the storage says now (a :class:`~wids.storage.source.FileStat`: ``size``,
+            ``etag``, ``mtime``).
         data_end: End of the shard's last member's data, when a member table is at hand: the
             file must be at least this long.
         strict: Require a positive identification (a size and an etag or mtime to compare), as
@@ -368,7 +368,7 @@ def shard_mismatch(
     if data_end is not None and data_end > stat.size:
         return f"it is {stat.size} bytes but the index has members up to byte {data_end}"
     if info.etag is not None and stat.etag is not None:
-        from .remote import comparable_etag
+        from ..storage import comparable_etag
 
         if comparable_etag(stat.etag) != comparable_etag(info.etag):
             return f"its etag is {stat.etag!r} where the index says {info.etag!r}"
@@ -414,7 +414,7 @@ def header_mismatch_at_spot(members: ShardMembers, read: Callable[[int, int], by
     spot = spot_member(members)
     if spot is None:
         return None
-    from .tar import BLOCK, header_mismatch
+    from ..tar import BLOCK, header_mismatch
 
     name, offset, size = spot
     if offset < BLOCK:
@@ -464,7 +464,7 @@ def open_index(
         storage_options: fsspec options for remote URLs.
         url_map: Read shards from a mirror: ``{"https://old/": "s3://new/"}`` replaces the
             longest matching prefix of each resolved shard URL (see
-            :func:`wids.spec.check_url_map`). A mapped shard is checked by size and member
+            :func:`wids.index.spec.check_url_map`). A mapped shard is checked by size and member
             headers; the etag and mtime recorded at the old location are not compared.
         **kwargs: Passed to the backend (``base``, ``allow_local_shards``: let an index read
             from a remote location name local files, refused by default).
@@ -479,8 +479,8 @@ def open_index(
         from .spec import check_url_map
 
         kwargs["url_map"] = check_url_map(url_map)  # before any I/O
-    from .errors import ShortReadError
-    from .remote import Source
+    from ..errors import ShortReadError
+    from ..storage import Source
 
     src = Source(url, storage_options)
     try:
@@ -490,9 +490,9 @@ def open_index(
     finally:
         src.close()
     if head == b"SQLite format 3\x00":
-        from .index_sqlite import SqliteIndex
+        from .sqlitefile import SqliteIndex
 
         return SqliteIndex(url, storage_options, **kwargs)
-    from .index_json import JsonIndex
+    from .jsonfile import JsonIndex
 
     return JsonIndex(url, storage_options, **kwargs)

@@ -1,6 +1,6 @@
 """Where an index is written: checks on the output, and publishing to any writable fsspec URL.
 
-Index writers (:mod:`wids.index_json`, :mod:`wids.index_sqlite`) write local files. For an
+Index writers (:mod:`wids.index.jsonfile`, :mod:`wids.index.sqlitefile`) write local files. For an
 output such as ``s3://bucket/train.json``, :func:`index_destination` hands the writer a path in
 a temporary directory and, once the writer has closed, uploads the result:
 
@@ -16,7 +16,7 @@ equal to one of the shards, or an existing file that is not an index is refused 
 line, so nothing a user made is ever overwritten. Local outputs are guarded by
 :func:`wids.lock.writer_lock`, which leaves no lock file behind.
 
-This is the write side of :mod:`wids.remote` (which only reads); fsspec is imported lazily.
+This is the write side of :mod:`wids.storage.source` (which only reads); fsspec is imported lazily.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from .errors import DestinationError, OutputExistsError, ShardNotFoundError
+from ..errors import DestinationError, OutputExistsError, ShardNotFoundError
 from .redact import redact_url
 
 __all__ = [
@@ -168,7 +168,7 @@ def _looks_like_index(head: bytes, sqlite: bool) -> bool:
 
 
 def _check_existing(output: str, storage_options: Mapping[str, Any] | None) -> None:
-    from .remote import Source
+    from .source import Source
 
     where = redact_url(output)
     if not is_remote(output) and os.path.isdir(local_path(output)):
@@ -238,7 +238,7 @@ def index_destination(
     Raises:
         LockTimeoutError: Another writer of the same local index is running.
     """
-    from .lock import writer_lock
+    from ..lock import writer_lock
 
     if not is_remote(output):
         with writer_lock(local_path(output), timeout=0):
@@ -253,7 +253,7 @@ def index_destination(
 def _publish(local: str, url: str, storage_options: Mapping[str, Any] | None) -> None:
     import fsspec
 
-    from .index_json import _SIDECAR_NAME, _members_dir
+    from ..index import _SIDECAR_NAME, _members_dir
 
     fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)

@@ -1,8 +1,8 @@
 """How the dataset reads sample bytes from one shard, and how a batch becomes few requests.
 
 A :class:`ShardReader` reads byte spans of one shard. :class:`RangeReader` sends one range
-request per span through :mod:`wids.remote` (``os.pread`` for local files);
-:class:`CachedReader` reads a shard the local cache (:mod:`wids.cache`) holds. The dataset
+request per span through :mod:`wids.storage.source` (``os.pread`` for local files);
+:class:`CachedReader` reads a shard the local cache (:mod:`wids.cache.shards`) holds. The dataset
 keeps at most ``lru_size`` readers open per process and does not care which kind it holds.
 
 :func:`plan_batch` turns the spans of a batch into requests: spans of the same shard that are
@@ -24,13 +24,12 @@ import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .errors import CorruptReadError
-from .redact import redact_url
-from .remote import Check, IOStats, Source, read_ranges
-from .tar import header_mismatch
+from ..errors import CorruptReadError
+from ..storage import Check, IOStats, Source, read_ranges, redact_url
+from ..tar import header_mismatch
 
 if TYPE_CHECKING:
-    from .index import ShardMembers
+    from ..index import ShardMembers
 
 __all__ = [
     "Block",
@@ -55,8 +54,9 @@ class ShardReader:
     """Reads byte spans of one shard.
 
     Attributes:
-        source: A :class:`~wids.remote.Source` that :func:`~wids.remote.read_ranges` can read
-            concurrently with other shards' spans, or ``None`` if only :meth:`read_span` works.
+        source: A :class:`~wids.storage.source.Source` that
+            :func:`~wids.storage.source.read_ranges` can read concurrently with other shards'
+            spans, or ``None`` if only :meth:`read_span` works.
         cached: Whether reads are served from the local shard cache (counted as cache hits).
         verifies: Whether callers should verify each read (:func:`header_check`): the bytes
             come over a network, where a server, proxy or cache layer may send wrong ones.
@@ -71,7 +71,7 @@ class ShardReader:
     ) -> bytes:
         """Return exactly the bytes ``[start, end)`` of the shard.
 
-        ``check`` (see :meth:`wids.remote.Source.read_range`) is applied by readers that
+        ``check`` (see :meth:`wids.storage.source.Source.read_range`) is applied by readers that
         ``verify``; others may ignore it.
         """
         raise NotImplementedError
@@ -163,7 +163,7 @@ class CachedReader(ShardReader):
     """Reads a shard held open by the local shard cache (a ``CachedShard``).
 
     Args:
-        shard: An open ``wids.cache.CachedShard`` (anything with ``read_range(start, end)``
+        shard: An open ``wids.cache.shards.CachedShard`` (anything with ``read_range(start, end)``
             and ``close()``); closing the reader closes it, which makes the entry evictable.
     """
 

@@ -16,7 +16,7 @@ is not a failure to retry: it propagates unchanged.
 
 Exceptions that are none of these (programming errors) propagate unchanged. Backend
 exceptions are recognised by class name and attributes (HTTP status, errno), so no storage
-backend, and not fsspec, is imported here; the I/O itself lives in :mod:`wids.remote`.
+backend, and not fsspec, is imported here; the I/O itself lives in :mod:`wids.storage.source`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from .errors import (
+from ..errors import (
     CorruptReadError,
     PermanentRemoteError,
     RemoteError,
@@ -42,7 +42,7 @@ from .errors import (
 from .redact import _scrub, redact_url
 
 if TYPE_CHECKING:
-    from .remote import IOStats, Source
+    from .source import IOStats, Source
 
 __all__ = ["RetryPolicy"]
 

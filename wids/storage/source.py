@@ -4,9 +4,10 @@ A :class:`Source` is one file reachable through fsspec (or a plain local path). 
 ``(url, storage_options, retry)``; its filesystem (or, for local files, a file descriptor read
 with ``os.pread``) is opened lazily in each process and dropped when pickled.
 
-Every remote request runs under a :class:`~wids.retry.RetryPolicy`: failures are sorted into
-*not found*, *permanent* and *transient* (retried with backoff) as :mod:`wids.retry` describes;
-the asynchronous retry loop, which drives fsspec's event loop, is here.
+Every remote request runs under a :class:`~wids.storage.retry.RetryPolicy`: failures are sorted
+into *not found*, *permanent* and *transient* (retried with backoff) as
+:mod:`wids.storage.retry` describes; the asynchronous retry loop, which drives fsspec's event
+loop, is here.
 
 Range reads are checked end to end where the transport lets us: over HTTP and S3 each answer's
 ``Content-Range`` must be the range asked for (and its total the shard's known size), and a
@@ -19,8 +20,8 @@ with another etag is refused, so a file replaced while it is read raises
 (GCS, chained URLs) are read with fsspec's ``_cat_file``, which exposes neither.
 
 Exceptions that are none of these (programming errors) propagate unchanged. Error messages
-never contain credentials: URLs are passed through :func:`~wids.redact.redact_url` and secret
-values of the storage options are masked; the backend's exception is described, not chained.
+never contain credentials: URLs are passed through :func:`~wids.storage.redact.redact_url` and
+secret values of the storage options are masked; the backend's exception is described, not chained.
 :class:`RetryPolicy` and :func:`redact_url` are re-exported from here.
 """
 
@@ -42,7 +43,7 @@ from typing import Any, BinaryIO, TypeVar
 import fsspec
 import fsspec.asyn
 
-from .errors import (
+from ..errors import (
     CorruptReadError,
     IndexMismatchError,
     PermanentRemoteError,

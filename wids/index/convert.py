@@ -7,11 +7,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from .errors import IndexFormatError
-from .index import open_index
-from .index_json import JsonIndexWriter
-from .index_sqlite import SqliteIndexWriter
-from .publish import SQLITE_SUFFIXES, check_output, index_destination, output_dir, stored_url
+from ..errors import IndexFormatError
+from ..storage import SQLITE_SUFFIXES, check_output, index_destination, output_dir, stored_url
+from .jsonfile import JsonIndexWriter
+from .model import open_index
+from .sqlitefile import SqliteIndexWriter
 
 __all__ = ["SQLITE_SUFFIXES", "convert_index", "create_index_writer"]
 
@@ -49,7 +49,7 @@ def convert_index(
     Args:
         src: Path or URL of the source index (backend detected from its content).
         dst: The index to write, a local path or any writable fsspec URL (uploaded as
-            :mod:`wids.publish` describes); its ending selects the backend.
+            :mod:`wids.storage.publish` describes); its ending selects the backend.
         storage_options: fsspec options for a remote ``src`` or ``dst``.
 
     Raises:

@@ -1,0 +1,32 @@
+"""The local cache directory: its layout and marking, shard entries, promotion.
+
+Other parts import from this package, not its modules.
+"""
+
+from __future__ import annotations
+
+from .layout import (
+    MARKER,
+    cache_state,
+    cache_subdir,
+    count_files,
+)
+from .promote import (
+    Promoter,
+)
+from .shards import (
+    ShardCache,
+    _md5_file,
+    entry_key,
+)
+
+__all__ = [
+    "MARKER",
+    "Promoter",
+    "ShardCache",
+    "_md5_file",
+    "cache_state",
+    "cache_subdir",
+    "count_files",
+    "entry_key",
+]
