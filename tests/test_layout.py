@@ -46,6 +46,7 @@ OVERSIZE: set[str] = {
     "wids.index.sqlitefile",
     "wids.lock",
     "wids.sampler",
+    "wids.shardwriter",
     "wids.storage.source",
     "wids.subset",
     "wids.tar",

@@ -16,10 +16,10 @@ import pytest
 from tar_oracle import tar_samples
 
 from wids import ShardListDataset, build_index, open_index
-from wids.build import scan_shard
 from wids.errors import OutputExistsError, SampleLayoutError
-from wids.remote import Source
+from wids.index import scan_shard
 from wids.shardwriter import ShardWriter, default_index
+from wids.storage import Source
 from wids.tar import scan_local_rows
 
 REPO = Path(__file__).resolve().parents[1]

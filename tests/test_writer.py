@@ -14,9 +14,9 @@ import pytest
 from tar_oracle import tar_samples
 from tarfixtures import require_gnu_tar, tarfile_members
 
-from wids.build import scan_shard
 from wids.errors import EncodeError, SampleLayoutError
-from wids.remote import Source
+from wids.index import scan_shard
+from wids.storage import Source
 from wids.tar import scan_local_rows
 from wids.writer import DEFAULT_MTIME, TarWriter, _HeaderMaker
 

@@ -379,8 +379,7 @@ class TarWriter:
         self._cleanup()
 
     def _publish(self) -> Any:
-        from .storage import is_remote, local_path, put_file
-        from .storage import Source
+        from .storage import Source, is_remote, local_path, put_file
 
         if self.url is None or self._tmp is None:  # an invariant, kept under python -O
             raise RuntimeError("internal error: no destination to publish")

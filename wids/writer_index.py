@@ -3,7 +3,7 @@
 Shards are added in shard order once they are published, with the member table the writer
 recorded and the fingerprint a later stat gives (size plus mtime locally, size plus etag from
 the store after an upload). The result is what ``wids index create`` writes for the same
-shards: the same writer classes (through :func:`~wids.index_convert.create_index_writer`),
+shards: the same writer classes (through :func:`~wids.index.convert.create_index_writer`),
 the same stored URLs (relative to the index's directory), the same report.
 
 Checkpoints, so a killed writer leaves an index of whole shards:
@@ -75,7 +75,7 @@ class IndexKeeper:
         self._closed = False
 
     def add(self, url: str, stat: Any, members: ShardMembers, *, checkpoint: bool = True) -> None:
-        """Record a published shard (``stat``: its :class:`~wids.remote.FileStat`)."""
+        """Record a published shard (``stat``: its :class:`~wids.storage.source.FileStat`)."""
         from .storage import stored_url
 
         info = ShardInfo(
@@ -153,8 +153,7 @@ class IndexKeeper:
 
     def _rebuild_sqlite(self, *, final: bool) -> None:
         """Write a new SQLite file: the last checkpoint's shards, then the pending ones."""
-        from .index import create_index_writer
-        from .index import SqliteIndex
+        from .index import SqliteIndex, create_index_writer
 
         old = SqliteIndex(self.path, base=self.out_dir) if self._checkpoint_size else None
         writer = create_index_writer(self.path, name=self.name)

@@ -404,7 +404,7 @@ class JsonIndexWriter:
         after each one, so the file on disk is always a loadable index of whole shards.
         """
         self._check_open()
-        from .lock import atomic_write
+        from ..lock import atomic_write
 
         with atomic_write(self.path, "w", encoding="ascii") as f:
             f.write(self._render())
