@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .encode import Encoder
-from .errors import OutputExistsError, ShardNotFoundError
+from .errors import IndexMismatchError, OutputExistsError, ShardNotFoundError
 from .index import ShardMembers, header_mismatch_at_spot, shard_mismatch
 from .writer import DEFAULT_MTIME, TarWriter, prepare_sample, tar_size
 
@@ -145,6 +145,7 @@ class ShardWriter:
         self._keeper: Any = None
         self._stack = contextlib.ExitStack()
         self._pool: cf.ThreadPoolExecutor | None = None
+        self._syncer: cf.ThreadPoolExecutor | None = None
         self._uploads: deque[tuple[str, TarWriter, cf.Future[None]]] = deque()
         self._state = "new"
 
@@ -222,7 +223,7 @@ class ShardWriter:
             if reader is not None:
                 reader.close()
         if self._keeper is not None and self.written:
-            self._keeper.checkpoint()
+            self._keeper.checkpoint(force=True)
         logger.info(
             "resuming %s at shard %d after %d samples", self.pattern, self.shard, self.total
         )
@@ -325,14 +326,36 @@ class ShardWriter:
             return
         url = self.fname or ""
         if self._pool is None:
-            tar.close()
-            self._published(url, tar)
+            self._publish_local(url, tar)
             return
         tar.finish()  # the end blocks are written here; the upload runs in the pool
         while len(self._uploads) >= self.max_uploads:
             self._collect(wait=True)
         self._uploads.append((url, tar, self._pool.submit(tar.close)))
         self._collect(wait=False)
+
+    def _publish_local(self, url: str, tar: TarWriter) -> None:
+        """Sync the shard to disk in a thread while its member table is written, then rename it."""
+        if self._keeper is None:
+            tar.close()
+        else:
+            if self._syncer is None:
+                self._syncer = cf.ThreadPoolExecutor(1, "wids-fsync")
+            tar.finish()
+            stat = tar.temp_stat()  # what the file will have once renamed into place
+            synced = self._syncer.submit(tar.sync)
+            self._keeper.add(url, stat, tar.members(), checkpoint=False)  # sidecar, not listed
+            synced.result()
+            tar.close()
+            if (tar.stat.size, tar.stat.mtime) != (stat.size, stat.mtime):
+                raise IndexMismatchError(
+                    f"changed while it was published: {tar.stat} after, {stat} before",
+                    shard=_redact(url),
+                )
+            self._keeper.checkpoint(force=False)
+        self.written.append(url)
+        if callable(self.post):
+            self.post(url)
 
     def _collect(self, *, wait: bool) -> None:
         """Index finished uploads in shard order (waiting for the oldest when ``wait``)."""
@@ -406,8 +429,9 @@ class ShardWriter:
 
     def _shutdown(self) -> None:
         self._state = "closed"
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
+        for pool in (self._pool, self._syncer):
+            if pool is not None:
+                pool.shutdown(wait=True)
         self._stack.close()
 
 

@@ -28,6 +28,8 @@ import tempfile
 from collections.abc import Callable, Mapping
 from typing import IO, Any
 
+import numpy as np
+
 from .encode import Encoder
 from .errors import SampleLayoutError
 from .index import ShardMembers
@@ -263,8 +265,12 @@ class TarWriter:
         self.url: str | None = None
         self.stat: Any = None
         self.offset = 0
-        self._samples: list[tuple[str, list[tuple[str, int, int]]]] = []
-        self._keys: set[str] = set()
+        self._keys: dict[str, None] = {}  # in order; a dict is the fastest ordered set
+        self._field_ids: dict[str, int] = {}
+        self._counts: list[int] = []  # members per sample
+        self._mfield: list[int] = []
+        self._moffset: list[int] = []
+        self._msize: list[int] = []
         self._tmp: Any = None
         self._tmpdir: str | None = None
         if isinstance(fileobj, (str, os.PathLike)):
@@ -289,7 +295,7 @@ class TarWriter:
         return open(os.dup(self._tmp.fd), "wb", buffering=1 << 20)
 
     def __repr__(self) -> str:
-        return f"TarWriter({self.url!r}, {len(self._samples)} samples, {self.offset} bytes)"
+        return f"TarWriter({self.url!r}, {len(self._keys)} samples, {self.offset} bytes)"
 
     def __enter__(self) -> TarWriter:
         return self
@@ -320,7 +326,7 @@ class TarWriter:
         if key in self._keys:
             raise SampleLayoutError(f"key {key!r} was already written to this tar")
         write, member = self._stream.write, self._headers.member
-        offset, record, payload = self.offset, [], 0
+        offset, payload = self.offset, 0
         for field, name, data in members:
             size = len(data)
             header = member(name, size)
@@ -330,13 +336,15 @@ class TarWriter:
             if pad:
                 write(_ZEROS[:pad])
             offset += len(header)
-            record.append((field, offset, size))
+            if self.index:
+                self._mfield.append(self._field_ids.setdefault(field, len(self._field_ids)))
+                self._moffset.append(offset)
+                self._msize.append(size)
             offset += size + pad
             payload += size
         self.offset = offset
-        self._keys.add(key)
-        if self.index:
-            self._samples.append((key, record))
+        self._keys[key] = None
+        self._counts.append(len(members))
         return payload
 
     def write(self, sample: Mapping[str, Any]) -> int:
@@ -350,7 +358,24 @@ class TarWriter:
 
     def members(self) -> ShardMembers:
         """The member table of what was written so far (offsets from the tar's start)."""
-        return ShardMembers.from_samples(self._samples)
+        if not self.index:
+            raise ValueError("this TarWriter was made with index=False")
+        keys = list(self._keys)
+        blob = "".join(keys).encode("utf-8")
+        lengths = [len(k) for k in keys] if blob.isascii() else [len(k.encode()) for k in keys]
+        key_offsets = np.zeros(len(keys) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=key_offsets[1:])
+        sample_start = np.zeros(len(keys) + 1, dtype=np.int64)
+        np.cumsum(self._counts, out=sample_start[1:])
+        return ShardMembers(
+            fields=list(self._field_ids),
+            key_blob=blob,
+            key_offsets=key_offsets,
+            sample_start=sample_start,
+            member_field=np.array(self._mfield, dtype=np.int64),
+            member_offset=np.array(self._moffset, dtype=np.int64),
+            member_size=np.array(self._msize, dtype=np.int64),
+        )
 
     def finish(self) -> None:
         """Write the end-of-archive blocks and flush; the file is not yet published."""
@@ -359,6 +384,31 @@ class TarWriter:
         self.offset += 2 * BLOCK
         self._stream.flush()
         self._closed = True
+
+    def temp_stat(self) -> Any:
+        """Size and mtime the published file will have (after :meth:`finish`; paths only).
+
+        Returns:
+            A :class:`~wids.storage.source.FileStat` of the temporary file, which the rename keeps.
+        """
+        from .storage import FileStat
+
+        if self._tmp is None or self._tmp.fd is None or not self._closed:
+            raise ValueError("temp_stat() needs a finished TarWriter writing to a path")
+        st = os.fstat(self._tmp.fd)
+        return FileStat(size=st.st_size, etag=None, mtime=st.st_mtime)
+
+    def sync(self) -> None:
+        """Finish the tar and flush its temporary file to disk; :meth:`close` publishes it.
+
+        Safe to run in another thread while the caller does something else (``fsync``
+        releases the GIL): :class:`~wids.ShardWriter` writes the shard's index meanwhile.
+        """
+        if not self._closed:
+            self.finish()
+        if self._tmp is None or self._tmp.fd is None:
+            raise ValueError("only a TarWriter writing to a path or URL can be synced")
+        os.fsync(self._tmp.fd)
 
     def close(self) -> None:
         """Finish the tar and publish it (rename into place, or upload) when it has a path.

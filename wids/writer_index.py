@@ -3,7 +3,7 @@
 Shards are added in shard order once they are published, with the member table the writer
 recorded and the fingerprint a later stat gives (size plus mtime locally, size plus etag from
 the store after an upload). The result is what ``wids index create`` writes for the same
-shards: the same writer classes (through :func:`~wids.index.convert.create_index_writer`),
+shards: the same writer classes (through :func:`~wids.index_convert.create_index_writer`),
 the same stored URLs (relative to the index's directory), the same report.
 
 Checkpoints, so a killed writer leaves an index of whole shards:
@@ -75,7 +75,15 @@ class IndexKeeper:
         self._closed = False
 
     def add(self, url: str, stat: Any, members: ShardMembers, *, checkpoint: bool = True) -> None:
-        """Record a published shard (``stat``: its :class:`~wids.storage.source.FileStat`)."""
+        """Record a published shard (``stat``: its :class:`~wids.storage.source.FileStat`).
+
+        Args:
+            url: The shard.
+            stat: Its size, etag, mtime as a later stat of the file gives them.
+            members: Its member table.
+            checkpoint: Publish the index now (:meth:`checkpoint`); a caller that adds a shard
+                before it is renamed into place checkpoints after the rename instead.
+        """
         from .storage import stored_url
 
         info = ShardInfo(
@@ -91,26 +99,27 @@ class IndexKeeper:
         if self.sqlite:
             self._pending.append((info, members))
             self._since += stat.size
-            if checkpoint and self._since >= SQLITE_REBUILD_RATIO * self._checkpoint_size:
-                self._rebuild_sqlite(final=False)
-            return
-        if self._json is None:
-            from .index import JsonIndexWriter
+        else:
+            if self._json is None:
+                from .index import JsonIndexWriter
 
-            self._json = JsonIndexWriter(self.path, name=self.name)
-        self._json.add(info, members)
+                self._json = JsonIndexWriter(self.path, name=self.name)
+            self._json.add(info, members)  # writes the shard's sidecar
         if checkpoint:
-            self._json.set_report(self._report())
-            self._json.flush()
-            self._upload()
+            self.checkpoint(force=False)
 
-    def checkpoint(self) -> None:
-        """Publish the index of the shards added so far now (after adds without checkpoint)."""
+    def checkpoint(self, *, force: bool = True) -> None:
+        """Publish the index of the shards added so far.
+
+        Args:
+            force: For SQLite, rebuild even if :data:`SQLITE_REBUILD_RATIO` says to wait.
+        """
         if self.sqlite:
-            self._rebuild_sqlite(final=False)
+            if force or self._since >= SQLITE_REBUILD_RATIO * self._checkpoint_size:
+                self._rebuild_sqlite(final=False)
         elif self._json is not None:
             self._json.set_report(self._report())
-            self._json.flush()
+            self._json.flush(fsync=False)
             self._upload()
 
     def _report(self) -> dict[str, Any]:

@@ -397,16 +397,21 @@ class JsonIndexWriter:
         self._check_open()
         self._report = dict(report)
 
-    def flush(self) -> None:
+    def flush(self, *, fsync: bool = True) -> None:
         """Publish the description of the shards added so far; the writer stays open.
 
         A writer that adds shards over a long time (:class:`~wids.ShardWriter`) calls this
         after each one, so the file on disk is always a loadable index of whole shards.
+
+        Args:
+            fsync: Flush it to disk before the rename (without, a crash of the process still
+                leaves the old or the new description, a crash of the machine may leave
+                neither).
         """
         self._check_open()
         from ..lock import atomic_write
 
-        with atomic_write(self.path, "w", encoding="ascii") as f:
+        with atomic_write(self.path, "w", encoding="ascii", fsync=fsync) as f:
             f.write(self._render())
 
     def close(self) -> None:
