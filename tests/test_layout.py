@@ -46,7 +46,6 @@ OVERSIZE: set[str] = {
     "wids.index.sqlitefile",
     "wids.lock",
     "wids.sampler",
-    "wids.shardwriter",
     "wids.storage.source",
     "wids.subset",
     "wids.tar",

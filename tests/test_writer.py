@@ -18,7 +18,8 @@ from wids.errors import EncodeError, SampleLayoutError
 from wids.index import scan_shard
 from wids.storage import Source
 from wids.tar import scan_local_rows
-from wids.writer import DEFAULT_MTIME, TarWriter, _HeaderMaker
+from wids.tarwrite import DEFAULT_MTIME, HeaderMaker
+from wids.writer import TarWriter
 
 WDS_VENV = "/tmp/venv-wds"  # webdataset==1.0.2 beside torch==2.13.0 (see tools/bench_write.py)
 
@@ -105,7 +106,7 @@ def test_gnu_tar_lists_and_extracts_the_same(tmp_path):
 def test_sizes_of_8_gib_and_more_use_a_pax_size_record(tmp_path):
     """The header of a member too big for ustar, checked on a sparse file by three readers."""
     size = (1 << 33) + 5
-    head = _HeaderMaker(0o444, DEFAULT_MTIME, "", "").member(b"big/000000.bin", size)
+    head = HeaderMaker(0o444, DEFAULT_MTIME, "", "").member(b"big/000000.bin", size)
     assert len(head) == 3 * 512  # pax header, its records, the member's header
     path = tmp_path / "big.tar"
     with open(path, "wb") as f:

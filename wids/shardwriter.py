@@ -34,8 +34,8 @@ from typing import Any
 
 from .encode import Encoder
 from .errors import IndexMismatchError, OutputExistsError, ShardNotFoundError
-from .index import ShardMembers, header_mismatch_at_spot, shard_mismatch
-from .writer import DEFAULT_MTIME, TarWriter, prepare_sample, tar_size
+from .tarwrite import DEFAULT_MTIME, prepare_sample, tar_size
+from .writer import TarWriter
 
 __all__ = ["ShardWriter", "default_index"]
 
@@ -196,56 +196,19 @@ class ShardWriter:
         return self
 
     def _resume(self) -> None:
-        from .index import scan_shard
-        from .storage import Source
+        from .writer_index import whole_shards
 
-        reader = self._old_index()
-        known = {} if reader is None else {info.url: i for i, info in enumerate(reader.shards)}
-        try:
-            while True:
-                url = self.pattern % self.shard
-                src = Source(url, self.storage_options)
-                try:
-                    stat = src.info()
-                except ShardNotFoundError:
-                    break
-                i = known.get(_resolved(url))
-                members = None if i is None else _reusable(reader, i, stat, src)
-                if members is None:
-                    stat, members, _ = scan_shard(src)
-                src.close()
-                if self._keeper is not None:
-                    self._keeper.add(url, stat, members, checkpoint=False)
-                self.written.append(url)
-                self.total += len(members)
-                self.shard += 1
-        finally:
-            if reader is not None:
-                reader.close()
+        for url, stat, members in whole_shards(
+            self.pattern, self.shard, self.index, self.storage_options
+        ):
+            if self._keeper is not None:
+                self._keeper.add(url, stat, members, checkpoint=False)
+            self.written.append(url)
+            self.total += len(members)
+            self.shard += 1
         if self._keeper is not None and self.written:
             self._keeper.checkpoint(force=True)
-        logger.info(
-            "resuming %s at shard %d after %d samples", self.pattern, self.shard, self.total
-        )
-
-    def _old_index(self) -> Any:
-        from .errors import WidsError
-        from .index import open_index
-        from .storage import is_remote
-
-        if self.index is None or (not is_remote(self.index) and not os.path.exists(self.index)):
-            return None
-        try:
-            reader: Any = open_index(self.index, self.storage_options)
-            reader.shards  # noqa: B018 - load it now, so a damaged index is noticed here
-            return reader
-        except ShardNotFoundError:
-            return None
-        except WidsError as e:
-            logger.warning(
-                "cannot reuse the existing index %s (%s); scanning shards", self.index, e
-            )
-            return None
+        logger.info("resuming %s at shard %d (%d samples)", self.pattern, self.shard, self.total)
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -435,31 +398,12 @@ class ShardWriter:
         self._stack.close()
 
 
-def _reusable(reader: Any, i: int, stat: Any, src: Any) -> ShardMembers | None:
-    """The old index's member table of a shard, if it still describes the file."""
-    info = reader.shards[i]
-    try:
-        members = reader.members(i)
-        if members is None or shard_mismatch(info, stat, strict=True) is not None:
-            return None
-        return members if header_mismatch_at_spot(members, src.read_range) is None else None
-    except Exception as e:  # a damaged entry: scan the shard instead
-        logger.warning("not reusing the index entry of %s: %s", _redact(info.url), e)
-        return None
-
-
 class _NullSink:
     def write(self, data: bytes) -> int:
         return len(data)
 
     def flush(self) -> None:
         pass
-
-
-def _resolved(url: str) -> str:
-    from .storage import is_remote, local_path
-
-    return url if is_remote(url) else os.path.abspath(local_path(url))
 
 
 def _redact(url: str) -> str:

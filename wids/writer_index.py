@@ -17,6 +17,9 @@ Checkpoints, so a killed writer leaves an index of whole shards:
 
 A remote index is kept in a local temporary directory and each checkpoint is uploaded
 (new sidecars first, the description last, each file whole).
+
+:func:`whole_shards` finds what a resumed writer keeps: the shards already there, with their
+member tables from the old index where it still describes them, else scanned.
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from .errors import ShardNotFoundError, WidsError
 from .index import ShardInfo, ShardMembers
 
-__all__ = ["SQLITE_REBUILD_RATIO", "IndexKeeper"]
+__all__ = ["SQLITE_REBUILD_RATIO", "IndexKeeper", "whole_shards"]
 
 logger = logging.getLogger(__name__)
 
@@ -214,3 +218,80 @@ def _stored_copy(info: ShardInfo, out_dir: str) -> ShardInfo:
     from .storage import stored_url
 
     return replace(info, url=stored_url(info.url, out_dir))
+
+
+def whole_shards(
+    pattern: str, start: int, index: str | None, storage_options: Mapping[str, Any] | None
+) -> Iterator[tuple[str, Any, ShardMembers]]:
+    """The shards ``pattern % n`` that exist, from ``start`` up to the first missing one.
+
+    Each comes with its stat and member table: from the old ``index`` when its entry still
+    describes the file (fingerprint and a recorded header), else scanned.
+
+    Yields:
+        ``(url, stat, members)`` in shard order.
+    """
+    from .index import scan_shard
+    from .storage import Source
+
+    reader = _old_index(index, storage_options)
+    known = {} if reader is None else {info.url: i for i, info in enumerate(reader.shards)}
+    try:
+        n = start
+        while True:
+            url = pattern % n
+            src = Source(url, storage_options)
+            try:
+                stat = src.info()
+            except ShardNotFoundError:
+                return
+            i = known.get(_resolved(url))
+            members = None if i is None else _reusable(reader, i, stat, src)
+            if members is None:
+                stat, members, _ = scan_shard(src)
+            src.close()
+            yield url, stat, members
+            n += 1
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+def _old_index(index: str | None, storage_options: Mapping[str, Any] | None) -> Any:
+    from .index import open_index
+    from .storage import is_remote
+
+    if index is None or (not is_remote(index) and not os.path.exists(index)):
+        return None
+    try:
+        reader: Any = open_index(index, storage_options)
+        reader.shards  # noqa: B018 - load it now, so a damaged index is noticed here
+        return reader
+    except ShardNotFoundError:
+        return None
+    except WidsError as e:
+        logger.warning("existing index %s unusable (%s); scanning shards", index, e)
+        return None
+
+
+def _reusable(reader: Any, i: int, stat: Any, src: Any) -> ShardMembers | None:
+    """The old index's member table of a shard, if it still describes the file."""
+    from .index import header_mismatch_at_spot, shard_mismatch
+    from .storage import redact_url
+
+    info = reader.shards[i]
+    try:
+        members = reader.members(i)
+        if members is None or shard_mismatch(info, stat, strict=True) is not None:
+            return None
+        return members if header_mismatch_at_spot(members, src.read_range) is None else None
+    except Exception as e:  # a damaged entry: scan the shard instead
+        logger.warning("not reusing the index entry of %s: %s", redact_url(info.url), e)
+        return None
+
+
+def _resolved(url: str) -> str:
+    """A shard URL as an index reader returns it (a local path made absolute)."""
+    from .storage import is_remote, local_path
+
+    return url if is_remote(url) else os.path.abspath(local_path(url))
