@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import shutil
 import tarfile
@@ -9,8 +8,8 @@ import tarfile
 import pytest
 
 from wids import ShardMembers, open_index
-from wids.errors import IndexMismatchError, SampleLayoutError, TarFormatError
-from wids.index.build import build_index, expand_shard_args, scan_cached, scan_shard
+from wids.errors import SampleLayoutError, TarFormatError
+from wids.index.build import build_index, expand_shard_args, scan_shard
 from wids.samples import split_name
 from wids.storage.source import Source
 from wids.synth import write_dataset, write_shard
@@ -152,46 +151,6 @@ def test_scan_shard_returns_stat_and_table(shards):
     assert table == tarfile_table(shards[1])
 
 
-def _scan_in_child(url, cache_dir, q):
-    table = scan_cached(Source(url), cache_dir=cache_dir)
-    q.put(table.to_columns())
-
-
-def test_scan_cached_scans_once_and_serves_other_processes(shards, tmp_path):
-    cache = str(tmp_path / "cache")
-    table = scan_cached(Source(shards[0]), cache_dir=cache)
-    assert table == tarfile_table(shards[0])
-    saved = os.listdir(os.path.join(cache, "scans"))
-    assert len([f for f in saved if f.endswith(".json")]) == 1
-    ctx = multiprocessing.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=_scan_in_child, args=(shards[0], cache, q)) for _ in range(2)]
-    for p in procs:
-        p.start()
-    got = [q.get(timeout=60) for _ in procs]
-    for p in procs:
-        p.join(60)
-    assert all(ShardMembers.from_columns(c) == table for c in got)
-
-
-def test_scan_cached_rejects_a_shard_of_the_wrong_size(shards, tmp_path):
-    from wids import ShardInfo
-
-    with pytest.raises(IndexMismatchError, match="index says 5"):
-        scan_cached(
-            Source(shards[0]), cache_dir=str(tmp_path), expected=ShardInfo(shards[0], 30, size=5)
-        )
-
-
-def test_scan_cached_rescans_a_changed_shard(tmp_path):
-    p = str(tmp_path / "s.tar")
-    write_shard(p, [("a.cls", b"1")])
-    cache = str(tmp_path / "c")
-    assert len(scan_cached(Source(p), cache_dir=cache)) == 1
-    write_shard(p, [("a.cls", b"1"), ("b.cls", b"2"), ("c.cls", b"3")])
-    assert len(scan_cached(Source(p), cache_dir=cache)) == 3
-
-
 def test_a_second_build_of_the_same_index_is_refused_while_one_runs(shards, tmp_path):
     from wids.errors import LockTimeoutError
     from wids.lock import FileLock
@@ -232,20 +191,3 @@ def test_incremental_rebuild_rescans_a_swap_with_restored_mtime(tmp_path):
     idx = open_index(out)
     assert idx.members(1) == tarfile_table(b) and idx.members(1).key(0) == "a000"
     idx.close()
-
-
-def test_scan_cache_record_is_checked_by_fingerprint(tmp_path):
-    a, b = _two_shards(tmp_path)
-    cache = str(tmp_path / "c")
-    assert scan_cached(Source(b), cache_dir=cache).key(0) == "b000"
-    st = os.stat(b)
-    shutil.copyfile(a, b)
-    # a later rewrite at the same size: the record's mtime no longer matches
-    os.utime(b, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    assert scan_cached(Source(b), cache_dir=cache).key(0) == "a000"
-    # and the index's fingerprint is checked, not only its size
-    from wids import ShardInfo
-
-    wrong = ShardInfo(b, 5, size=st.st_size, mtime=st.st_mtime - 3600)
-    with pytest.raises(IndexMismatchError, match="modified at"):
-        scan_cached(Source(b), cache_dir=str(tmp_path / "c2"), expected=wrong)

@@ -267,8 +267,8 @@ def test_clean_removes_only_temporary_files_of_wids_naming(tmp_path):
 
 def test_scan_cache_and_snapshots_use_the_same_checks(tmp_path, caplog):
     from wids import open_index
-    from wids.index.build import build_index, scan_cached
-    from wids.subset import save_snapshot
+    from wids.cache import save_snapshot, scan_cached
+    from wids.index import build_index
     from wids.synth import write_dataset
 
     (path,) = write_dataset(str(tmp_path / "src"), shards=1, samples_per_shard=3)

@@ -186,42 +186,6 @@ def test_parse_size_and_duration():
             parse_duration(bad)
 
 
-def test_snapshot_roundtrip_and_refresh(tmp_path):
-    import fsspec
-
-    from wids import open_index
-    from wids.subset import open_snapshot, save_snapshot, snapshot_path
-
-    paths = write_dataset(str(tmp_path / "src"), shards=3, samples_per_shard=5, real_images=False)
-    fs = fsspec.filesystem("memory")
-    urls = []
-    for p in paths:
-        url = f"memory://wids-snap/{os.path.basename(p)}"
-        with open(p, "rb") as f:
-            fs.pipe_file(url, f.read())
-        urls.append(url)
-    local_index = str(tmp_path / "i.json")
-    build_index(urls, local_index, name="snap")
-    with open(local_index, "rb") as f:
-        fs.pipe_file("memory://wids-snap/i.json", f.read())
-    index_url = "memory://wids-snap/i.json"
-    cache_dir = tmp_path / "cache"
-    with pytest.raises(OfflineError, match="wids-snap/i.json"):
-        open_snapshot(index_url, cache_dir)
-    reader = open_index(index_url)
-    path = save_snapshot(reader, index_url, cache_dir)
-    assert path == snapshot_path(cache_dir, index_url)
-    mtime = os.stat(path).st_mtime_ns
-    assert save_snapshot(reader, index_url, cache_dir) == path
-    assert os.stat(path).st_mtime_ns == mtime  # unchanged remote: not rewritten
-    snap = open_snapshot(index_url, cache_dir)
-    assert [s.url for s in snap.shards] == urls
-    assert [s.nsamples for s in snap.shards] == [5, 5, 5]
-    assert [s.size for s in snap.shards] == [os.path.getsize(p) for p in paths]
-    assert snap.name == "snap" and snap.members(0) is None
-    fs.rm("/wids-snap", recursive=True)
-
-
 @pytest.mark.servers
 def test_remote_index_offline_from_the_cache_with_the_server_stopped(tmp_path):
     root = tmp_path / "www"

@@ -13,16 +13,13 @@ destination holding files of the names it writes is refused unless ``force``, th
 and shards are never replaced, each copy is verified before it is published, and a failed run
 removes what it created.
 
-:func:`save_snapshot` / :func:`open_snapshot` keep a copy of a remote index's shard list
-(absolute URLs without credentials, sizes, etags, components; no member tables) in the cache
-directory, so that ``offline=True`` works with the remote index's URL: shards come from the
-shard cache and their member tables from scanning the cached copies.
+Offline snapshots of a remote index (``offline=True`` with the index's URL) live in the cache:
+:mod:`wids.cache.snapshots`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import errno
 import hashlib
 import os
@@ -43,14 +40,8 @@ from .storage import redact_url
 __all__ = [
     "SubsetReport",
     "make_subset",
-    "open_snapshot",
-    "save_snapshot",
     "select_shards",
-    "snapshot_path",
 ]
-
-_SNAPSHOT = "wids-index-snapshot"
-_SNAPSHOT_VERSION = 2  # 2: no credentials in any URL
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,97 +445,3 @@ def _copy_all(
         pool.shutdown(wait=True, cancel_futures=True)
         if bar is not None:
             bar.close()
-
-
-def snapshot_path(cache_dir: str | os.PathLike[str], url: str) -> str:
-    """Where the snapshot of index ``url`` lives in ``cache_dir``.
-
-    Named by the URL without credentials, so a re-signed URL of the same index finds it.
-    """
-    from .cache import entry_key
-
-    return os.path.join(os.fspath(cache_dir), "indexes", entry_key(redact_url(url)) + ".json")
-
-
-def save_snapshot(
-    reader: Any,
-    url: str,
-    cache_dir: str | os.PathLike[str],
-    storage_options: Mapping[str, Any] | None = None,
-) -> str | None:
-    """Keep a copy of the open index ``reader`` (read from ``url``) for offline use.
-
-    The copy holds no secrets: its URLs (the index's and every shard's) are stored without
-    ``user:password@`` and without signature or token query parameters (see
-    :func:`wids.storage.redact.redact_url`). Offline, a shard is found in the shard cache under the
-    same credential-free URL (:func:`wids.cache.shards.entry_key` ignores credentials).
-
-    Rewritten only when the remote index changed (its size/etag/mtime, one stat). Failures
-    are logged, not raised: the snapshot is a convenience for later offline runs.
-
-    Returns:
-        The snapshot's path, or ``None`` if it could not be written.
-    """
-    import logging
-
-    from .cache import cache_subdir
-    from .index import JsonIndexWriter
-    from .storage import Source
-
-    path = snapshot_path(cache_dir, url)
-    try:
-        cache_subdir(cache_dir, "indexes")  # a marked cache directory, no links inside
-        stat = Source(url, storage_options).info()
-        ident = {
-            "kind": _SNAPSHOT,
-            "version": _SNAPSHOT_VERSION,
-            "url": redact_url(url),
-            "size": stat.size,
-            "etag": stat.etag,
-            "mtime": stat.mtime,
-        }
-        if os.path.exists(path) and _snapshot_ident(path) == ident:
-            return path
-        shards = list(reader.shards)
-        with JsonIndexWriter(path, name=reader.name or None) as writer:
-            for num, comp in enumerate(reader.components):
-                if num > 0:
-                    writer.start_component(comp.name or f"component{num}", comp.weight)
-                for info in shards[comp.first_shard : comp.stop_shard]:
-                    writer.add(dataclasses.replace(info, url=redact_url(info.url)), None)
-            writer.set_report(ident)
-        return path
-    except (OSError, ValueError) as e:
-        logging.getLogger(__name__).warning(
-            "could not save an offline copy of index %s: %s", redact_url(url), e
-        )
-        return None
-
-
-def _snapshot_ident(path: str) -> dict[str, Any] | None:
-    from .index import JsonIndex
-
-    try:
-        report = JsonIndex(path).report
-    except (OSError, ValueError):
-        return None
-    return report if report.get("kind") == _SNAPSHOT else None
-
-
-def open_snapshot(url: str, cache_dir: str | os.PathLike[str]) -> Any:
-    """Open the offline copy of index ``url`` saved by :func:`save_snapshot`.
-
-    Raises:
-        OfflineError: There is none (the index was never opened online with this cache).
-    """
-    from .errors import OfflineError
-    from .index import JsonIndex
-
-    path = snapshot_path(cache_dir, url)
-    if not os.path.exists(path):
-        raise OfflineError(
-            f"offline, and no copy of this index in {os.fspath(cache_dir)} (open it online "
-            f"once with this cache_dir, or use `wids subset`)",
-            shard=redact_url(url),
-        )
-    return JsonIndex(path)

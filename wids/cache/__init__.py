@@ -1,4 +1,4 @@
-"""The local cache directory: its layout and marking, shard entries, promotion.
+"""The local cache directory: its layout and marking, shard entries, promotion, scans, snapshots.
 
 Other parts import from this package, not its modules.
 """
@@ -14,10 +14,18 @@ from .layout import (
 from .promote import (
     Promoter,
 )
+from .scans import (
+    scan_cached,
+)
 from .shards import (
     ShardCache,
     _md5_file,
     entry_key,
+)
+from .snapshots import (
+    open_snapshot,
+    save_snapshot,
+    snapshot_path,
 )
 
 __all__ = [
@@ -29,4 +37,8 @@ __all__ = [
     "cache_subdir",
     "count_files",
     "entry_key",
+    "open_snapshot",
+    "save_snapshot",
+    "scan_cached",
+    "snapshot_path",
 ]

@@ -1,8 +1,8 @@
 """The cache directory itself: its mark, its layout, and the checks made before writing to it.
 
 Three writers share one cache directory: the shard cache (:mod:`wids.cache.shards`: ``data/``,
-``meta/``, ``locks/``, ``tmp/``), the scan-once member tables (``wids.index.build.scan_cached``:
-``scans/``) and offline index snapshots (``wids.subset.save_snapshot``: ``indexes/``). Each
+``meta/``, ``locks/``, ``tmp/``), the scan-once member tables (:mod:`wids.cache.scans`:
+``scans/``) and offline index snapshots (:mod:`wids.cache.snapshots`: ``indexes/``). Each
 goes through :func:`open_cache_dir` (or :func:`cache_subdir`) first, which enforces:
 
 - **A cache directory is marked.** wids creates it with ``wids-cache.json`` (format and layout

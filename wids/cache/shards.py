@@ -21,8 +21,8 @@ Layout of ``cache_dir`` (created and marked on first use, see :mod:`wids.cache.l
     locks/<key>.lock                 the entry's flock (shared: open; exclusive: writing)
     tmp/.<key>.<random>.tmp          downloads in progress (or left by a killed process)
     .evict.lock                      serialises eviction
-    indexes/<key>.json               offline copies of remote indexes (``wids.subset``)
-    scans/                           member tables of scanned shards (``wids.index.build``)
+    indexes/<key>.json               offline copies of remote indexes (``wids.cache.snapshots``)
+    scans/                           member tables of scanned shards (``wids.cache.scans``)
 
 ``<key>`` is 24 hex digits of the SHA-256 of the full URL plus the URL's basename reduced to
 ``[A-Za-z0-9._-]``: two ``train-000000.tar`` from different buckets never alias, and no URL

@@ -222,7 +222,7 @@ class ShardSources:
 
         remote = self.cache_dir is not None and not is_local(url)
         if self.offline and remote:
-            from ..subset import open_snapshot
+            from ..cache import open_snapshot
 
             return open_snapshot(url, self.cache_dir)  # type: ignore[arg-type]
         self._check_offline(url)
@@ -231,7 +231,7 @@ class ShardSources:
             kwargs["base"] = self.base
         reader = open_index(url, self.storage_options, url_map=dict(self.url_map), **kwargs)
         if remote:
-            from ..subset import save_snapshot
+            from ..cache import save_snapshot
 
             save_snapshot(reader, url, self.cache_dir, self.storage_options)  # type: ignore[arg-type]
         return reader
@@ -263,7 +263,8 @@ class ShardSources:
     # -- members ------------------------------------------------------------------------------
 
     def _scan(self, source: Source, expected: ShardInfo | None = None) -> ShardMembers:
-        from ..index import scan_cached, scan_shard
+        from ..cache import scan_cached
+        from ..index import scan_shard
 
         if self.offline and self.cache_dir is not None and not source.is_local:
             # Offline (index snapshot without member tables): scan the cached copy.

@@ -8,7 +8,6 @@ from __future__ import annotations
 from .build import (
     BuildReport,
     build_index,
-    scan_cached,
     scan_shard,
 )
 from .convert import (
@@ -71,7 +70,6 @@ __all__ = [
     "map_url",
     "open_index",
     "resolve_url",
-    "scan_cached",
     "scan_shard",
     "shard_mismatch",
     "with_repair_hint",

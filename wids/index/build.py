@@ -12,8 +12,6 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
-import json
 import logging
 import multiprocessing
 import os
@@ -23,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import IndexFormatError, ShardNotFoundError, WidsError
+from ..errors import ShardNotFoundError, WidsError
 from ..samples import DuplicatePolicy, group_members, group_regular
 from ..storage import FileStat, IOStats, Source, redact_url
 from ..tar import iter_members_stream, scan_local_rows
@@ -40,7 +38,6 @@ __all__ = [
     "BuildReport",
     "build_index",
     "expand_shard_args",
-    "scan_cached",
     "scan_shard",
 ]
 
@@ -401,100 +398,3 @@ def _progress(progress: bool | Callable[[int, int], None], total: int, done: int
             bar.close()
 
     return step
-
-
-def _scan_path(cache_dir: str, url: str) -> str:
-    digest = hashlib.sha1(url.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    name = url.rsplit("/", 1)[-1].split("?", 1)[0]  # never a signature in a file name
-    base = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-    return os.path.join(cache_dir, "scans", f"{digest}-{base[:80]}.json")
-
-
-def scan_cached(
-    source: Source,
-    *,
-    cache_dir: str,
-    expected: ShardInfo | None = None,
-    duplicates: DuplicatePolicy = "error",
-    stats: IOStats | None = None,
-    lock_timeout: float = 600.0,
-) -> ShardMembers:
-    """Member table of a shard whose index has no offsets, scanned once per machine.
-
-    The first process to ask scans the shard and saves the table under
-    ``cache_dir/scans/``; other processes and workers wait on a file lock and load it. A saved
-    table is used only while the shard's size and etag/mtime still match.
-
-    Args:
-        source: The shard.
-        cache_dir: Root of the local cache.
-        expected: What the index says of the shard; its ``size`` (when known) must match.
-        duplicates: Policy for repeated keys or fields.
-        stats: I/O counters.
-        lock_timeout: Seconds to wait for another process's scan.
-
-    Returns:
-        The shard's member table.
-
-    Raises:
-        IndexMismatchError: The shard's size differs from ``expected``.
-        CacheDirError: ``cache_dir`` is not one wids may use (see :mod:`wids.cache.layout`).
-    """
-    from ..cache import cache_subdir
-    from ..errors import IndexMismatchError
-    from ..lock import FileLock, atomic_write_bytes
-
-    cache_subdir(cache_dir, "scans")  # a marked cache directory, no links inside
-    path = _scan_path(cache_dir, source.url)
-    stat = source.info(stats)
-    problem = None if expected is None else shard_mismatch(expected, stat)
-    if problem is not None:
-        raise IndexMismatchError(
-            f"not the shard the index describes: {problem}", shard=redact_url(source.url)
-        )
-    cached = _load_scan(path, stat)
-    if cached is not None:
-        return cached
-    with FileLock(path + ".lock", timeout=lock_timeout):
-        cached = _load_scan(path, stat)
-        if cached is not None:
-            return cached
-        stat, members, _ = scan_shard(source, duplicates=duplicates, stats=stats)
-        record = {
-            "format": "wids-scan",
-            "version": 1,
-            "url": source.url,
-            "size": stat.size,
-            "etag": stat.etag,
-            "mtime": stat.mtime,
-            "members": members.to_columns(),
-        }
-        atomic_write_bytes(path, json.dumps(record, separators=(",", ":")).encode())
-    return members
-
-
-def _load_scan(path: str, stat: FileStat) -> ShardMembers | None:
-    try:
-        with open(path, encoding="utf-8") as f:
-            record = json.load(f)
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as e:
-        logger.warning("ignoring unreadable scan record %s: %s", path, e)
-        return None
-    if not (
-        isinstance(record, dict)
-        and record.get("format") == "wids-scan"
-        and record.get("version") == 1
-    ):
-        return None
-    try:
-        scanned = ShardInfo(
-            record["url"], 0, record["size"], record.get("etag"), record.get("mtime")
-        )
-        if shard_mismatch(scanned, stat, strict=True) is not None:
-            return None
-        return ShardMembers.from_columns(record["members"])
-    except (IndexFormatError, KeyError, TypeError, ValueError) as e:
-        logger.warning("ignoring malformed scan record %s: %s", path, e)
-        return None
