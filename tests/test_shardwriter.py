@@ -292,3 +292,16 @@ def test_remote_resume(s3_server):
             w.write(sample(i))
     ds = ShardListDataset(s3_server.url(f"{prefix}/train.json"), storage_options=so)
     assert len(ds) == 25 and ds[24]["__key__"] == "000024"
+
+
+def test_webdataset_reads_every_shard_the_same(tmp_path):
+    from test_writer import webdataset_read
+
+    w = write_all(str(tmp_path / "train-%06d.tar"), 25, maxcount=10)
+    expected = [
+        {k: v if k == "__key__" else hashlib.sha1(v).hexdigest() for k, v in s.items()}
+        for p in w.written
+        for s in tar_samples(p)
+    ]
+    expected = [{k.removeprefix("."): v for k, v in s.items()} for s in expected]
+    assert webdataset_read(w.written) == expected
