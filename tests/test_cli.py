@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from wids.cli import build_parser, main, parse_storage_options
+from wids.cli import build_parser, main
+from wids.cli.options import parse_storage_options
 from wids.synth import write_dataset
 
 

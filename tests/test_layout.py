@@ -35,7 +35,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
 }
 OVERSIZE: set[str] = {
     "wids.cache.shards",
-    "wids.cli",
     "wids.dataset.listdataset",
     "wids.index.jsonfile",
     "wids.index.model",

@@ -12,7 +12,8 @@ from serverfixtures import HttpServer
 from tar_oracle import dataset_samples, strip_meta
 
 from wids import ShardCache, ShardListDataset, build_index
-from wids.cli import main, parse_duration, parse_size
+from wids.cli import main
+from wids.cli.options import parse_duration, parse_size
 from wids.errors import IndexMismatchError, OfflineError, OutputExistsError
 from wids.storage.source import Source
 from wids.subset import make_subset, select_shards

@@ -1,0 +1,110 @@
+"""The ``wids`` command.
+
+Each subcommand is a module of this package (:mod:`.index`, :mod:`.subset`, :mod:`.cache`,
+:mod:`.show`) whose ``register(subparsers)`` adds its parser and sets ``func``; the flags and
+value parsers they share are in :mod:`.options`. Errors reach the user as one line
+(``--debug`` shows the traceback). Environment variables only supply defaults, and every one
+is named in ``--help``.
+
+Everything the command prints, and every log line (wids' and, with ``--debug``, those of
+fsspec, s3fs, gcsfs, aiohttp, botocore and urllib3), passes through :mod:`wids.storage.redact`:
+credentials never reach the terminal, and control characters from shards are escaped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+from ..storage import RedactingFilter, _secret_values, escape_controls, redact_text
+from . import cache, index, show, subset
+from .options import EPILOG_ENV, parse_storage_options
+
+__all__ = ["build_parser", "main"]
+
+_SUBCOMMANDS = (index.register, subset.register, cache.register, show.register)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``wids`` argument parser with every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="wids",
+        description="Random access to WebDataset tar shards on any fsspec filesystem.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG_ENV,
+    )
+    parser.add_argument(
+        "--debug",
+        action="store_true",
+        help="show tracebacks and debug logs (also fsspec's, botocore's ...; credentials redacted)",
+    )
+    parser.add_argument("--version", action="version", version=f"wids {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in _SUBCOMMANDS:
+        add(sub)
+    return parser
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+# Libraries whose loggers --debug turns on; their records carry URLs, headers and signatures.
+_LIBRARY_LOGGERS = ("fsspec", "s3fs", "gcsfs", "aiohttp", "botocore", "urllib3")
+
+
+def _secrets_of(args: argparse.Namespace) -> list[str]:
+    try:
+        return _secret_values(parse_storage_options(getattr(args, "storage_option", None)))
+    except argparse.ArgumentTypeError:
+        return []
+
+
+def _start_logging(debug: bool, secrets: Sequence[str]) -> tuple[logging.Handler, int]:
+    """A redacting stderr handler on the root logger; returns it and the old root level."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("wids: %(levelname)s: %(name)s: %(message)s"))
+    # On the handler, not the loggers: a logger's filters skip its children's records.
+    handler.addFilter(RedactingFilter(secrets))
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG if debug else logging.WARNING)
+    if debug:
+        for name in _LIBRARY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.DEBUG)
+    return handler, old_level
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``wids`` command; returns the exit status."""
+    import traceback
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    secrets = _secrets_of(args)
+    handler, old_level = _start_logging(args.debug, secrets)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("wids: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one clear line unless --debug
+        if args.debug:
+            trace = redact_text(traceback.format_exc(), secrets).splitlines()
+            print("\n".join(escape_controls(line) for line in trace), file=sys.stderr)
+        from ..errors import IndexFormatError
+        from ..index import with_repair_hint
+
+        if isinstance(e, IndexFormatError):
+            e = with_repair_hint(e)
+        text = escape_controls(redact_text(str(e) or type(e).__name__, secrets))
+        print(f"wids: error: {text}", file=sys.stderr)
+        return 2
+    finally:
+        logging.getLogger().removeHandler(handler)
+        logging.getLogger().setLevel(old_level)

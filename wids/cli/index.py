@@ -1,0 +1,236 @@
+"""``wids index``: build, inspect, verify and convert member-offset indexes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from ..storage import escape_controls, redact_url
+from .options import (
+    allow_local_flag,
+    human,
+    parse_storage_options,
+    parse_url_map,
+    storage_flag,
+    url_map_flag,
+)
+
+__all__ = ["register"]
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``wids index`` (create, info, verify, convert) to the subcommands."""
+    p = sub.add_parser("index", help="build, inspect, verify and convert member-offset indexes")
+    isub = p.add_subparsers(dest="index_command", required=True, metavar="COMMAND")
+    fmt = argparse.RawDescriptionHelpFormatter
+
+    c = isub.add_parser(
+        "create",
+        help="scan shards once and write an index (JSON or SQLite)",
+        formatter_class=fmt,
+        epilog="examples:\n"
+        "  wids index create data/train-{000000..000031}.tar -o data/train.json\n"
+        "  wids index create s3://bucket/train-{000000..000999}.tar -o train.sqlite -j 32\n"
+        "  wids index create @shards.txt -o train.json --skip-bad\n"
+        "  wids index create s3://bucket/train-{000000..000999}.tar -o s3://bucket/train.json\n",
+    )
+    c.add_argument("shards", nargs="+", help="paths/URLs, brace patterns, or @listfile")
+    c.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="OUT.json or OUT.sqlite: a path or a writable URL (s3://, gs://, ...)",
+    )
+    c.add_argument("-j", "--jobs", type=int, default=None, help="shards scanned at once")
+    c.add_argument("--skip-bad", action="store_true", help="record bad shards and go on")
+    c.add_argument(
+        "--duplicates",
+        choices=["error", "split", "keep_first"],
+        default="error",
+        help="what to do with a repeated key or field (default: error)",
+    )
+    c.add_argument("--full", action="store_true", help="rescan every shard (not incremental)")
+    c.add_argument("--name", help="dataset name stored in the index")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    storage_flag(c)
+    c.set_defaults(func=_cmd_index_create)
+
+    i = isub.add_parser(
+        "info",
+        help="shards, samples, bytes and fields of an index",
+        formatter_class=fmt,
+        epilog="example:\n  wids index info data/train.json\n",
+    )
+    i.add_argument("index")
+    i.add_argument("--json", action="store_true", help="machine-readable output")
+    allow_local_flag(i)
+    storage_flag(i)
+    i.set_defaults(func=_cmd_index_info)
+
+    v = isub.add_parser(
+        "verify",
+        help="check every shard's fingerprint (size, etag or mtime) and a recorded member "
+        "header, and load every member table (--deep: rescan the shards)",
+        formatter_class=fmt,
+        epilog="examples:\n  wids index verify data/train.json --deep\n"
+        "  wids index verify train.json --url-map https://old.example/data/=s3://new-bucket/data/\n",
+    )
+    v.add_argument("index")
+    v.add_argument("--deep", action="store_true", help="rescan shards and compare offsets")
+    url_map_flag(v)
+    allow_local_flag(v)
+    storage_flag(v)
+    v.set_defaults(func=_cmd_index_verify)
+
+    cv = isub.add_parser(
+        "convert",
+        help="convert an index between JSON and SQLite",
+        formatter_class=fmt,
+        epilog="example:\n  wids index convert train.json train.sqlite\n",
+    )
+    cv.add_argument("source")
+    cv.add_argument("dest", help="OUT.json or OUT.sqlite: a path or a writable URL (s3://, gs://)")
+    storage_flag(cv)
+    cv.set_defaults(func=_cmd_index_convert)
+
+
+def _cmd_index_create(args: argparse.Namespace) -> int:
+    from ..index import build_index
+
+    report = build_index(
+        args.shards,
+        args.output,
+        storage_options=parse_storage_options(args.storage_option),
+        jobs=args.jobs,
+        skip_bad=args.skip_bad,
+        duplicates=args.duplicates,
+        incremental=not args.full,
+        name=args.name,
+        progress=not args.quiet and sys.stderr.isatty(),
+    )
+    rate = report.samples / report.seconds if report.seconds else 0.0
+    print(
+        f"{redact_url(report.output)}: {report.shards} shards, {report.samples} samples, "
+        f"{human(report.bytes)} ({report.scanned} scanned, {report.reused} unchanged) "
+        f"in {report.seconds:.2f} s ({rate:.0f} samples/s)"
+    )
+    for url, err in report.bad:
+        print(f"  skipped bad shard {url}: {err}")
+    return 1 if report.bad else 0
+
+
+def _cmd_index_info(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ..index import open_index
+
+    idx = open_index(
+        args.index,
+        parse_storage_options(args.storage_option),
+        allow_local_shards=args.allow_local_shards,
+    )
+    try:
+        fields: dict[str, int] = {}
+        missing = 0
+        for k in range(len(idx.shards)):
+            members = idx.members(k)
+            if members is None:
+                missing += 1
+                continue
+            counts = np.bincount(members.member_field, minlength=len(members.fields))
+            for fname, n in zip(members.fields, counts.tolist(), strict=True):
+                fields[fname] = fields.get(fname, 0) + n
+        info: dict[str, Any] = {
+            "index": redact_url(args.index),
+            "name": idx.name,
+            "shards": len(idx.shards),
+            "samples": sum(s.nsamples for s in idx.shards),
+            "bytes": sum(s.size or 0 for s in idx.shards),
+            "fields": dict(sorted(fields.items())),
+            "shards_without_offsets": missing,
+            "components": [c.name for c in idx.components],
+        }
+    finally:
+        idx.close()
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"{info['index']}  name={escape_controls(repr(info['name']))}")
+    print(f"  shards   {info['shards']}")
+    print(f"  samples  {info['samples']}")
+    print(f"  bytes    {info['bytes']} ({human(info['bytes'])})")
+    for f, n in info["fields"].items():
+        print(f"  field    {escape_controls(f):<16} {n}")
+    if missing:
+        print(f"  {missing} shard(s) have no member offsets (reference index): scanned on use")
+    return 0
+
+
+def _cmd_index_verify(args: argparse.Namespace) -> int:
+    from ..errors import WidsError
+    from ..index import REPAIR_HINT, open_index
+    from ..storage import Source, redact_url
+
+    options = parse_storage_options(args.storage_option)
+    idx = open_index(
+        args.index,
+        options,
+        url_map=parse_url_map(args.url_map),
+        allow_local_shards=args.allow_local_shards,
+    )
+    bad = 0
+    try:
+        shards = idx.shards
+        for k, info in enumerate(shards):
+            try:
+                members = idx.members(k)  # every member table: a damaged one is reported
+            except WidsError as e:
+                bad += 1
+                print(f"DAMAGED {redact_url(info.url)}: its member table: {e}")
+                continue
+            problem = _verify_shard(Source(info.url, options), info, members, deep=args.deep)
+            if problem:
+                bad += 1
+                print(f"CHANGED {redact_url(info.url)}: {problem}")
+    finally:
+        idx.close()
+    print(f"{len(shards) - bad} of {len(shards)} shards match the index")
+    if bad:
+        print(f"to repair, {REPAIR_HINT}")
+    return 1 if bad else 0
+
+
+def _verify_shard(src: Any, info: Any, members: Any, *, deep: bool) -> str | None:
+    """What is wrong with one shard against its index entry and member table, if anything."""
+    from ..errors import WidsError
+    from ..index import header_mismatch_at_spot, scan_shard, shard_mismatch
+
+    try:
+        stat = src.info()
+        end = None if members is None else int(members.spans()[1].max(initial=0))
+        problem = shard_mismatch(info, stat, data_end=end)
+        if problem is None and members is not None:
+            problem = header_mismatch_at_spot(members, src.read_range)
+        if problem is None and deep:
+            _, now, _ = scan_shard(src)
+            if members is not None and now != members:
+                problem = "its member offsets differ from the index (found by rescanning)"
+            elif len(now) != info.nsamples:
+                problem = f"it has {len(now)} samples where the index says {info.nsamples}"
+    except WidsError as e:
+        return e.message
+    finally:
+        src.close()
+    return problem
+
+
+def _cmd_index_convert(args: argparse.Namespace) -> int:
+    from ..index import convert_index
+
+    convert_index(
+        args.source, args.dest, storage_options=parse_storage_options(args.storage_option)
+    )
+    print(f"wrote {redact_url(args.dest)}")
+    return 0
