@@ -40,7 +40,6 @@ OVERSIZE: set[str] = {
     "wids.index.model",
     "wids.index.spec",
     "wids.index.sqlitefile",
-    "wids.lock",
     "wids.sampler",
     "wids.storage.source",
     "wids.subset",

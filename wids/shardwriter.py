@@ -168,7 +168,8 @@ class ShardWriter:
             if self._state == "closed":
                 raise ValueError(f"{self!r} is closed")
             return self
-        from .lock import remove_stale_temps, writer_lock
+        from .atomic import remove_stale_temps
+        from .lock import writer_lock
         from .storage import check_output, check_writable, is_remote, local_path
 
         check_writable(self.pattern)

@@ -32,9 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from .atomic import TempFile, fsync_dir
 from .errors import IndexMismatchError, OutputExistsError
 from .index import ShardInfo
-from .lock import TempFile, fsync_dir
 from .storage import redact_url
 
 __all__ = [

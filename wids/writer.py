@@ -117,7 +117,7 @@ class TarWriter:
         self._closed = False
 
     def _open_destination(self, url: str) -> IO[bytes]:
-        from .lock import TempFile
+        from .atomic import TempFile
         from .storage import check_writable, is_remote, local_path
 
         check_writable(url)

@@ -31,8 +31,8 @@ import stat
 import time
 from typing import Literal
 
+from ..atomic import atomic_write
 from ..errors import CacheDirError
-from ..lock import atomic_write
 
 __all__ = [
     "LAYOUT_VERSION",
@@ -63,7 +63,7 @@ _TAG_TEXT = (
     "# This file is a cache directory tag created by wids.\n"
     "# For information about cache directory tags see https://bford.info/cachedir/\n"
 )
-_TEMP_NAME = re.compile(r"\.(?P<stem>.+)\.[0-9a-f]{12}\.tmp")  # wids.lock.TempFile's names
+_TEMP_NAME = re.compile(r"\.(?P<stem>.+)\.[0-9a-f]{12}\.tmp")  # wids.atomic.TempFile's names
 _TEMP_MIN_AGE = 10.0  # seconds; a younger temporary file may not be locked by its writer yet
 
 State = Literal["missing", "empty", "unmarked", "marked"]

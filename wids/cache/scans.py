@@ -60,8 +60,9 @@ def scan_cached(
         IndexMismatchError: The shard's size differs from ``expected``.
         CacheDirError: ``cache_dir`` is not one wids may use (see :mod:`wids.cache.layout`).
     """
+    from ..atomic import atomic_write_bytes
     from ..errors import IndexMismatchError
-    from ..lock import FileLock, atomic_write_bytes
+    from ..lock import FileLock
     from .layout import cache_subdir
 
     cache_subdir(cache_dir, "scans")  # a marked cache directory, no links inside

@@ -67,6 +67,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..atomic import TempFile, atomic_write
 from ..errors import (
     CacheBudgetError,
     CacheError,
@@ -75,7 +76,7 @@ from ..errors import (
     OfflineError,
     ShardNotFoundError,
 )
-from ..lock import FileLock, TempFile, atomic_write
+from ..lock import FileLock
 from ..storage import comparable_etag, redact_url
 from . import layout as cachedir
 from .promote import Promoter

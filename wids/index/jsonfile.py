@@ -371,7 +371,7 @@ class JsonIndexWriter:
         self._current.append(entry)
 
     def _write_sidecar(self, info: ShardInfo, members: ShardMembers) -> str:
-        from ..lock import atomic_write_bytes
+        from ..atomic import atomic_write_bytes
 
         name = _sidecar_name(info.url)
         doc: dict[str, Any] = {
@@ -409,7 +409,7 @@ class JsonIndexWriter:
                 neither).
         """
         self._check_open()
-        from ..lock import atomic_write
+        from ..atomic import atomic_write
 
         with atomic_write(self.path, "w", encoding="ascii", fsync=fsync) as f:
             f.write(self._render())
@@ -418,7 +418,7 @@ class JsonIndexWriter:
         """Publish the description atomically and remove sidecars no longer referenced."""
         if self._closed:
             return
-        from ..lock import atomic_write
+        from ..atomic import atomic_write
 
         self._closed = True
         with atomic_write(self.path, "w", encoding="ascii") as f:

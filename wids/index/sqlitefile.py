@@ -464,7 +464,7 @@ class SqliteIndexWriter:
             return self._db.conn
         import sqlite_utils
 
-        from ..lock import TempFile
+        from ..atomic import TempFile
 
         self._tmp = TempFile(os.path.dirname(self.path), os.path.basename(self.path))
         conn = sqlite3.connect(self._tmp.path, isolation_level=None)
