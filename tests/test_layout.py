@@ -43,7 +43,6 @@ OVERSIZE: set[str] = {
     "wids.sampler",
     "wids.storage.source",
     "wids.subset",
-    "wids.tar",
 }
 KNOWN_REEXPORTS: set[str] = {
     "wids.cache.shards",

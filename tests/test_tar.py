@@ -32,6 +32,7 @@ from wids.tar import (
     iter_members_stream,
     scan_local,
     scan_local_rows,
+    walk,
 )
 
 Row = tuple[str, int, int, str, int]
@@ -443,13 +444,13 @@ def test_fetch_reads_only_headers(tmp_path: Path) -> None:
 
 def test_checksums_checked_across_batches(tmp_path: Path) -> None:
     """scan_local verifies checksums in batches; a bad header anywhere is still found first."""
-    n = wtar._BATCH * 2 + 100
+    n = walk._BATCH * 2 + 100
     path = write_tar(
         tmp_path / "many.tar", [(f"{i:06d}.cls", b"1") for i in range(n)], format="gnu"
     )
     good = path.read_bytes()
     assert len(scan_local_rows(path)) == n
-    for bad_index in (5, wtar._BATCH - 1, wtar._BATCH + 7, n - 1):
+    for bad_index in (5, walk._BATCH - 1, walk._BATCH + 7, n - 1):
         raw = bytearray(good)
         at = bad_index * 1024
         raw[at + 2] ^= 0x01  # the name changes, the stored checksum does not
