@@ -8,7 +8,7 @@ import pytest
 from tar_oracle import dataset_samples, strip_meta
 
 from wids import ShardListDataset, build_index
-from wids.cache.shards import Promoter, ShardCache
+from wids.cache import Promoter, ShardCache
 from wids.errors import CacheDirError, OfflineError
 from wids.synth import write_dataset
 

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
+from wids.cache import ShardCache, entry_key
 from wids.cache.layout import MARKER, cache_state, cache_subdir, open_cache_dir
-from wids.cache.shards import ShardCache, entry_key
 from wids.cli import main
 from wids.errors import CacheDirError, CacheError
 from wids.storage.source import FileStat, Source

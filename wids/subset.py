@@ -248,7 +248,7 @@ class _Run:
 
 def _check_copy(path: str, info: ShardInfo, stat: Any, members: Any) -> None:
     """Refuse a downloaded copy whose etag, md5 or member headers differ from the index."""
-    from .cache import _md5_file
+    from .cache import md5_file
     from .storage import comparable_etag
     from .tar import header_mismatch
 
@@ -256,7 +256,7 @@ def _check_copy(path: str, info: ShardInfo, stat: Any, members: Any) -> None:
     if info.etag and stat.etag and comparable_etag(stat.etag) != comparable_etag(info.etag):
         raise IndexMismatchError(f"etag is {stat.etag!r}, the index says {info.etag!r}", shard=name)
     if info.md5sum is not None:
-        actual = _md5_file(path)
+        actual = md5_file(path)
         if actual != info.md5sum.lower():
             raise IndexMismatchError(f"md5 is {actual}, the index says {info.md5sum}", shard=name)
     if members is None or len(members) == 0:

@@ -1,10 +1,19 @@
-"""The local cache directory: its layout and marking, shard entries, promotion, scans, snapshots.
+"""The local cache directory: the one owner of its layout, and everything stored in it.
 
-Other parts import from this package, not its modules.
+Shard entries (:mod:`.shards`, :mod:`.entries`, :mod:`.handle`, :mod:`.download`), the budget
+(:mod:`.budget`), promotion (:mod:`.promote`), scan-once member tables (:mod:`.scans`) and
+offline index snapshots (:mod:`.snapshots`), all in the directory :mod:`.layout` marks and
+checks. Other parts import from this package, not its modules.
 """
 
 from __future__ import annotations
 
+from .download import (
+    md5_file,
+)
+from .entries import (
+    entry_key,
+)
 from .layout import (
     MARKER,
     cache_state,
@@ -19,8 +28,6 @@ from .scans import (
 )
 from .shards import (
     ShardCache,
-    _md5_file,
-    entry_key,
 )
 from .snapshots import (
     open_snapshot,
@@ -32,11 +39,11 @@ __all__ = [
     "MARKER",
     "Promoter",
     "ShardCache",
-    "_md5_file",
     "cache_state",
     "cache_subdir",
     "count_files",
     "entry_key",
+    "md5_file",
     "open_snapshot",
     "save_snapshot",
     "scan_cached",

@@ -15,6 +15,23 @@ goes through :func:`open_cache_dir` (or :func:`cache_subdir`) first, which enfor
   link swapped in later is not followed either. The cache directory itself may be a link:
   that is the user's explicit choice.
 
+The layout of ``cache_dir`` (created and marked on first use)::
+
+    wids-cache.json                  the mark: this directory is a wids cache, layout version 1
+    CACHEDIR.TAG                     backup tools skip the directory
+    data/<key>                       a complete, verified shard
+    meta/<key>.json                  its record: url (redacted), size, etag, md5, last access
+    locks/<key>.lock                 the entry's flock (shared: open; exclusive: writing)
+    tmp/.<key>.<random>.tmp          downloads in progress (or left by a killed process)
+    .evict.lock                      serialises eviction
+    indexes/<key>.json               offline copies of remote indexes (``wids.cache.snapshots``)
+    scans/                           member tables of scanned shards (``wids.cache.scans``)
+
+``<key>`` is 24 hex digits of the SHA-256 of the full URL plus the URL's basename reduced to
+``[A-Za-z0-9._-]``: two ``train-000000.tar`` from different buckets never alias, and no URL
+can name a path outside ``cache_dir``. The record also keeps the full hash, so the key alone
+never decides identity.
+
 Read-only callers (``wids cache ls``/``du``) use :func:`cache_state`, which never creates or
 marks anything.
 """

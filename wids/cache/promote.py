@@ -1,8 +1,10 @@
-"""Promotion for ``access="auto"``: fetch a remote shard whole once enough of it is read.
+"""Background fetches into the cache, and promotion for ``access="auto"``.
 
-:class:`Promoter` counts the bytes a dataset requests by range from each remote shard and,
-past a share of the shard's size, has the local shard cache (:mod:`wids.cache.shards`) fetch the
-whole shard in the background; later reads then come from the cached copy.
+:class:`BackgroundFetches` is the cache's small thread pool (``ShardCache.prefetch``): one fetch
+per URL at a time. :class:`Promoter` counts the bytes a dataset requests by range from each
+remote shard and, past a share of the shard's size, has the local shard cache
+(:mod:`wids.cache.shards`, through the :class:`PromotionCache` protocol) fetch the whole shard
+in the background; later reads then come from the cached copy.
 """
 
 from __future__ import annotations
@@ -10,19 +12,89 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..storage import redact_url
 
 if TYPE_CHECKING:
     from ..storage import IOStats, Source
-    from .shards import CachedShard, ShardCache
+    from .handle import CachedShard
 
-__all__ = ["Promoter"]
+__all__ = ["BackgroundFetches", "PromotionCache", "Promoter"]
 
 log = logging.getLogger(__name__)
+
+
+class BackgroundFetches:
+    """Runs fetch jobs in two background threads, one job per URL at a time.
+
+    Args:
+        thread_name_prefix: Names the threads (started on first use).
+    """
+
+    def __init__(self, thread_name_prefix: str) -> None:
+        self._prefix = thread_name_prefix
+        self._executor: ThreadPoolExecutor | None = None
+        self._pending: dict[str, Future[None]] = {}
+        self._mutex = threading.Lock()
+
+    def submit(self, url: str, job: Callable[[], None]) -> Future[None]:
+        """Run ``job`` for ``url``, or return the future of the one already running for it."""
+        with self._mutex:
+            self._pending = {u: f for u, f in self._pending.items() if not f.done()}
+            pending = self._pending.get(url)
+            if pending is not None:
+                return pending
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(2, thread_name_prefix=self._prefix)
+            future = self._executor.submit(job)
+            self._pending[url] = future
+            return future
+
+    def close(self) -> None:
+        """Stop: cancel queued jobs, wait for those running."""
+        with self._mutex:
+            executor, self._executor = self._executor, None
+            self._pending.clear()
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+
+class PromotionCache(Protocol):
+    """What a :class:`Promoter` needs of the cache (``wids.cache.ShardCache`` has it)."""
+
+    max_bytes: int | None
+    lock_timeout: float
+
+    def prefetch(
+        self,
+        source: Source,
+        *,
+        size: int | None = None,
+        etag: str | None = None,
+        md5sum: str | None = None,
+        stats: IOStats | None = None,
+        verify: Callable[[str], None] | None = None,
+    ) -> Future[None]:
+        """Fetch ``source`` into the cache in the background."""
+        ...
+
+    def open_cached(
+        self,
+        url: str,
+        *,
+        size: int | None = None,
+        etag: str | None = None,
+        md5sum: str | None = None,
+    ) -> CachedShard | None:
+        """The cached copy of ``url`` if it is cached now, else ``None``."""
+        ...
+
+    def close(self) -> None:
+        """Stop background fetches."""
+        ...
 
 
 class Promoter:
@@ -52,7 +124,7 @@ class Promoter:
         ValueError: ``share`` is outside ``[0, 1]``.
     """
 
-    def __init__(self, cache: ShardCache, share: float = 0.05, *, wait: bool = True) -> None:
+    def __init__(self, cache: PromotionCache, share: float = 0.05, *, wait: bool = True) -> None:
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"share must be between 0 and 1, got {share!r}")
         self.cache = cache

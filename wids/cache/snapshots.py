@@ -18,8 +18,8 @@ from typing import Any
 from ..errors import OfflineError
 from ..index import JsonIndex, JsonIndexWriter
 from ..storage import Source, redact_url
+from .entries import entry_key
 from .layout import cache_subdir
-from .shards import entry_key
 
 __all__ = ["open_snapshot", "save_snapshot", "snapshot_path"]
 
@@ -48,7 +48,7 @@ def save_snapshot(
     The copy holds no secrets: its URLs (the index's and every shard's) are stored without
     ``user:password@`` and without signature or token query parameters (see
     :func:`wids.storage.redact.redact_url`). Offline, a shard is found in the shard cache under the
-    same credential-free URL (:func:`wids.cache.shards.entry_key` ignores credentials).
+    same credential-free URL (:func:`wids.cache.entries.entry_key` ignores credentials).
 
     Rewritten only when the remote index changed (its size/etag/mtime, one stat). Failures
     are logged, not raised: the snapshot is a convenience for later offline runs.

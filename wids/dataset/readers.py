@@ -163,7 +163,7 @@ class CachedReader(ShardReader):
     """Reads a shard held open by the local shard cache (a ``CachedShard``).
 
     Args:
-        shard: An open ``wids.cache.shards.CachedShard`` (anything with ``read_range(start, end)``
+        shard: An open ``wids.cache.handle.CachedShard`` (anything with ``read_range(start, end)``
             and ``close()``); closing the reader closes it, which makes the entry evictable.
     """
 

@@ -10,8 +10,9 @@ import time
 
 import pytest
 
-import wids.cache.shards as cache_mod
-from wids.cache.shards import CachedShard, ShardCache, entry_key
+import wids.cache.handle as handle_mod
+from wids.cache import ShardCache, entry_key
+from wids.cache.handle import CachedShard
 from wids.errors import (
     CacheBudgetError,
     CacheError,
@@ -103,7 +104,7 @@ def test_no_url_escapes_the_cache_dir(tmp_path, url):
     assert "/" not in key and "\\" not in key and not key.startswith(".")
     assert len(key) < 120
     cache = ShardCache(tmp_path / "c")
-    path = os.path.realpath(cache._data(key))
+    path = os.path.realpath(cache.files.data(key))
     assert os.path.dirname(path) == os.path.realpath(tmp_path / "c" / "data")
 
 
@@ -139,7 +140,7 @@ def test_record_keeps_no_credentials(tmp_path):
     url = store.put("https://user:pw@h/x.tar?X-Amz-Signature=secret&v=1", blob(100))
     cache = ShardCache(tmp_path)
     store.open(cache, url).close()
-    text = open(cache._meta(entry_key(url))).read()
+    text = open(cache.files.meta(entry_key(url))).read()
     assert "secret" not in text and "pw" not in text
     assert cache.entries()[0].url == "https://h/x.tar?v=1"
 
@@ -227,7 +228,7 @@ def test_lock_timeout_names_the_shard(tmp_path):
     url = store.put("s3://b/busy.tar", blob(100))
     cache = ShardCache(tmp_path, lock_timeout=0.2)
     cache._prepare()
-    with FileLock(cache._lockfile(entry_key(url))):
+    with FileLock(cache.files.lockfile(entry_key(url))):
         with pytest.raises(LockTimeoutError, match="busy.tar"):
             store.open(cache, url)
 
@@ -241,7 +242,7 @@ def test_tampered_entry_is_fetched_again(tmp_path, how):
     url = store.put("s3://b/x.tar", blob(4096))
     cache = ShardCache(tmp_path)
     store.open(cache, url).close()
-    data, meta = cache._data(entry_key(url)), cache._meta(entry_key(url))
+    data, meta = cache.files.data(entry_key(url)), cache.files.meta(entry_key(url))
     time.sleep(0.01)  # so an in-place write changes the mtime
     if how == "truncate":
         os.truncate(data, 1000)
@@ -280,7 +281,7 @@ def test_shard_larger_than_budget_fails_at_once(tmp_path):
 
 
 def test_lru_eviction(tmp_path, monkeypatch):
-    monkeypatch.setattr(cache_mod, "_TOUCH_EVERY", 0.0)
+    monkeypatch.setattr(handle_mod, "_TOUCH_EVERY", 0.0)
     store = Store()
     urls = [store.put(f"s3://b/{i}/shard.tar", blob(1000, i)) for i in range(4)]
     cache = ShardCache(tmp_path, max_bytes=2500)
@@ -386,7 +387,7 @@ def test_clean_removes_abandoned_temp_files(tmp_path):
     stale = os.path.join(cache.cache_dir, "tmp", f".{entry_key('s3://b/x.tar')}.0123456789ab.tmp")
     with open(stale, "wb") as f:
         f.write(b"junk")
-    orphan = cache._data(entry_key("s3://b/y.tar"))  # data without a record: not ours
+    orphan = cache.files.data(entry_key("s3://b/y.tar"))  # data without a record: not ours
     with open(orphan, "wb") as f:
         f.write(b"junk")
     assert cache.clean() == []
@@ -543,7 +544,7 @@ def test_waiting_fetcher_takes_a_copy_fetched_meanwhile(tmp_path):
     cache = ShardCache(tmp_path, lock_timeout=10)
     cache._prepare()
     key = entry_key(url)
-    reader_hold = FileLock(cache._lockfile(key), shared=True)
+    reader_hold = FileLock(cache.files.lockfile(key), shared=True)
     reader_hold.acquire()  # someone reading (or checking) the entry, for as long as it likes
     result = {}
 
@@ -561,44 +562,6 @@ def test_waiting_fetcher_takes_a_copy_fetched_meanwhile(tmp_path):
     reader_hold.release()
     assert result["data"] == store.objects[url]
     assert result["seconds"] < 3
-
-
-def test_promoter_share_wait_failure_and_backoff(tmp_path):
-    import fsspec
-
-    from wids.cache.shards import Promoter
-
-    fs = fsspec.filesystem("memory")
-    data = blob(10_000, 7)
-    fs.pipe_file("/wids-promote/a.tar", data)
-    src = Source("memory://wids-promote/a.tar")
-    cache = ShardCache(tmp_path)
-    promoter = Promoter(cache, share=0.1)
-    promoter.requested(src, 500, shard_bytes=10_000, size=10_000)
-    assert promoter.open_if_ready(src.url) is None  # below the share: nothing started
-    promoter.requested(src, 500, shard_bytes=10_000, size=10_000)  # 10 %: promote
-    with promoter.open_if_ready(src.url, size=10_000) as shard:  # waits for the fetch
-        assert shard.read_range(0, 10_000) == data
-    # Evicted later: promoting again needs twice the share.
-    assert cache.remove(src.url)
-    promoter.requested(src, 1500, shard_bytes=10_000, size=10_000)
-    assert promoter.open_if_ready(src.url) is None
-    promoter.requested(src, 500, shard_bytes=10_000, size=10_000)
-    again = promoter.open_if_ready(src.url)
-    assert again is not None
-    again.close()
-    # A fetch that fails leaves the shard on range requests, for good.
-    missing = Source("memory://wids-promote/missing.tar")
-    promoter.requested(missing, 10_000, shard_bytes=10_000)
-    assert promoter.open_if_ready(missing.url) is None
-    promoter.requested(missing, 10_000, shard_bytes=10_000)
-    assert missing.url not in promoter._futures
-    # Larger than the budget: never promoted.
-    small = Promoter(ShardCache(tmp_path / "small", max_bytes=100), share=0.0)
-    small.requested(src, 1, shard_bytes=10_000, size=10_000)
-    assert src.url not in small._futures
-    promoter.close()
-    fs.rm("/wids-promote", recursive=True)
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
@@ -619,7 +582,7 @@ def test_forked_child_closing_a_shard_keeps_the_parents_hold(tmp_path):
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert not cache._remove_if_free(entry_key(url))  # still held by the parent
+    assert not cache.files.remove_if_free(entry_key(url))  # still held by the parent
     assert shard.read_range(0, 10) == store.objects[url][:10]
     shard.close()
-    assert cache._remove_if_free(entry_key(url))
+    assert cache.files.remove_if_free(entry_key(url))

@@ -1,0 +1,78 @@
+"""Background fetches and promotion into the cache (``wids.cache.promote``)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+
+import fsspec
+
+from wids.cache import Promoter, ShardCache
+from wids.cache.promote import BackgroundFetches
+from wids.storage.source import Source
+
+
+def blob(n: int, seed: int = 0) -> bytes:
+    return hashlib.sha256(str(seed).encode()).digest() * (n // 32) + b"x" * (n % 32)
+
+
+def test_background_fetches_run_one_job_per_url_and_close_waits():
+    pool = BackgroundFetches(thread_name_prefix="wids-test")
+    release = threading.Event()
+    ran: list[str] = []
+
+    def job(name: str):
+        def run() -> None:
+            release.wait(10)
+            ran.append(name)
+
+        return run
+
+    first = pool.submit("s3://b/a.tar", job("a1"))
+    assert pool.submit("s3://b/a.tar", job("a2")) is first  # running: the same fetch
+    other = pool.submit("s3://b/b.tar", job("b"))
+    assert other is not first
+    names = {t.name for t in threading.enumerate()}
+    assert any(n.startswith("wids-test") for n in names)
+    release.set()
+    pool.close()  # waits for the running jobs
+    assert first.done() and other.done() and sorted(ran) == ["a1", "b"]
+    assert not any(t.name.startswith("wids-test") for t in threading.enumerate())
+    again = pool.submit("s3://b/a.tar", job("a3"))  # done before: a new fetch, a new pool
+    again.result(10)
+    assert ran[-1] == "a3"
+    pool.close()
+
+
+def test_promoter_share_wait_failure_and_backoff(tmp_path):
+    fs = fsspec.filesystem("memory")
+    data = blob(10_000, 7)
+    fs.pipe_file("/wids-promote/a.tar", data)
+    src = Source("memory://wids-promote/a.tar")
+    cache = ShardCache(tmp_path)
+    promoter = Promoter(cache, share=0.1)
+    promoter.requested(src, 500, shard_bytes=10_000, size=10_000)
+    assert promoter.open_if_ready(src.url) is None  # below the share: nothing started
+    promoter.requested(src, 500, shard_bytes=10_000, size=10_000)  # 10 %: promote
+    with promoter.open_if_ready(src.url, size=10_000) as shard:  # waits for the fetch
+        assert shard.read_range(0, 10_000) == data
+    # Evicted later: promoting again needs twice the share.
+    assert cache.remove(src.url)
+    promoter.requested(src, 1500, shard_bytes=10_000, size=10_000)
+    assert promoter.open_if_ready(src.url) is None
+    promoter.requested(src, 500, shard_bytes=10_000, size=10_000)
+    again = promoter.open_if_ready(src.url)
+    assert again is not None
+    again.close()
+    # A fetch that fails leaves the shard on range requests, for good.
+    missing = Source("memory://wids-promote/missing.tar")
+    promoter.requested(missing, 10_000, shard_bytes=10_000)
+    assert promoter.open_if_ready(missing.url) is None
+    promoter.requested(missing, 10_000, shard_bytes=10_000)
+    assert missing.url not in promoter._futures
+    # Larger than the budget: never promoted.
+    small = Promoter(ShardCache(tmp_path / "small", max_bytes=100), share=0.0)
+    small.requested(src, 1, shard_bytes=10_000, size=10_000)
+    assert src.url not in small._futures
+    promoter.close()
+    fs.rm("/wids-promote", recursive=True)

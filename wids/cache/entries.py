@@ -1,0 +1,281 @@
+"""Shard entries of the cache directory: their names, records and files.
+
+An entry is ``data/<key>`` (the verified copy), ``meta/<key>.json`` (its record) and
+``locks/<key>.lock`` (its flock); :mod:`wids.cache.layout` documents the whole directory.
+:class:`EntryFiles` reads, checks, lists and removes entries; it takes no decisions about
+budgets (:mod:`wids.cache.budget`), opening (:mod:`wids.cache.handle`) or fetching
+(:mod:`wids.cache.shards`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import stat
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..atomic import atomic_write
+from ..lock import FileLock
+from ..storage import comparable_etag, redact_url
+from . import layout as cachedir
+
+__all__ = [
+    "ENTRY_SUBDIRS",
+    "CacheEntry",
+    "EntryFiles",
+    "entry_key",
+    "listdir",
+    "new_record",
+    "regular_size",
+]
+
+log = logging.getLogger(__name__)
+
+_FORMAT = "wids-cache-entry"
+_VERSION = 1
+ENTRY_SUBDIRS = ("data", "meta", "locks", "tmp")  # the entries' part of the cachedir layout
+
+
+def entry_key(url: str) -> str:
+    """The file name of ``url``'s entry: a hash of the URL plus a readable basename.
+
+    Credentials are not part of a shard's identity: the hash is of the URL without
+    ``user:password@`` and signature/token query parameters (:func:`redact_url`), so a
+    re-signed presigned URL names the same entry, and so does the credential-free URL an
+    offline index snapshot stores.
+    """
+    digest = _url_hash(url)
+    base = re.split(r"[?#]", redact_url(url), maxsplit=1)[0].rstrip("/").rsplit("/", 1)[-1]
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", base)[-80:].lstrip(".")
+    return f"{digest[:24]}-{base or 'shard'}"
+
+
+def _url_hash(url: str) -> str:
+    return hashlib.sha256(redact_url(url).encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntry:
+    """One cached shard as its record describes it.
+
+    Attributes:
+        key: The entry's file name under ``data/``.
+        url: The shard URL, credentials removed.
+        path: The cached file.
+        size: Size in bytes.
+        etag: The storage's etag when it was fetched, if it reported one.
+        md5sum: The verified MD5, if the index gave one.
+        created: When it was fetched (POSIX time).
+        last_access: When it was last opened (POSIX time, about a second's precision).
+    """
+
+    key: str
+    url: str
+    path: str
+    size: int
+    etag: str | None
+    md5sum: str | None
+    created: float
+    last_access: float
+
+
+class EntryFiles:
+    """The entries of one cache directory: paths, records, validity, listing, removal.
+
+    Args:
+        cache_dir: The cache directory (absolute; checked and marked by the caller).
+    """
+
+    def __init__(self, cache_dir: str) -> None:
+        self.cache_dir = cache_dir
+
+    # -- paths ------------------------------------------------------------------------------
+
+    def data(self, key: str) -> str:
+        """The entry's data file, ``data/<key>``."""
+        return os.path.join(self.cache_dir, "data", key)
+
+    def meta(self, key: str) -> str:
+        """The entry's record, ``meta/<key>.json``."""
+        return os.path.join(self.cache_dir, "meta", key + ".json")
+
+    def lockfile(self, key: str) -> str:
+        """The entry's lock file, ``locks/<key>.lock``."""
+        return os.path.join(self.cache_dir, "locks", key + ".lock")
+
+    # -- records ----------------------------------------------------------------------------
+
+    def read_record(self, key: str) -> dict[str, Any] | None:
+        """The entry's record, or ``None`` if missing, unreadable or of another format."""
+        try:
+            with open(self.meta(key), encoding="utf-8") as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            return None
+        if not isinstance(rec, dict) or rec.get("format") != _FORMAT:
+            return None
+        if rec.get("version") != _VERSION:
+            return None
+        return rec
+
+    def write_record(self, key: str, rec: dict[str, Any], *, fsync: bool = True) -> None:
+        """Write the entry's record atomically."""
+        with atomic_write(self.meta(key), "w", fsync=fsync) as f:
+            json.dump(rec, f, sort_keys=True)
+
+    def check(
+        self,
+        key: str,
+        url: str,
+        st: os.stat_result,
+        size: int | None,
+        etag: str | None,
+        md5sum: str | None,
+    ) -> dict[str, Any] | None:
+        """The record if the data file ``st`` is the intact, expected copy of ``url``."""
+        rec = self.read_record(key)
+        if rec is None or rec.get("url_sha256") != _url_hash(url):
+            return None
+        if (st.st_size, st.st_ino, st.st_mtime_ns) != (
+            rec.get("size"),
+            rec.get("file_ino"),
+            rec.get("file_mtime_ns"),
+        ):
+            log.info("cache entry %s changed behind the cache's back; refetching", key)
+            return None
+        if size is not None and size != st.st_size:
+            return None
+        if etag is not None and rec.get("etag") is not None:
+            if comparable_etag(etag) != comparable_etag(rec["etag"]):
+                return None
+        if md5sum is not None and rec.get("md5sum") != md5sum.lower():
+            return None
+        return rec
+
+    def is_valid(self, key: str, url: str, *expected: Any) -> bool:
+        """Whether the entry is the intact, expected copy of ``url`` (no lock taken)."""
+        try:
+            st = os.stat(self.data(key))
+        except FileNotFoundError:
+            return False
+        return self.check(key, url, st, *expected) is not None
+
+    # -- listing ----------------------------------------------------------------------------
+
+    def records(self) -> list[tuple[str, dict[str, Any]]]:
+        """``(key, record)`` of every readable record in ``meta/``, with or without data."""
+        out = []
+        for name in listdir(os.path.join(self.cache_dir, "meta")):
+            if name.endswith(".json"):
+                rec = self.read_record(name[: -len(".json")])
+                if rec is not None:
+                    out.append((name[: -len(".json")], rec))
+        return out
+
+    def entries(self) -> list[CacheEntry]:
+        """The recorded entries that have their data, least recently used first.
+
+        Raises:
+            CacheDirError: A subdirectory of the cache is a symbolic link.
+        """
+        cachedir.check_layout(self.cache_dir, ENTRY_SUBDIRS)
+        out = []
+        for key, rec in self.records():
+            if regular_size(self.data(key)) is None:
+                continue
+            out.append(
+                CacheEntry(
+                    key=key,
+                    url=str(rec.get("url")),
+                    path=self.data(key),
+                    size=int(rec["size"]),
+                    etag=rec.get("etag"),
+                    md5sum=rec.get("md5sum"),
+                    created=float(rec.get("created", 0)),
+                    last_access=float(rec.get("last_access", 0)),
+                )
+            )
+        out.sort(key=lambda e: (e.last_access, e.key))
+        return out
+
+    def sizes(self) -> dict[str, int]:
+        """Sizes of the data files that have a record file: what the budget limits."""
+        recorded = {n[: -len(".json")] for n in listdir(os.path.join(self.cache_dir, "meta"))}
+        sizes = {}
+        for key in listdir(os.path.join(self.cache_dir, "data")):
+            size = regular_size(self.data(key)) if key in recorded else None
+            if size is not None:
+                sizes[key] = size
+        return sizes
+
+    # -- removal ----------------------------------------------------------------------------
+
+    def remove_files(self, key: str) -> None:
+        """Remove an entry's data, record and abandoned downloads (exclusive lock held).
+
+        The data goes before the record, so a data file is never left without one.
+        """
+        cachedir.unlink_in(self.cache_dir, "data", key)
+        cachedir.unlink_in(self.cache_dir, "meta", key + ".json")
+        for name in listdir(os.path.join(self.cache_dir, "tmp"), hidden=True):
+            if cachedir.is_own_temp(name, (key,)):
+                log.info("cache: removing abandoned download %s", name)
+                cachedir.unlink_in(self.cache_dir, "tmp", name)
+
+    def remove_if_free(self, key: str) -> bool:
+        """Remove a recorded entry nobody holds; ``False`` if held or not recorded."""
+        lock = FileLock(self.lockfile(key))
+        if not lock.acquire(blocking=False):
+            return False  # open (shared) or being fetched (exclusive) somewhere
+        try:
+            if self.read_record(key) is None:  # not (or no longer) an entry wids recorded
+                if regular_size(self.data(key)) is None:
+                    lock.unlink()  # only the lock file this call may have created
+                return False
+            self.remove_files(key)
+            lock.unlink()
+            return True
+        finally:
+            lock.release()
+
+
+def new_record(
+    url: str, st: os.stat_result, etag: str | None, md5sum: str | None
+) -> dict[str, Any]:
+    """The record of a download of ``url`` whose file has stat ``st``."""
+    now = time.time()
+    return {
+        "format": _FORMAT,
+        "version": _VERSION,
+        "url": redact_url(url),
+        "url_sha256": _url_hash(url),
+        "size": st.st_size,
+        "etag": comparable_etag(etag),
+        "md5sum": md5sum.lower() if md5sum is not None else None,
+        "file_ino": st.st_ino,
+        "file_mtime_ns": st.st_mtime_ns,
+        "created": now,
+        "last_access": now,
+    }
+
+
+def regular_size(path: str) -> int | None:
+    """The size of ``path`` if it is a regular file (links are not followed), else ``None``."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def listdir(path: str, *, hidden: bool = False) -> list[str]:
+    """Names in ``path`` (without dot files unless ``hidden``); none if it is missing."""
+    try:
+        return [n for n in os.listdir(path) if hidden or not n.startswith(".")]
+    except FileNotFoundError:
+        return []
