@@ -105,7 +105,7 @@ def test_json_index_matches_tarfile(json_index, oracle):
 
 
 def test_sqlite_index_matches_tarfile(shards, oracle, tmp_path):
-    pytest.importorskip("wids.index.sqlitefile")
+    pytest.importorskip("wids.index.sqlitereader")
     out = str(tmp_path / "train.sqlite")
     build_index(shards, out)
     _check_all(ShardListDataset(out, transformations=[]), oracle)

@@ -23,10 +23,15 @@ KNOWN_CYCLES: set[frozenset[str]] = {
             "wids.index",
             "wids.index.build",
             "wids.index.convert",
-            "wids.index.jsonfile",
+            "wids.index.fingerprint",
+            "wids.index.jsonreader",
+            "wids.index.jsonwriter",
             "wids.index.model",
+            "wids.index.registry",
             "wids.index.spec",
-            "wids.index.sqlitefile",
+            "wids.index.sqlitereader",
+            "wids.index.sqlitewriter",
+            "wids.index.urls",
             "wids.storage",
             "wids.storage.publish",
         )
@@ -34,17 +39,12 @@ KNOWN_CYCLES: set[frozenset[str]] = {
 }
 OVERSIZE: set[str] = {
     "wids.dataset.listdataset",
-    "wids.index.jsonfile",
-    "wids.index.model",
-    "wids.index.spec",
-    "wids.index.sqlitefile",
     "wids.sampler",
     "wids.storage.source",
     "wids.subset",
 }
 KNOWN_REEXPORTS: set[str] = {
     "wids.dataset.listdataset",
-    "wids.index.convert",
     "wids.storage.source",
 }
 

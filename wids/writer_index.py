@@ -3,7 +3,7 @@
 Shards are added in shard order once they are published, with the member table the writer
 recorded and the fingerprint a later stat gives (size plus mtime locally, size plus etag from
 the store after an upload). The result is what ``wids index create`` writes for the same
-shards: the same writer classes (through :func:`~wids.index_convert.create_index_writer`),
+shards: the same writer classes (through :func:`~wids.index.registry.create_index_writer`),
 the same stored URLs (relative to the index's directory), the same report.
 
 Checkpoints, so a killed writer leaves an index of whole shards:

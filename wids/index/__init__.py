@@ -1,4 +1,4 @@
-"""Indexes: the model (shards, member tables), the JSON and SQLite backends, building, conversion.
+"""Indexes: the model, fingerprints, JSON and SQLite backends (one registry), building, conversion.
 
 Other parts import from this package, not its modules.
 """
@@ -10,48 +10,43 @@ from .build import (
     build_index,
     scan_shard,
 )
-from .convert import (
-    convert_index,
-    create_index_writer,
-)
-from .jsonfile import (
-    _SIDECAR_NAME,
-    JsonIndex,
-    JsonIndexWriter,
-    _members_dir,
-    _sidecar_name,
-)
+from .convert import convert_index
+from .fingerprint import Fingerprint, header_mismatch_at_spot, unchanged
+from .jsonformat import SIDECAR_NAME, members_dir, sidecar_name
+from .jsonreader import JsonIndex
+from .jsonwriter import JsonIndexWriter
+from .members import ShardMembers
 from .model import (
     REPAIR_HINT,
+    Component,
     IndexReader,
+    IndexWriter,
     ShardInfo,
-    ShardMembers,
-    header_mismatch_at_spot,
-    open_index,
     shard_mismatch,
     with_repair_hint,
 )
-from .spec import (
-    Component,
-    Spec,
-    check_url_map,
-    expand_braces,
-    load_spec,
-    map_url,
-    resolve_url,
-)
-from .sqlitefile import (
-    SqliteIndex,
-    SqliteIndexWriter,
-)
+from .registry import INDEX_SUFFIXES, create_index_writer, is_sqlite_name, open_index, writer_for
+from .spec import Spec, load_spec
+from .sqlitereader import SqliteIndex
+from .sqlitewriter import SqliteIndexWriter
+from .urls import check_url_map, expand_braces, map_url, resolve_url
+
+# Old private names, kept until their users (storage.publish, subset, writer_index) switch.
+_SIDECAR_NAME = SIDECAR_NAME
+_members_dir = members_dir
+_sidecar_name = sidecar_name
 
 __all__ = [
+    "INDEX_SUFFIXES",
+    "REPAIR_HINT",
+    "SIDECAR_NAME",
     "BuildReport",
     "Component",
+    "Fingerprint",
     "IndexReader",
+    "IndexWriter",
     "JsonIndex",
     "JsonIndexWriter",
-    "REPAIR_HINT",
     "ShardInfo",
     "ShardMembers",
     "Spec",
@@ -66,11 +61,16 @@ __all__ = [
     "create_index_writer",
     "expand_braces",
     "header_mismatch_at_spot",
+    "is_sqlite_name",
     "load_spec",
     "map_url",
+    "members_dir",
     "open_index",
     "resolve_url",
     "scan_shard",
     "shard_mismatch",
+    "sidecar_name",
+    "unchanged",
     "with_repair_hint",
+    "writer_for",
 ]

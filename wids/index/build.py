@@ -6,7 +6,7 @@
   per member and nothing written to local disk; shards are scanned in threads.
 - Incremental: an existing index at the output path is reused for shards whose fingerprint
   (size and etag, or mtime) is unchanged and whose recorded member header is still in place
-  (``index.shard_mismatch``, ``index.header_mismatch_at_spot``).
+  (:func:`wids.index.fingerprint.unchanged`).
 """
 
 from __future__ import annotations
@@ -25,14 +25,10 @@ from ..errors import ShardNotFoundError, WidsError
 from ..samples import DuplicatePolicy, group_members, group_regular
 from ..storage import FileStat, IOStats, Source, redact_url
 from ..tar import iter_members_stream, scan_local_rows
-from .model import (
-    IndexReader,
-    ShardInfo,
-    ShardMembers,
-    header_mismatch_at_spot,
-    open_index,
-    shard_mismatch,
-)
+from .fingerprint import unchanged
+from .members import ShardMembers
+from .model import IndexReader, ShardInfo
+from .registry import create_index_writer, open_index
 
 __all__ = [
     "BuildReport",
@@ -94,7 +90,7 @@ def expand_shard_args(args: Iterable[str]) -> list[str]:
         >>> expand_shard_args(["s3://b/train-{000000..000002}.tar"])
         ['s3://b/train-000000.tar', 's3://b/train-000001.tar', 's3://b/train-000002.tar']
     """
-    from .spec import expand_braces
+    from .urls import expand_braces
 
     out: list[str] = []
     for arg in args:
@@ -148,16 +144,6 @@ def _scan_job(
         Source(url, storage_options), duplicates=duplicates, stats=stats
     )
     return stat, members, skipped, stats.bytes_read, stats.requests
-
-
-def _unchanged(old: ShardInfo, members: ShardMembers, stat: FileStat, src: Source) -> bool:
-    """Whether the shard is positively the one ``old`` recorded: fingerprint and a header."""
-    if shard_mismatch(old, stat, strict=True) is not None:
-        return False
-    try:
-        return header_mismatch_at_spot(members, src.read_range) is None
-    except WidsError:
-        return False
 
 
 def _open_existing(output: str, storage_options: Mapping[str, Any] | None) -> IndexReader | None:
@@ -327,7 +313,7 @@ def _reuse(
         if prev is not None:
             try:
                 stat = src.info()
-                same = _unchanged(prev[0], prev[1], stat, src)
+                same = unchanged(prev[0].fingerprint, prev[1], stat, src.read_range)
             finally:
                 src.close()
             if same:
@@ -347,7 +333,6 @@ def _write(
     report: BuildReport,
 ) -> None:
     from ..storage import stored_url
-    from .convert import create_index_writer
 
     writer = create_index_writer(output, name=name)
     try:

@@ -1,4 +1,4 @@
-"""Choosing an index writer by file name, and converting indexes between JSON and SQLite."""
+"""Converting indexes between JSON and SQLite (either direction, or to the same backend)."""
 
 from __future__ import annotations
 
@@ -8,32 +8,11 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import IndexFormatError
-from ..storage import SQLITE_SUFFIXES, check_output, index_destination, output_dir, stored_url
-from .jsonfile import JsonIndexWriter
-from .model import open_index
-from .sqlitefile import SqliteIndexWriter
+from ..storage import check_output, index_destination, output_dir, stored_url
+from .model import IndexReader, IndexWriter
+from .registry import create_index_writer, open_index
 
-__all__ = ["SQLITE_SUFFIXES", "convert_index", "create_index_writer"]
-
-
-def create_index_writer(
-    path: str | os.PathLike[str], *, name: str | None = None
-) -> JsonIndexWriter | SqliteIndexWriter:
-    """A writer for the backend that ``path``'s ending selects.
-
-    Args:
-        path: ``*.json`` for JSON, ``*.sqlite`` / ``*.sqlite3`` / ``*.db`` for SQLite.
-        name: The dataset's name.
-
-    Raises:
-        ValueError: The ending selects no backend.
-    """
-    p = os.fspath(path).lower()
-    if p.endswith(SQLITE_SUFFIXES):
-        return SqliteIndexWriter(path, name=name)
-    if p.endswith(".json"):
-        return JsonIndexWriter(path, name=name)
-    raise ValueError(f"{path}: name the index *.json or one of {', '.join(SQLITE_SUFFIXES)}")
+__all__ = ["convert_index"]
 
 
 def convert_index(
@@ -59,7 +38,7 @@ def convert_index(
     """
     dest = os.fspath(dst)
     check_output(dest, [src], storage_options)
-    reader: Any = open_index(src, storage_options)
+    reader = open_index(src, storage_options)
     try:
         with index_destination(dest, storage_options) as path:
             _copy(reader, src, create_index_writer(path, name=reader.name or None), dest)
@@ -67,7 +46,7 @@ def convert_index(
         reader.close()
 
 
-def _copy(reader: Any, src: str, writer: Any, dest: str) -> None:
+def _copy(reader: IndexReader, src: str, writer: IndexWriter, dest: str) -> None:
     out_dir = output_dir(dest)
     try:
         shards = reader.shards

@@ -1,71 +1,52 @@
-"""The index model: what is known about each shard and where every member of it lies.
+"""The index model: what is known about each shard, and what every index backend offers.
 
 - :class:`ShardInfo` — one shard: URL, sample count, and what identifies its bytes (size, etag
-  or mtime, md5) so a changed shard is detected later.
-- :class:`ShardMembers` — the member table of one shard in compact CSR form (numpy arrays,
-  a few dozen bytes per sample): for each sample its key and its members' field, data offset
-  and size, and so its byte span, which one range request fetches.
-- :func:`shard_mismatch` and :func:`header_mismatch_at_spot` — the one answer to "is this file
-  still the shard the index recorded?": its fingerprint (size, plus etag where the store gives
-  one, else modification time) and the tar header of one recorded member.
-- :class:`IndexReader` — what every storage backend (JSON, SQLite) offers; :func:`open_index`
-  picks the backend for a file.
+  or mtime, md5: its :class:`~wids.index.fingerprint.Fingerprint`) so a changed shard is
+  detected later.
+- :class:`Component` — one (sub-)dataset of an index and its range of shards.
+- :class:`IndexReader` and :class:`IndexWriter` — what every storage backend (JSON, SQLite)
+  offers; :mod:`wids.index.registry` picks the backend for a file.
+- The member table of a shard is :class:`~wids.index.members.ShardMembers`.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
-
-import numpy as np
+from typing import Any, Protocol
 
 from ..errors import IndexFormatError, UntrustedLocationError
-
-if TYPE_CHECKING:
-    from .spec import Component
+from .fingerprint import Fingerprint, Observed
+from .members import ShardMembers
 
 __all__ = [
     "REPAIR_HINT",
+    "Component",
     "IndexReader",
+    "IndexWriter",
+    "MAX_NSAMPLES",
+    "MAX_SHARD_SIZE",
     "ShardInfo",
-    "ShardMembers",
-    "header_mismatch_at_spot",
-    "open_index",
+    "max_samples",
     "shard_mismatch",
-    "spot_member",
     "with_repair_hint",
 ]
 
 REPAIR_HINT = "rebuild the index: wids index create SHARDS... -o INDEX --full"
 """What an error about a damaged or outdated index tells the user to do."""
-
-BLOCK = 512
-"""A tar header's size: the least space before each member's data."""
-MAX_OFFSET = 1 << 62
-"""Offsets and sizes in an index are below this (no storage holds 4 EiB)."""
-MAX_FIELDS = 1 << 16
-"""Distinct field names in one member table (field ids are 16-bit)."""
+MAX_SHARD_SIZE = 1 << 62
+"""A shard's ``filesize`` is below this (the same bound as offsets in a member table)."""
+MAX_NSAMPLES = MAX_SHARD_SIZE // 512
+"""A shard's ``nsamples`` is at most this: every sample has a 512-byte header."""
 
 
-def _int64(values: Any, what: str) -> np.ndarray:
-    """``values`` as an int64 array, refusing anything that is not integers in range."""
-    if isinstance(values, np.ndarray) and values.dtype == np.int64:
-        return values
-    try:
-        arr = np.asarray(values)
-    except (TypeError, ValueError, OverflowError) as e:
-        raise IndexFormatError(f"{what}: not an array of integers ({e})") from None
-    if arr.ndim != 1:
-        raise IndexFormatError(f"{what}: not a flat list of integers")
-    if arr.dtype.kind not in "iu":
-        if len(arr) == 0:
-            return np.zeros(0, dtype=np.int64)
-        raise IndexFormatError(f"{what}: not integers (found {arr.dtype.name} values)")
-    if arr.dtype.kind == "u" and len(arr) and int(arr.max()) >= MAX_OFFSET:
-        raise IndexFormatError(f"{what}: value {int(arr.max())} is too large")
-    return arr.astype(np.int64, copy=False)
+def max_samples(size: int | None) -> int:
+    """The most samples a tar of ``size`` bytes can hold.
+
+    Each sample has at least one member, and a member takes at least its 512-byte header; the
+    archive ends with at least one 512-byte zero block. Without a size, :data:`MAX_NSAMPLES`.
+    """
+    return MAX_NSAMPLES if size is None else max(0, size // 512 - 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,229 +69,32 @@ class ShardInfo:
     mtime: float | None = None
     md5sum: str | None = None
 
+    @property
+    def fingerprint(self) -> Fingerprint:
+        """What identifies the shard's bytes: its size, etag, mtime and md5."""
+        return Fingerprint(self.size, self.etag, self.mtime, self.md5sum)
 
-class ShardMembers:
-    """The member table of one shard.
 
-    Sample ``i`` has key ``key_blob[key_offsets[i]:key_offsets[i + 1]]`` (UTF-8) and members
-    ``sample_start[i] .. sample_start[i + 1] - 1``; member ``j`` is field
-    ``fields[member_field[j]]`` with data at ``member_offset[j]`` of ``member_size[j]`` bytes.
-    Members of a sample are consecutive in the tar, so the sample's bytes are one span.
+@dataclass(frozen=True, slots=True)
+class Component:
+    """One (sub-)dataset of a description and its range of shards.
+
+    Attributes:
+        name: The component's name (``""`` when it has none).
+        weight: Its mixing weight, if the description gives one.
+        first_shard: Index of its first shard in the description's shard list.
+        stop_shard: One past its last shard.
     """
 
-    __slots__ = (
-        "fields",
-        "key_blob",
-        "key_offsets",
-        "member_field",
-        "member_offset",
-        "member_size",
-        "sample_start",
-    )
-
-    def __init__(
-        self,
-        fields: Sequence[str],
-        key_blob: bytes,
-        key_offsets: np.ndarray,
-        sample_start: np.ndarray,
-        member_field: np.ndarray,
-        member_offset: np.ndarray,
-        member_size: np.ndarray,
-    ) -> None:
-        self.fields = tuple(fields)
-        self.key_blob = key_blob
-        self.key_offsets = _int64(key_offsets, "key offsets")
-        self.sample_start = _int64(sample_start, "sample_start")
-        field_ids = _int64(member_field, "member_field")
-        self.member_offset = _int64(member_offset, "member_offset")
-        self.member_size = _int64(member_size, "member_size")
-        problem = self._problem(field_ids)
-        if problem:
-            raise IndexFormatError(f"inconsistent member table: {problem}")
-        self.member_field = field_ids.astype(np.uint16)
-
-    def _problem(self, field_ids: np.ndarray) -> str | None:
-        """What is wrong with the arrays, or ``None``; every value an index can hold is checked.
-
-        Offsets and sizes are below 2**62; members lie in tar order, each one's data starting at
-        least a 512-byte header after the previous one's end; every sample has a member; field
-        ids point into ``fields``. All vectorised (see ``tools/bench_index.py`` for the cost).
-        """
-        n, m = len(self.sample_start) - 1, len(self.member_offset)
-        starts, offs, sizes = self.sample_start, self.member_offset, self.member_size
-        fields = self.fields
-        if not all(isinstance(f, str) for f in fields) or len(set(fields)) != len(fields):
-            return "fields must be distinct strings"
-        if len(fields) > MAX_FIELDS:
-            return f"{len(fields)} fields (limit {MAX_FIELDS})"
-        if not isinstance(self.key_blob, bytes):
-            return "keys must be bytes"
-        if n < 0 or len(self.key_offsets) != n + 1:
-            return "sample_start and keys disagree in length"
-        if len(field_ids) != m or len(sizes) != m:
-            return "member_field, member_offset and member_size differ in length"
-        if n == 0:
-            return "members without samples" if m else None
-        if starts[0] != 0 or starts[-1] != m or not bool(np.all(starts[1:] > starts[:-1])):
-            return "sample_start must rise from 0 to the member count, every sample non-empty"
-        keys = self.key_offsets
-        if keys[0] != 0 or keys[-1] != len(self.key_blob) or bool(np.any(keys[1:] < keys[:-1])):
-            return "key offsets must rise from 0 to the length of the keys"
-        if int(field_ids.min()) < 0 or int(field_ids.max()) >= len(fields):
-            return f"member_field outside the {len(fields)} fields"
-        if int(sizes.min()) < 0 or int(sizes.max()) >= MAX_OFFSET:
-            return f"member_size outside [0, 2**62): {int(sizes.min())} .. {int(sizes.max())}"
-        if int(offs[0]) < BLOCK or int(offs[-1]) >= MAX_OFFSET:
-            return f"member_offset outside [512, 2**62): {int(offs[0])} .. {int(offs[-1])}"
-        # Member j's data starts after member j-1's data and member j's own 512-byte header.
-        # (int64 cannot overflow here: every offset and size is below 2**62.)
-        bad = np.flatnonzero(offs[1:] < offs[:-1] + sizes[:-1] + BLOCK)
-        if len(bad):
-            j = int(bad[0]) + 1
-            return (
-                f"member {j} at offset {int(offs[j])} overlaps or precedes member {j - 1} "
-                f"({int(offs[j - 1])} + {int(sizes[j - 1])} bytes + a 512-byte header)"
-            )
-        return None
-
-    def check_extent(self, size: int | None) -> None:
-        """Check that every member lies inside a shard of ``size`` bytes, if the size is known.
-
-        Raises:
-            IndexFormatError: The last member ends past ``size``.
-        """
-        if size is None or not self.nmembers:
-            return
-        end = int(self.member_offset[-1] + self.member_size[-1])
-        if end > size:
-            raise IndexFormatError(
-                f"member table runs to byte {end}, past the shard's recorded size {size}"
-            )
-
-    @classmethod
-    def from_samples(cls, samples: Sequence[tuple[str, Sequence[tuple[str, int, int]]]]):
-        """Build from ``[(key, [(field, offset, size), ...]), ...]`` in tar order."""
-        field_ids: dict[str, int] = {}
-        keys = [k.encode("utf-8", "surrogateescape") for k, _ in samples]
-        key_offsets = np.zeros(len(samples) + 1, dtype=np.int64)
-        np.cumsum([len(k) for k in keys], out=key_offsets[1:])
-        sample_start = np.zeros(len(samples) + 1, dtype=np.int64)
-        np.cumsum([len(ms) for _, ms in samples], out=sample_start[1:])
-        flat = [m for _, ms in samples for m in ms]
-        fids = [field_ids.setdefault(f, len(field_ids)) for f, _, _ in flat]
-        return cls(
-            fields=list(field_ids),
-            key_blob=b"".join(keys),
-            key_offsets=key_offsets,
-            sample_start=sample_start,
-            member_field=np.array(fids, dtype=np.uint16),
-            member_offset=np.array([o for _, o, _ in flat], dtype=np.int64),
-            member_size=np.array([s for _, _, s in flat], dtype=np.int64),
-        )
-
-    def to_columns(self) -> dict[str, Any]:
-        """Plain lists, for storage: fields, keys, sample_start, member_field/offset/size."""
-        return {
-            "fields": list(self.fields),
-            "keys": self.keys(),
-            "sample_start": self.sample_start.tolist(),
-            "member_field": self.member_field.tolist(),
-            "member_offset": self.member_offset.tolist(),
-            "member_size": self.member_size.tolist(),
-        }
-
-    @classmethod
-    def from_columns(cls, cols: Mapping[str, Any]) -> ShardMembers:
-        """Inverse of :meth:`to_columns`.
-
-        Raises:
-            IndexFormatError: If a column is missing or the columns disagree.
-        """
-        try:
-            if not isinstance(cols["fields"], list) or not isinstance(cols["keys"], list):
-                raise IndexFormatError("'fields' and 'keys' must be lists")
-            keys = [k.encode("utf-8", "surrogateescape") for k in cols["keys"]]
-            key_offsets = np.zeros(len(keys) + 1, dtype=np.int64)
-            np.cumsum([len(k) for k in keys], out=key_offsets[1:])
-            return cls(
-                fields=cols["fields"],
-                key_blob=b"".join(keys),
-                key_offsets=key_offsets,
-                sample_start=cols["sample_start"],
-                member_field=cols["member_field"],
-                member_offset=cols["member_offset"],
-                member_size=cols["member_size"],
-            )
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
-            if isinstance(e, IndexFormatError):
-                raise
-            raise IndexFormatError(f"malformed member table: {e!r}") from None
-
-    def __len__(self) -> int:
-        return len(self.sample_start) - 1
+    name: str
+    weight: float | None
+    first_shard: int
+    stop_shard: int
 
     @property
-    def nmembers(self) -> int:
-        """Number of members (fields of all samples)."""
-        return len(self.member_offset)
-
-    @property
-    def nbytes(self) -> int:
-        """Memory held by the table's arrays and keys."""
-        arrays = (self.key_offsets, self.sample_start, self.member_field)
-        return len(self.key_blob) + sum(a.nbytes for a in arrays) + 16 * self.nmembers
-
-    def key(self, i: int) -> str:
-        """The key of sample ``i``."""
-        a, b = int(self.key_offsets[i]), int(self.key_offsets[i + 1])
-        return self.key_blob[a:b].decode("utf-8", "surrogateescape")
-
-    def keys(self) -> list[str]:
-        """All keys, in order (one decode of the whole blob when it is ASCII)."""
-        bounds = self.key_offsets.tolist()
-        if self.key_blob.isascii():
-            text = self.key_blob.decode("ascii")
-            return [text[a:b] for a, b in zip(bounds, bounds[1:])]  # noqa: B905 - n+1 bounds
-        return [self.key(i) for i in range(len(self))]
-
-    def span(self, i: int) -> tuple[int, int]:
-        """Byte range ``(start, end)`` of sample ``i``: first member's data to last one's end."""
-        first, last = int(self.sample_start[i]), int(self.sample_start[i + 1]) - 1
-        return int(self.member_offset[first]), int(
-            self.member_offset[last] + self.member_size[last]
-        )
-
-    def spans(self) -> tuple[np.ndarray, np.ndarray]:
-        """All sample spans at once: arrays ``starts`` and ``ends``."""
-        if len(self) == 0:
-            empty = np.zeros(0, dtype=np.int64)
-            return empty, empty
-        first = self.sample_start[:-1]
-        last = self.sample_start[1:] - 1
-        return self.member_offset[first], self.member_offset[last] + self.member_size[last]
-
-    def members(self, i: int) -> list[tuple[str, int, int]]:
-        """Members of sample ``i`` as ``(field, offset, size)``."""
-        a, b = int(self.sample_start[i]), int(self.sample_start[i + 1])
-        fields = self.fields
-        return [
-            (fields[f], int(o), int(s))
-            for f, o, s in zip(
-                self.member_field[a:b].tolist(),
-                self.member_offset[a:b].tolist(),
-                self.member_size[a:b].tolist(),
-                strict=True,
-            )
-        ]
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ShardMembers):
-            return NotImplemented
-        return self.to_columns() == other.to_columns()
-
-    def __repr__(self) -> str:
-        return f"ShardMembers({len(self)} samples, {self.nmembers} members, fields={self.fields})"
+    def nshards(self) -> int:
+        """Number of shards in the component."""
+        return self.stop_shard - self.first_shard
 
 
 def with_repair_hint(error: IndexFormatError) -> IndexFormatError:
@@ -320,109 +104,11 @@ def with_repair_hint(error: IndexFormatError) -> IndexFormatError:
     return IndexFormatError(f"{error.message}; to repair, {REPAIR_HINT}", shard=error.shard)
 
 
-def _same_mtime(a: float, b: float) -> bool:
-    # HTTP's Last-Modified has whole seconds where a file system has nanoseconds: when either
-    # side is whole, compare at that resolution.
-    if a.is_integer() or b.is_integer():
-        return int(a) == int(b)
-    return abs(a - b) <= 1e-6
-
-
-def _when(t: float) -> str:
-    try:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t)) + f" UTC ({t!r})"
-    except (OverflowError, OSError, ValueError):
-        return repr(t)
-
-
 def shard_mismatch(
-    info: ShardInfo, stat: Any, *, data_end: int | None = None, strict: bool = False
+    info: ShardInfo, stat: Observed, *, data_end: int | None = None, strict: bool = False
 ) -> str | None:
-    """Whether a file is still the shard the index recorded, judged by its fingerprint.
-
-    A shard's fingerprint is its size plus the storage's etag when both the index and the store
-    have one, else, when the store gives no etag, its modification time (local files; HTTP
-    servers that send no ETag). Etags are compared through
-    :func:`wids.storage.source.comparable_etag`. A store that gives an etag where the index recorded
-    none holds a copy made elsewhere (a local dataset uploaded to S3): its modification time is
-    the upload's, so only the size is compared here (and the member header, see
-    :func:`header_mismatch_at_spot`). Every check of a shard against an index (the dataset's
-    first touch, ``wids index verify``, incremental builds, the scan cache) goes through this
-    function.
-
-    Args:
-        info: What the index records.
-        stat: What the storage says now (a :class:`~wids.storage.source.FileStat`: ``size``,
-            ``etag``, ``mtime``).
-        data_end: End of the shard's last member's data, when a member table is at hand: the
-            file must be at least this long.
-        strict: Require a positive identification (a size and an etag or mtime to compare), as
-            reusing a member table without rescanning does; otherwise what cannot be compared
-            passes.
-
-    Returns:
-        ``None`` when the file is the recorded shard, else what differs, for an error message.
-    """
-    if info.size is not None and stat.size != info.size:
-        return f"its size is {stat.size} bytes where the index says {info.size}"
-    if data_end is not None and data_end > stat.size:
-        return f"it is {stat.size} bytes but the index has members up to byte {data_end}"
-    if info.etag is not None and stat.etag is not None:
-        from ..storage import comparable_etag
-
-        if comparable_etag(stat.etag) != comparable_etag(info.etag):
-            return f"its etag is {stat.etag!r} where the index says {info.etag!r}"
-        return None if info.size is not None or not strict else "the index records no size"
-    if info.mtime is not None and stat.mtime is not None and stat.etag is None:
-        if not _same_mtime(float(stat.mtime), float(info.mtime)):
-            return (
-                f"it was modified at {_when(stat.mtime)} where the index says {_when(info.mtime)}"
-            )
-        return None if info.size is not None or not strict else "the index records no size"
-    if strict:
-        return "the index records neither an etag nor a modification time to compare"
-    return None
-
-
-def spot_member(members: ShardMembers) -> tuple[str, int, int] | None:
-    """The member whose tar header is checked when a shard is opened: ``(name, offset, size)``.
-
-    The last sample's first member: near the end of the shard, and fixed, so every process
-    checks the same bytes. ``None`` for a shard without samples.
-    """
-    n = len(members)
-    if n == 0:
-        return None
-    j = int(members.sample_start[n - 1])
-    name = members.key(n - 1) + members.fields[int(members.member_field[j])]
-    return name, int(members.member_offset[j]), int(members.member_size[j])
-
-
-def header_mismatch_at_spot(members: ShardMembers, read: Callable[[int, int], bytes]) -> str | None:
-    """Check the tar header of the shard's :func:`spot_member` with one 512-byte read.
-
-    A shard replaced by another of the same size with its modification time restored passes
-    :func:`shard_mismatch`; its members' headers do not match the index.
-
-    Args:
-        members: The shard's member table.
-        read: ``read(start, end)`` returns exactly those bytes of the shard.
-
-    Returns:
-        ``None`` when the header is the recorded member's, else what is wrong.
-    """
-    spot = spot_member(members)
-    if spot is None:
-        return None
-    from ..tar import BLOCK, header_mismatch
-
-    name, offset, size = spot
-    if offset < BLOCK:
-        return f"member {name!r} at byte {offset} leaves no room for its header"
-    problem = header_mismatch(read(offset - BLOCK, offset), name, size)
-    if problem is None:
-        return None
-    return f"at byte {offset - BLOCK}, {problem}"
+    """``info.fingerprint.mismatch(stat, ...)``: see :meth:`Fingerprint.mismatch`."""
+    return info.fingerprint.mismatch(stat, data_end=data_end, strict=strict)
 
 
 class IndexReader(Protocol):
@@ -440,6 +126,17 @@ class IndexReader(Protocol):
     def components(self) -> list[Component]:
         """The (sub-)datasets and their shard ranges."""
 
+    @property
+    def report(self) -> dict[str, Any]:
+        """The builder's report stored in the index (empty when none)."""
+
+    @property
+    def has_members(self) -> bool:
+        """Whether any shard has a member table."""
+
+    def shard_extra(self, shard: int) -> dict[str, Any]:
+        """Keys recorded with a shard that the index format does not define."""
+
     def members(self, shard: int) -> ShardMembers | None:
         """The member table of one shard, loaded lazily; ``None`` if not recorded."""
 
@@ -447,52 +144,25 @@ class IndexReader(Protocol):
         """Release files held open."""
 
 
-def open_index(
-    url: str,
-    storage_options: Mapping[str, Any] | None = None,
-    *,
-    url_map: Mapping[str, str] | None = None,
-    **kwargs: Any,
-) -> IndexReader:
-    """Open an index or dataset description, choosing the backend from its content.
+class IndexWriter(Protocol):
+    """What every index writer offers: shards added in dataset order, published on close."""
 
-    SQLite files are recognised by their magic bytes; anything else is read as a JSON
-    description (ours, or the reference ``wids-shard-index-v1``).
+    def start_component(self, name: str, weight: float | None = None) -> None:
+        """Start a sub-dataset; shards added from now on belong to it."""
 
-    Args:
-        url: Path or URL of the index.
-        storage_options: fsspec options for remote URLs.
-        url_map: Read shards from a mirror: ``{"https://old/": "s3://new/"}`` replaces the
-            longest matching prefix of each resolved shard URL (see
-            :func:`wids.index.spec.check_url_map`). A mapped shard is checked by size and member
-            headers; the etag and mtime recorded at the old location are not compared.
-        **kwargs: Passed to the backend (``base``, ``allow_local_shards``: let an index read
-            from a remote location name local files, refused by default).
+    def add(
+        self,
+        info: ShardInfo,
+        members: ShardMembers | None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record one shard (its ``url`` stored as given) and its member table, if any."""
 
-    Returns:
-        The opened index.
+    def set_report(self, report: Mapping[str, Any]) -> None:
+        """Store the builder's report (JSON-serialisable) in the index."""
 
-    Raises:
-        ValueError: ``url_map`` is invalid.
-    """
-    if url_map:
-        from .spec import check_url_map
+    def close(self) -> None:
+        """Publish the index atomically."""
 
-        kwargs["url_map"] = check_url_map(url_map)  # before any I/O
-    from ..errors import ShortReadError
-    from ..storage import Source
-
-    src = Source(url, storage_options)
-    try:
-        head = src.read_range(0, 16)
-    except ShortReadError:  # under 16 bytes: not SQLite; the JSON reader says what it is
-        head = b""
-    finally:
-        src.close()
-    if head == b"SQLite format 3\x00":
-        from .sqlitefile import SqliteIndex
-
-        return SqliteIndex(url, storage_options, **kwargs)
-    from .jsonfile import JsonIndex
-
-    return JsonIndex(url, storage_options, **kwargs)
+    def abort(self) -> None:
+        """Give up: publish nothing more."""

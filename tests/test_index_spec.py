@@ -1,4 +1,4 @@
-"""The dataset description: validation, URL resolution, braces, sub-datasets."""
+"""The dataset description: loading, validation, sub-datasets (``wids.index.spec``)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
+from wids import Component, load_spec
 from wids.errors import IndexFormatError, ShardNotFoundError
-from wids.index.spec import Component, expand_braces, load_spec, resolve_url, url_dir
 
 
 def write_json(path: Path, obj: object) -> str:
@@ -27,73 +25,6 @@ def desc(*shards: dict, **top: object) -> dict:
 
 def shard(url: str, n: int = 10, **kw: object) -> dict:
     return {"url": url, "nsamples": n, **kw}
-
-
-# -- braces ------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "pattern, expected",
-    [
-        ("plain.tar", ["plain.tar"]),
-        ("s-{000000..000002}.tar", ["s-000000.tar", "s-000001.tar", "s-000002.tar"]),
-        ("s-{8..11}", ["s-8", "s-9", "s-10", "s-11"]),
-        ("s-{08..11}", ["s-08", "s-09", "s-10", "s-11"]),
-        ("{3..1}", ["3", "2", "1"]),
-        ("{a,b,c}.tar", ["a.tar", "b.tar", "c.tar"]),
-        ("{a,b}/{0..1}", ["a/0", "a/1", "b/0", "b/1"]),
-        ("x{y}z", ["x{y}z"]),
-        ("{a,}", ["a", ""]),
-        ("s3://b/train-{000..001}.tar", ["s3://b/train-000.tar", "s3://b/train-001.tar"]),
-    ],
-)
-def test_expand_braces(pattern: str, expected: list[str]) -> None:
-    assert expand_braces(pattern) == expected
-
-
-@given(st.integers(0, 5000), st.integers(0, 300), st.integers(1, 8))
-def test_expand_braces_ranges_are_padded_and_complete(lo: int, count: int, width: int) -> None:
-    hi = lo + count
-    width = max(width, len(str(hi)))
-    out = expand_braces("p{" + f"{lo:0{width}d}..{hi:0{width}d}" + "}s")
-    assert len(out) == count + 1
-    assert [int(x[1:-1]) for x in out] == list(range(lo, hi + 1))
-    if width > 1:
-        assert all(len(x) == width + 2 for x in out)
-
-
-# -- URLs --------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "url, base, expected",
-    [
-        ("x.tar", "s3://bucket/a", "s3://bucket/a/x.tar"),
-        ("x.tar", "s3://bucket/a/", "s3://bucket/a/x.tar"),
-        ("../b/x.tar", "s3://bucket/a", "s3://bucket/b/x.tar"),
-        ("x.tar", "s3://bucket", "s3://bucket/x.tar"),
-        ("/p/x.tar", "https://host:8000/a/b", "https://host:8000/p/x.tar"),
-        ("gs://other/x.tar", "s3://bucket/a", "gs://other/x.tar"),
-        ("x.tar", "simplecache::s3://b/c", "simplecache::s3://b/c/x.tar"),
-        ("x.tar", "/data/set", "/data/set/x.tar"),
-        ("sub/../x.tar", "/data/set", "/data/set/x.tar"),
-        ("/abs/x.tar", "/data/set", "/abs/x.tar"),
-        ("x.tar", "file:///data/set", "/data/set/x.tar"),
-    ],
-)
-def test_resolve_url(url: str, base: str, expected: str) -> None:
-    assert resolve_url(url, base) == expected
-
-
-def test_resolve_url_without_base_is_relative_to_cwd(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)
-    assert resolve_url("a/x.tar", None) == str(tmp_path / "a" / "x.tar")
-    assert resolve_url("x.tar", "rel") == str(tmp_path / "rel" / "x.tar")
-
-
-def test_url_dir() -> None:
-    assert url_dir("s3://b/p/d.json") == "s3://b/p"
-    assert url_dir("/a/b/d.json") == "/a/b"
 
 
 # -- loading -----------------------------------------------------------------------------------

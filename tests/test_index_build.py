@@ -11,7 +11,7 @@ from wids import ShardMembers, open_index
 from wids.errors import SampleLayoutError, TarFormatError
 from wids.index.build import build_index, expand_shard_args, scan_shard
 from wids.samples import split_name
-from wids.storage.source import Source
+from wids.storage import Source
 from wids.synth import write_dataset, write_shard
 
 

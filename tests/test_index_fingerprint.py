@@ -1,94 +1,13 @@
+"""Is this file still the indexed shard? ``wids.index.fingerprint``, and ``wids index verify``."""
+
 from __future__ import annotations
 
-import pickle
-
-import numpy as np
 import pytest
 
-from wids import ShardMembers
-from wids.errors import IndexFormatError
-
-SAMPLES = [
-    ("a/0001", [(".jpg", 512, 100), (".cls", 1536, 1)]),
-    ("日本", [(".jpg", 2560, 0), (".seg.png", 3584, 512), (".cls", 4608, 2)]),
-    ("c", [(".json", 5632, 7)]),
-]
-
-
-def test_from_samples_round_trips_every_member():
-    t = ShardMembers.from_samples(SAMPLES)
-    assert len(t) == 3 and t.nmembers == 6
-    for i, (key, members) in enumerate(SAMPLES):
-        assert t.key(i) == key
-        assert t.members(i) == members
-        assert t.span(i) == (members[0][1], members[-1][1] + members[-1][2])
-
-
-def test_spans_vectorised_equal_span():
-    t = ShardMembers.from_samples(SAMPLES)
-    starts, ends = t.spans()
-    assert list(zip(starts.tolist(), ends.tolist(), strict=True)) == [
-        t.span(i) for i in range(len(t))
-    ]
-
-
-def test_columns_round_trip_and_equality():
-    t = ShardMembers.from_samples(SAMPLES)
-    assert ShardMembers.from_columns(t.to_columns()) == t
-    assert pickle.loads(pickle.dumps(t)) == t
-
-
-def test_empty_table():
-    t = ShardMembers.from_samples([])
-    assert len(t) == 0 and t.nmembers == 0
-    assert [a.tolist() for a in t.spans()] == [[], []]
-    assert ShardMembers.from_columns(t.to_columns()) == t
-
-
-def test_memory_per_sample_is_compact():
-    samples = [
-        (f"{i:012d}", [(".jpg", 512 + i * 3072, 1000), (".cls", 2048 + i * 3072, 1)])
-        for i in range(10_000)
-    ]
-    t = ShardMembers.from_samples(samples)
-    assert t.nbytes / len(t) < 80  # keys (12 B) + offsets; never dicts
-
-
-@pytest.mark.parametrize(
-    "mutate",
-    [
-        lambda c: c.pop("keys"),
-        lambda c: c.update(member_field=[0, 9, 0, 0, 0, 0]),
-        lambda c: c.update(sample_start=[0, 2, 1, 6]),
-        lambda c: c.update(member_size=[1, 2]),
-        lambda c: c.update(member_offset=[-1, 0, 0, 0, 0, 0]),
-        lambda c: c.update(keys=5),
-        lambda c: c.update(keys=["a", "b"]),
-    ],
-)
-def test_malformed_columns_raise_index_format_error(mutate):
-    cols = ShardMembers.from_samples(SAMPLES).to_columns()
-    mutate(cols)
-    with pytest.raises(IndexFormatError):
-        ShardMembers.from_columns(cols)
-
-
-def test_arrays_have_fixed_dtypes():
-    t = ShardMembers.from_samples(SAMPLES)
-    assert t.member_offset.dtype == np.int64 and t.member_field.dtype == np.uint16
-
-
-def test_keys_fast_path_equals_per_key_decode():
-    ascii_t = ShardMembers.from_samples([(f"k{i}", [(".a", 512 + i * 1024, 1)]) for i in range(50)])
-    mixed_t = ShardMembers.from_samples(SAMPLES)
-    for t in (ascii_t, mixed_t):
-        assert t.keys() == [t.key(i) for i in range(len(t))]
-
-
-# -- a shard's identity: fingerprint and a recorded member's header ----------------------------
-
-from wids.index.model import ShardInfo, header_mismatch_at_spot, shard_mismatch, spot_member  # noqa: E402
-from wids.storage.source import FileStat  # noqa: E402
+from wids import ShardInfo, ShardMembers
+from wids.index import Fingerprint, header_mismatch_at_spot, unchanged
+from wids.index.fingerprint import spot_member
+from wids.storage import FileStat
 
 
 @pytest.mark.parametrize(
@@ -110,29 +29,46 @@ from wids.storage.source import FileStat  # noqa: E402
         (ShardInfo("s", 1, 100, mtime=1.5), FileStat(100, "e", 99.0), None),
     ],
 )
-def test_shard_mismatch(recorded, now, differs):
-    got = shard_mismatch(recorded, now)
+def test_fingerprint_mismatch(recorded, now, differs):
+    got = recorded.fingerprint.mismatch(now)
+    assert recorded.fingerprint.matches(now) is (got is None)
     if differs is None:
         assert got is None
     else:
         assert got is not None and differs in got
 
 
-def test_shard_mismatch_strict_needs_a_positive_identification():
-    assert shard_mismatch(ShardInfo("s", 1, 100), FileStat(100, None, 1.0), strict=True)
-    assert shard_mismatch(ShardInfo("s", 1, 100, mtime=1.0), FileStat(100, "e", 1.0), strict=True)
-    assert shard_mismatch(ShardInfo("s", 1, None, etag="e"), FileStat(100, "e", 1.0), strict=True)
-    assert not shard_mismatch(ShardInfo("s", 1, 100, etag="e"), FileStat(100, "e", 1), strict=True)
-    assert not shard_mismatch(
-        ShardInfo("s", 1, 100, mtime=1.0), FileStat(100, None, 1.0), strict=True
-    )
-    got = shard_mismatch(ShardInfo("s", 1, None), FileStat(100, None, 1.0), data_end=200)
+def test_fingerprint_strict_needs_a_positive_identification():
+    def strict(info: ShardInfo, stat: FileStat) -> str | None:
+        return info.fingerprint.mismatch(stat, strict=True)
+
+    assert strict(ShardInfo("s", 1, 100), FileStat(100, None, 1.0))
+    assert strict(ShardInfo("s", 1, 100, mtime=1.0), FileStat(100, "e", 1.0))
+    assert strict(ShardInfo("s", 1, None, etag="e"), FileStat(100, "e", 1.0))
+    assert not strict(ShardInfo("s", 1, 100, etag="e"), FileStat(100, "e", 1))
+    assert not strict(ShardInfo("s", 1, 100, mtime=1.0), FileStat(100, None, 1.0))
+    got = ShardInfo("s", 1, None).fingerprint.mismatch(FileStat(100, None, 1.0), data_end=200)
     assert got is not None and "up to byte 200" in got
 
 
+def test_fingerprint_is_the_shard_infos_and_compares_md5_when_both_know_one():
+    info = ShardInfo("s", 1, 100, etag='"e"', mtime=2.0, md5sum="ABCDEF")
+    fp = info.fingerprint
+    assert fp == Fingerprint(100, '"e"', 2.0, "ABCDEF")
+    assert Fingerprint.of(FileStat(100, "e", 3.0)) == Fingerprint(100, "e", 3.0, None)
+    assert Fingerprint.of(fp) is fp
+    # two fingerprints compare by the same rule as a fingerprint and a stat
+    assert fp.matches(Fingerprint(100, "W/e", md5="abcdef"))  # md5 case-blind
+    got = fp.mismatch(Fingerprint(100, "e", md5="012345"))
+    assert got is not None and "md5 is 012345" in got
+    assert fp.matches(Fingerprint(100, "e"))  # no md5 on one side: nothing to compare
+    with pytest.raises(AttributeError):
+        fp.size = 3  # type: ignore[misc]  # a frozen value
+
+
 def _shard(path, prefix, n=3):
-    from wids.index.build import scan_shard
-    from wids.storage.source import Source
+    from wids.index import scan_shard
+    from wids.storage import Source
     from wids.synth import write_shard
 
     write_shard(
@@ -141,26 +77,44 @@ def _shard(path, prefix, n=3):
     return scan_shard(Source(str(path)))[1]
 
 
+def _reader(path, reads=None):
+    def at(start, end):
+        if reads is not None:
+            reads.append((start, end))
+        with open(path, "rb") as f:
+            f.seek(start)
+            return f.read(end - start)
+
+    return at
+
+
 def test_header_spot_check_catches_another_shard_of_the_same_size(tmp_path):
     members = _shard(tmp_path / "a.tar", "a")
     _shard(tmp_path / "b.tar", "b")
     assert spot_member(members) == ("a0002.a", 4 * 1024 + 512, 300)  # 1 KiB a member
-    reads = []
-
-    def read(path):
-        def at(start, end):
-            reads.append((start, end))
-            with open(path, "rb") as f:
-                f.seek(start)
-                return f.read(end - start)
-
-        return at
-
-    assert header_mismatch_at_spot(members, read(tmp_path / "a.tar")) is None
+    reads: list[tuple[int, int]] = []
+    assert header_mismatch_at_spot(members, _reader(tmp_path / "a.tar", reads)) is None
     assert reads == [(4 * 1024, 4 * 1024 + 512)]  # one 512-byte read
-    got = header_mismatch_at_spot(members, read(tmp_path / "b.tar"))
+    got = header_mismatch_at_spot(members, _reader(tmp_path / "b.tar"))
     assert got is not None and "'b0002.a'" in got
-    assert header_mismatch_at_spot(ShardMembers.from_samples([]), read("unused")) is None
+    assert header_mismatch_at_spot(ShardMembers.from_samples([]), _reader("unused")) is None
+
+
+def test_unchanged_needs_fingerprint_and_header(tmp_path):
+    import os
+
+    members = _shard(tmp_path / "a.tar", "a")
+    _shard(tmp_path / "b.tar", "b")
+    st = os.stat(tmp_path / "a.tar")
+    recorded = Fingerprint(st.st_size, None, st.st_mtime)
+    now = FileStat(st.st_size, None, st.st_mtime)
+    assert unchanged(recorded, members, now, _reader(tmp_path / "a.tar"))
+    # same fingerprint, other bytes (a swap with its mtime restored): the header tells
+    assert not unchanged(recorded, members, now, _reader(tmp_path / "b.tar"))
+    # no mtime or etag recorded: not a positive identification
+    assert not unchanged(Fingerprint(st.st_size), members, now, _reader(tmp_path / "a.tar"))
+    # a file that cannot be read is not positively the shard
+    assert not unchanged(recorded, members, now, lambda a, b: b"")
 
 
 # -- wids index verify ---------------------------------------------------------------------
@@ -243,6 +197,9 @@ def test_verify_deep_and_url_map(tmp_path, capsys):
     shutil.copyfile(paths[0], mirror / paths[1].name)
     code, text = _verify(capsys, out, "--url-map", f"{tmp_path}/={mirror}/")
     assert code == 1 and f"CHANGED {mirror / paths[1].name}" in text
+
+
+# -- what a user sees of a damaged index, and of a mirror --------------------------------
 
 
 def test_damaged_index_errors_say_how_to_repair(tmp_path, capsys):

@@ -1,0 +1,60 @@
+"""One registry of index backends: readers by content, writers by name (``wids.index.registry``)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from wids import (
+    JsonIndex,
+    JsonIndexWriter,
+    SqliteIndex,
+    SqliteIndexWriter,
+    create_index_writer,
+    open_index,
+)
+from wids.index import INDEX_SUFFIXES, is_sqlite_name, writer_for
+
+
+def test_open_index_detects_sqlite_by_content(tmp_path: Path) -> None:
+    path = tmp_path / "no-suffix"
+    with SqliteIndexWriter(path, name="x"):
+        pass
+    assert isinstance(open_index(str(path)), SqliteIndex)
+    shutil.copy(path, tmp_path / "odd.json")
+    assert isinstance(open_index(str(tmp_path / "odd.json")), SqliteIndex)
+
+
+@pytest.mark.parametrize(
+    "name, writer",
+    [
+        ("x.json", JsonIndexWriter),
+        ("X.JSON", JsonIndexWriter),
+        ("x.sqlite", SqliteIndexWriter),
+        ("x.sqlite3", SqliteIndexWriter),
+        ("x.db", SqliteIndexWriter),
+    ],
+)
+def test_create_index_writer_by_suffix(tmp_path: Path, name: str, writer: type) -> None:
+    assert writer_for(tmp_path / name) is writer
+    assert isinstance(create_index_writer(tmp_path / name), writer)
+    assert is_sqlite_name(tmp_path / name) is (writer is SqliteIndexWriter)
+
+
+def test_one_list_of_suffixes_and_no_backend_for_others(tmp_path: Path) -> None:
+    assert INDEX_SUFFIXES == (".json", ".sqlite", ".sqlite3", ".db")
+    for bad in ("x.txt", "x.json.gz", "x"):
+        with pytest.raises(ValueError, match="name the index"):
+            create_index_writer(tmp_path / bad)
+    # a remote URL's query string is not part of its name
+    assert writer_for("s3://b/x.sqlite?versionId=3") is SqliteIndexWriter
+    assert is_sqlite_name("s3://b/x.db?v=1") and not is_sqlite_name("s3://b/x.json?a=.db")
+
+
+def test_a_json_description_opens_as_json(tmp_path: Path) -> None:
+    path = tmp_path / "x.sqlite"  # the content decides, not the name
+    with JsonIndexWriter(path, name="x"):
+        pass
+    assert isinstance(open_index(str(path)), JsonIndex)

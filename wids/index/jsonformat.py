@@ -1,0 +1,71 @@
+"""The JSON index: a ``wids-shard-index-v1`` description plus per-shard member sidecars.
+
+Layout, for an index ``train.json``::
+
+    train.json                      the description; the reference wids loads it unchanged
+    train.members/                  one sidecar per shard, read only when that shard is needed
+        3f2a9c0d1e4b5a67-train-000000.tar.json
+        ...
+
+``train.json`` is a reference description (``__kind__``, ``wids_version``, ``name``,
+``shardlist`` of ``url``/``nsamples``/``filesize``[/``md5sum``], ``datasets`` for
+sub-datasets) with extra keys the reference ignores:
+
+- top level: ``"wids_index": {"format": "wids-index-json", "version": 1, "members_dir":
+  "train.members", "report": {...}}`` (the builder's report);
+- per shard: ``etag`` and ``mtime`` (what identified the shard's bytes when indexed) and
+  ``members``, the sidecar's path relative to the description's directory.
+
+A sidecar (``<16 hex of sha1(url)>-<basename>.json``) holds ``format``
+(``wids-index-json-members``), ``version``, the shard's ``url``/``nsamples``/``size``/
+``etag``/``mtime`` as in the description and the columns of :meth:`ShardMembers.to_columns`.
+On load it must name the same file (the URL's last part) with the same size, etag and mtime
+as the shard's entry, so a stale sidecar is an error, never wrong offsets, while an index
+whose shard URLs were edited to a mirror of the same files keeps working.
+
+Only the top-level file is read when an index is opened; a 100k-shard description loads in a
+fraction of a second. Every file is published atomically (temporary file + ``os.replace``);
+sidecars are written first and the description last, and sidecars no longer referenced are
+removed when the writer closes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+__all__ = [
+    "FORMAT",
+    "MEMBERS_FORMAT",
+    "SHARD_KEYS",
+    "SIDECAR_NAME",
+    "VERSION",
+    "members_dir",
+    "sidecar_name",
+]
+
+FORMAT = "wids-index-json"
+"""``wids_index.format`` of a JSON index."""
+MEMBERS_FORMAT = "wids-index-json-members"
+"""``format`` of a sidecar member file."""
+VERSION = 1
+"""Version of both."""
+
+SHARD_KEYS = frozenset(("url", "nsamples", "filesize", "md5sum", "etag", "mtime", "members"))
+"""Keys of a shard entry with a meaning; the rest are extras kept for the caller."""
+SIDECAR_NAME = re.compile(r"^[0-9a-f]{16}-.*\.json$")
+"""What the name of a sidecar looks like (others in the members directory are not ours)."""
+
+
+def members_dir(path: str) -> str:
+    """The directory of an index's sidecars: ``train.json`` -> ``train.members``."""
+    stem = path[: -len(".json")] if path.endswith(".json") else path
+    return stem + ".members"
+
+
+def sidecar_name(url: str) -> str:
+    """The file name of the sidecar of the shard stored as ``url``."""
+    digest = hashlib.sha1(url.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+    base = url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in base)[:80]
+    return f"{digest}-{safe}.json"

@@ -1,0 +1,219 @@
+"""The JSON index reader: a description loaded on first use, member tables one shard at a time.
+
+The layout is described in :mod:`wids.index.jsonformat`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import IndexFormatError, UntrustedLocationError
+from ..storage import redact_url
+from .jsonformat import FORMAT, MEMBERS_FORMAT, SHARD_KEYS, VERSION
+from .members import ShardMembers
+from .model import REPAIR_HINT, Component, ShardInfo
+from .spec import Spec, load_spec, read_bytes
+from .urls import UrlMap, check_remote_ref, check_url_map, resolve_url, url_dir
+
+__all__ = ["JsonIndex"]
+
+logger = logging.getLogger(__name__)
+
+
+class JsonIndex:
+    """An index or dataset description in JSON, ours or the reference's.
+
+    The description is loaded on first use (``shards``, ``name``, ``components``, ...); member
+    tables are read one shard at a time by :meth:`members`.
+
+    Args:
+        url: Path or URL of the JSON file; anything :func:`wids.index.spec.load_spec` accepts (an
+            open stream, a list of shard dicts) works too.
+        storage_options: fsspec options for remote files.
+        base: Overrides the directory relative shard URLs resolve against.
+        url_map: Prefix rewrites of shard URLs, for mirrors (see
+            :func:`wids.index.urls.check_url_map`).
+        allow_local_shards: Let an index read from a remote location name local files (refused
+            by default; see :func:`wids.index.urls.check_remote_ref`).
+
+    Raises:
+        IndexFormatError: (on first use) The file is malformed or of an unknown version.
+        ValueError: ``url_map`` is invalid.
+    """
+
+    def __init__(
+        self,
+        url: Any,
+        storage_options: Mapping[str, Any] | None = None,
+        *,
+        base: str | None = None,
+        url_map: Mapping[str, str] | UrlMap | None = None,
+        allow_local_shards: bool = False,
+    ) -> None:
+        self.url = url
+        self.storage_options = dict(storage_options or {})
+        self.base = base
+        self.url_map = check_url_map(url_map)
+        self.allow_local_shards = bool(allow_local_shards)
+        self._spec: Spec | None = None
+
+    def __repr__(self) -> str:
+        return f"JsonIndex({self.url!r})"
+
+    def _load(self) -> Spec:
+        if self._spec is None:
+            spec = load_spec(
+                self.url,
+                storage_options=self.storage_options,
+                base=self.base,
+                url_map=self.url_map,
+                allow_local_shards=self.allow_local_shards,
+            )
+            meta = spec.top.get("wids_index")
+            if meta is not None and not (
+                isinstance(meta, dict)
+                and meta.get("format") == FORMAT
+                and meta.get("version") == VERSION
+            ):
+                raise IndexFormatError(
+                    f"unknown wids_index {meta!r}; expected format {FORMAT!r} version {VERSION}",
+                    shard=self._where(),
+                )
+            self._spec = spec
+        return self._spec
+
+    def _where(self) -> str:
+        return redact_url(self.url) if isinstance(self.url, str) else "<json>"
+
+    @property
+    def spec(self) -> Spec:
+        """The loaded description."""
+        return self._load()
+
+    @property
+    def name(self) -> str:
+        """The description's ``name`` (``""`` when none)."""
+        return self._load().name
+
+    @property
+    def shards(self) -> list[ShardInfo]:
+        """All shards with resolved URLs."""
+        return self._load().shards
+
+    @property
+    def components(self) -> list[Component]:
+        """The main shard list and the sub-datasets."""
+        return self._load().components
+
+    @property
+    def report(self) -> dict[str, Any]:
+        """The builder's report stored in the index (empty for a reference description)."""
+        meta = self._load().top.get("wids_index") or {}
+        report = meta.get("report")
+        return dict(report) if isinstance(report, dict) else {}
+
+    @property
+    def has_members(self) -> bool:
+        """Whether any shard has a member table (false for a reference description)."""
+        return any("members" in e for e in self._load().extras)
+
+    def shard_extra(self, shard: int) -> dict[str, Any]:
+        """Keys of a shard's entry that the index format does not define."""
+        entry = self._load().extras[shard]
+        return {k: v for k, v in entry.items() if k not in SHARD_KEYS}
+
+    def members(self, shard: int) -> ShardMembers | None:
+        """Read the member table of one shard from its sidecar.
+
+        Returns:
+            The table, or ``None`` when the entry has no ``members`` pointer.
+
+        Raises:
+            IndexFormatError: The sidecar is malformed or does not match the shard entry.
+            ShardNotFoundError: The sidecar is missing.
+        """
+        spec = self._load()
+        entry = spec.extras[shard]
+        pointer = entry.get("members")
+        if pointer is None:
+            return None
+        if not isinstance(pointer, str) or not pointer:
+            raise IndexFormatError(
+                f"shardlist[{shard}]: 'members' must be a path, got {pointer!r}",
+                shard=self._where(),
+            )
+        origin = spec.origins[shard]
+        url = resolve_url(pointer, url_dir(origin) if origin else self.base)
+        refused = check_remote_ref(url, origin, self.allow_local_shards)
+        if refused:
+            raise UntrustedLocationError(
+                f"shardlist[{shard}]: members {refused}", shard=redact_url(origin or "")
+            )
+
+        where = redact_url(url)
+        data = read_bytes(url, self.storage_options)
+        try:
+            cols = json.loads(data)
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, over 4300 digits
+            raise IndexFormatError(f"not valid JSON: {e}", shard=where) from None
+        except RecursionError:
+            raise IndexFormatError("not valid JSON: nested too deeply", shard=where) from None
+        _check_sidecar(cols, entry, where)
+        try:
+            table = ShardMembers.from_columns(cols)
+            table.check_extent(spec.shards[shard].size)
+        except IndexFormatError as e:
+            raise IndexFormatError(e.message, shard=where) from None
+        if len(table) != spec.shards[shard].nsamples:
+            raise IndexFormatError(
+                f"{len(table)} samples in the member table, "
+                f"{spec.shards[shard].nsamples} in the index",
+                shard=where,
+            )
+        return table
+
+    def close(self) -> None:
+        """Nothing is held open; present for the reader protocol."""
+
+    def __enter__(self) -> JsonIndex:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_sidecar(cols: Any, entry: Mapping[str, Any], where: str) -> None:
+    if not isinstance(cols, dict):
+        raise IndexFormatError("a member sidecar must be a JSON object", shard=where)
+    if cols.get("format") != MEMBERS_FORMAT or cols.get("version") != VERSION:
+        raise IndexFormatError(
+            f"format {cols.get('format')!r} version {cols.get('version')!r}; "
+            f"expected {MEMBERS_FORMAT!r} version {VERSION}",
+            shard=where,
+        )
+    # Matched by the shard's file name and fingerprint, not its URL: an index whose shard
+    # URLs were edited to a mirror holding the same files keeps its member tables.
+    name, ename = _file_name(cols.get("url")), _file_name(entry.get("url"))
+    if name != ename:
+        raise IndexFormatError(
+            f"stale member table: it is for shard {name!r}, the index entry is {ename!r}; "
+            f"to repair, {REPAIR_HINT}",
+            shard=where,
+        )
+    for key, ekey in (("size", "filesize"), ("etag", "etag"), ("mtime", "mtime")):
+        if cols.get(key) != entry.get(ekey):
+            raise IndexFormatError(
+                f"stale member table: its shard's {key} is {cols.get(key)!r}, the index says "
+                f"{entry.get(ekey)!r}; to repair, {REPAIR_HINT}",
+                shard=where,
+            )
+
+
+def _file_name(url: Any) -> str | None:
+    """A shard URL's file name (no directory, no query): what a mirror keeps."""
+    if not isinstance(url, str):
+        return None
+    return url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]

@@ -1,0 +1,226 @@
+"""The JSON index writer: sidecars as shards are added, the description published last.
+
+The layout is described in :mod:`wids.index.jsonformat`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from .jsonformat import (
+    FORMAT,
+    MEMBERS_FORMAT,
+    SHARD_KEYS,
+    SIDECAR_NAME,
+    VERSION,
+    members_dir,
+    sidecar_name,
+)
+from .members import ShardMembers
+from .model import ShardInfo
+from .spec import KIND
+
+__all__ = ["JsonIndexWriter"]
+
+
+def _render_list(entries: list[dict[str, Any]], indent: str) -> str:
+    if not entries:
+        return "[]"
+    return "[" + ",".join(f"\n{indent}  {json.dumps(e)}" for e in entries) + f"\n{indent}]"
+
+
+class JsonIndexWriter:
+    """Writes a JSON index: sidecars as shards are added, the description on :meth:`close`.
+
+    Shards added before any :meth:`start_component` call form the main ``shardlist``;
+    each :meth:`start_component` opens an inline entry of ``datasets``. Use from one thread.
+
+    Args:
+        path: Local path of the description to write (conventionally ``*.json``).
+        name: The dataset's name (top-level ``name``).
+
+    Example:
+        >>> with JsonIndexWriter("train.json", name="train") as w:  # doctest: +SKIP
+        ...     w.add(ShardInfo("train-000000.tar", 100, size=123), members)
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.name = name
+        self.members_dir = members_dir(self.path)
+        self._main: list[dict[str, Any]] = []
+        self._datasets: list[dict[str, Any]] = []
+        self._current = self._main
+        self._report: dict[str, Any] = {}
+        self._written: set[str] = set()
+        self._closed = False
+
+    def start_component(self, name: str, weight: float | None = None) -> None:
+        """Start a sub-dataset; shards added from now on belong to it.
+
+        Args:
+            name: The component's name (``__dataset__`` in its samples).
+            weight: Its mixing weight, if any.
+        """
+        self._check_open()
+        entry: dict[str, Any] = {"name": name}
+        if weight is not None:
+            entry["weight"] = weight
+        entry["shardlist"] = self._current = []
+        self._datasets.append(entry)
+
+    def add(
+        self,
+        info: ShardInfo,
+        members: ShardMembers | None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record one shard and write its member sidecar.
+
+        Args:
+            info: The shard; its ``url`` is stored as given (relative to the index's directory
+                or absolute).
+            members: Its member table, or ``None`` to record the shard without offsets.
+            extra: More keys for the shard's entry (must not redefine the format's keys).
+
+        Raises:
+            ValueError: ``members`` disagrees with ``info.nsamples``, or ``extra`` redefines a
+                key of the format.
+        """
+        self._check_open()
+        entry: dict[str, Any] = {"url": info.url, "nsamples": info.nsamples}
+        for key, value in (
+            ("filesize", info.size),
+            ("md5sum", info.md5sum),
+            ("etag", info.etag),
+            ("mtime", info.mtime),
+        ):
+            if value is not None:
+                entry[key] = value
+        if extra:
+            clash = SHARD_KEYS.intersection(extra)
+            if clash:
+                raise ValueError(f"extra keys {sorted(clash)} are reserved by the index format")
+            entry.update(extra)
+        if members is not None:
+            if len(members) != info.nsamples:
+                raise ValueError(
+                    f"{info.url}: member table has {len(members)} samples, nsamples is "
+                    f"{info.nsamples}"
+                )
+            entry["members"] = self._write_sidecar(info, members)
+        self._current.append(entry)
+
+    def _write_sidecar(self, info: ShardInfo, members: ShardMembers) -> str:
+        from ..atomic import atomic_write_bytes
+
+        name = sidecar_name(info.url)
+        doc: dict[str, Any] = {
+            "format": MEMBERS_FORMAT,
+            "version": VERSION,
+            "url": info.url,
+            "nsamples": info.nsamples,
+            "size": info.size,
+            "etag": info.etag,
+            "mtime": info.mtime,
+        }
+        doc.update(members.to_columns())
+        os.makedirs(self.members_dir, exist_ok=True)
+        data = json.dumps(doc, separators=(",", ":")).encode("ascii")
+        # No fsync per sidecar (a 100k-shard index would take minutes): a sidecar lost in a
+        # crash fails its checks on load instead of giving wrong offsets.
+        atomic_write_bytes(os.path.join(self.members_dir, name), data, fsync=False)
+        self._written.add(name)
+        return f"{os.path.basename(self.members_dir)}/{name}"
+
+    def set_report(self, report: Mapping[str, Any]) -> None:
+        """Store the builder's report (JSON-serialisable) in the index."""
+        self._check_open()
+        self._report = dict(report)
+
+    def flush(self, *, fsync: bool = True) -> None:
+        """Publish the description of the shards added so far; the writer stays open.
+
+        A writer that adds shards over a long time (:class:`~wids.ShardWriter`) calls this
+        after each one, so the file on disk is always a loadable index of whole shards.
+
+        Args:
+            fsync: Flush it to disk before the rename (without, a crash of the process still
+                leaves the old or the new description, a crash of the machine may leave
+                neither).
+        """
+        self._check_open()
+        from ..atomic import atomic_write
+
+        with atomic_write(self.path, "w", encoding="ascii", fsync=fsync) as f:
+            f.write(self._render())
+
+    def close(self) -> None:
+        """Publish the description atomically and remove sidecars no longer referenced."""
+        if self._closed:
+            return
+        from ..atomic import atomic_write
+
+        self._closed = True
+        with atomic_write(self.path, "w", encoding="ascii") as f:
+            f.write(self._render())
+        self._remove_stale()
+
+    def abort(self) -> None:
+        """Give up: publish nothing more (sidecars already written stay until the next build)."""
+        self._closed = True
+
+    def _render(self) -> str:
+        head: dict[str, Any] = {"__kind__": KIND, "wids_version": 1}
+        if self.name is not None:
+            head["name"] = self.name
+        head["wids_index"] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "members_dir": os.path.basename(self.members_dir),
+            "report": self._report,
+        }
+        # One shard per line: readable, diffable, and still one json.loads.
+        parts = ["{"]
+        parts += [f"{json.dumps(k)}: {json.dumps(v)},\n" for k, v in head.items()]
+        parts.append(f'"shardlist": {_render_list(self._main, "")}')
+        if self._datasets:
+            items = []
+            for d in self._datasets:
+                fields = [
+                    f"{json.dumps(k)}: {json.dumps(v)}, " for k, v in d.items() if k != "shardlist"
+                ]
+                items.append(
+                    f'{{{"".join(fields)}"shardlist": {_render_list(d["shardlist"], "  ")}}}'
+                )
+            parts.append(',\n"datasets": [\n  ' + ",\n  ".join(items) + "\n]")
+        parts.append("}\n")
+        return "".join(parts)
+
+    def _remove_stale(self) -> None:
+        try:
+            names = os.listdir(self.members_dir)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if SIDECAR_NAME.match(name) and name not in self._written:
+                try:
+                    os.unlink(os.path.join(self.members_dir, name))
+                except FileNotFoundError:
+                    pass
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.path}: writer is closed")
+
+    def __enter__(self) -> JsonIndexWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

@@ -1,0 +1,124 @@
+"""The index backends in one place: which reader opens a file, which writer writes a path.
+
+- Reading: :func:`open_index` looks at the file's first bytes; an SQLite file is recognised by
+  its magic, anything else is read as a JSON description (ours or the reference's).
+- Writing: :func:`create_index_writer` goes by the path's ending, ``*.json`` for JSON and one
+  of :data:`SQLITE_SUFFIXES` for SQLite; :func:`writer_for` is the same choice without creating
+  anything, for checks made before any work (``wids index create`` refuses an output it could
+  not write before scanning a shard).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..storage import SQLITE_SUFFIXES
+from .jsonreader import JsonIndex
+from .jsonwriter import JsonIndexWriter
+from .model import IndexReader, IndexWriter
+from .sqlitereader import SqliteIndex
+from .sqlitewriter import SqliteIndexWriter
+
+__all__ = [
+    "INDEX_SUFFIXES",
+    "SQLITE_MAGIC",
+    "create_index_writer",
+    "is_sqlite_name",
+    "open_index",
+    "writer_for",
+]
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite file."""
+
+_WRITERS: tuple[tuple[tuple[str, ...], type[JsonIndexWriter] | type[SqliteIndexWriter]], ...] = (
+    ((".json",), JsonIndexWriter),
+    (SQLITE_SUFFIXES, SqliteIndexWriter),
+)
+INDEX_SUFFIXES: tuple[str, ...] = tuple(s for suffixes, _ in _WRITERS for s in suffixes)
+"""Every file name ending that selects an index backend."""
+
+
+def _name(path: str | os.PathLike[str]) -> str:
+    name = os.fspath(path).lower()
+    return name.split("?", 1)[0] if "://" in name else name  # never a query string
+
+
+def writer_for(path: str | os.PathLike[str]) -> type[JsonIndexWriter] | type[SqliteIndexWriter]:
+    """The writer class that ``path``'s ending selects.
+
+    Raises:
+        ValueError: The ending selects no backend.
+    """
+    name = _name(path)
+    for suffixes, cls in _WRITERS:
+        if name.endswith(suffixes):
+            return cls
+    raise ValueError(f"{path}: name the index *.json or one of {', '.join(SQLITE_SUFFIXES)}")
+
+
+def is_sqlite_name(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path``'s ending selects the SQLite backend."""
+    return _name(path).endswith(SQLITE_SUFFIXES)
+
+
+def create_index_writer(path: str | os.PathLike[str], *, name: str | None = None) -> IndexWriter:
+    """A writer for the backend that ``path``'s ending selects.
+
+    Args:
+        path: ``*.json`` for JSON, ``*.sqlite`` / ``*.sqlite3`` / ``*.db`` for SQLite.
+        name: The dataset's name.
+
+    Raises:
+        ValueError: The ending selects no backend.
+    """
+    return writer_for(path)(path, name=name)
+
+
+def open_index(
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    *,
+    url_map: Mapping[str, str] | None = None,
+    **kwargs: Any,
+) -> IndexReader:
+    """Open an index or dataset description, choosing the backend from its content.
+
+    SQLite files are recognised by their magic bytes; anything else is read as a JSON
+    description (ours, or the reference ``wids-shard-index-v1``).
+
+    Args:
+        url: Path or URL of the index.
+        storage_options: fsspec options for remote URLs.
+        url_map: Read shards from a mirror: ``{"https://old/": "s3://new/"}`` replaces the
+            longest matching prefix of each resolved shard URL (see
+            :func:`wids.index.urls.check_url_map`). A mapped shard is checked by size and member
+            headers; the etag and mtime recorded at the old location are not compared.
+        **kwargs: Passed to the backend (``base``, ``allow_local_shards``: let an index read
+            from a remote location name local files, refused by default).
+
+    Returns:
+        The opened index.
+
+    Raises:
+        ValueError: ``url_map`` is invalid.
+    """
+    if url_map:
+        from .urls import check_url_map
+
+        kwargs["url_map"] = check_url_map(url_map)  # before any I/O
+    from ..errors import ShortReadError
+    from ..storage import Source
+
+    src = Source(url, storage_options)
+    try:
+        head = src.read_range(0, 16)
+    except ShortReadError:  # under 16 bytes: not SQLite; the JSON reader says what it is
+        head = b""
+    finally:
+        src.close()
+    if head == SQLITE_MAGIC:
+        return SqliteIndex(url, storage_options, **kwargs)
+    return JsonIndex(url, storage_options, **kwargs)

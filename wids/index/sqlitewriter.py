@@ -1,0 +1,235 @@
+"""The SQLite index writer: all rows in one transaction in a temporary file, published whole.
+
+The schema is described in :mod:`wids.index.sqlitereader`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Mapping
+from itertools import pairwise, repeat
+from typing import Any
+
+import numpy as np
+
+from .members import ShardMembers
+from .model import ShardInfo
+from .sqlitereader import FORMAT, SCHEMA_VERSION
+
+__all__ = ["SqliteIndexWriter"]
+
+
+def _keys(members: ShardMembers) -> list[str | bytes]:
+    blob, offs = members.key_blob, members.key_offsets.tolist()
+    parts = [blob[a:b] for a, b in pairwise(offs)]
+    try:
+        return [p.decode("utf-8") for p in parts]
+    except UnicodeDecodeError:
+        out: list[str | bytes] = []
+        for p in parts:
+            try:
+                out.append(p.decode("utf-8"))
+            except UnicodeDecodeError:
+                out.append(p)
+        return out
+
+
+class SqliteIndexWriter:
+    """Builds an SQLite index in a temporary file and publishes it atomically on :meth:`close`.
+
+    Shards added before any :meth:`start_component` call form the main component (named
+    ``name``); each :meth:`start_component` opens a sub-dataset. Use from one thread.
+
+    Args:
+        path: Local path of the index to write (conventionally ``*.sqlite``).
+        name: The dataset's name.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.name = name
+        self._tmp: Any = None
+        self._db: Any = None
+        self._nshards = 0
+        self._field_ids: dict[str, int] = {}
+        self._components: list[list[Any]] = [[name or "", None, 0]]
+        self._report: dict[str, Any] = {}
+        self._closed = False
+
+    def _open(self) -> sqlite3.Connection:
+        if self._db is not None:
+            return self._db.conn
+        import sqlite_utils
+
+        from ..atomic import TempFile
+
+        self._tmp = TempFile(os.path.dirname(self.path), os.path.basename(self.path))
+        conn = sqlite3.connect(self._tmp.path, isolation_level=None)
+        for pragma in ("journal_mode = OFF", "synchronous = OFF", "cache_size = -262144"):
+            conn.execute(f"PRAGMA {pragma}")
+        db = sqlite_utils.Database(conn)
+        db.table("meta").create({"key": str, "value": str}, pk="key")
+        db.table("shards").create(
+            {
+                "id": int,
+                "url": str,
+                "nsamples": int,
+                "size": int,
+                "etag": str,
+                "mtime": float,
+                "md5sum": str,
+                "has_members": int,
+                "extra": str,
+            },
+            pk="id",
+            not_null=["url", "nsamples", "has_members"],
+        )
+        db.table("components").create(
+            {"id": int, "name": str, "weight": float, "first_shard": int, "stop_shard": int},
+            pk="id",
+            not_null=["name", "first_shard", "stop_shard"],
+        )
+        db.table("fields").create({"id": int, "name": str}, pk="id", not_null=["name"])
+        db.table("fields").create_index(["name"], unique=True)
+        db.table("samples").create(
+            {"shard_id": int, "idx": int, "key": str, "start": int, "end": int},
+            pk=("shard_id", "idx"),
+        )
+        db.table("members").create(
+            {"shard_id": int, "sample_idx": int, "field_id": int, "offset": int, "size": int}
+        )
+        conn.execute("BEGIN")
+        self._db = db
+        return conn
+
+    def start_component(self, name: str, weight: float | None = None) -> None:
+        """Start a sub-dataset; shards added from now on belong to it."""
+        self._check_open()
+        self._components.append([name, weight, self._nshards])
+
+    def add(
+        self,
+        info: ShardInfo,
+        members: ShardMembers | None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record one shard and its member rows.
+
+        Args:
+            info: The shard; its ``url`` is stored as given.
+            members: Its member table, or ``None`` to record the shard without offsets.
+            extra: More JSON-serialisable keys to keep with the shard.
+
+        Raises:
+            ValueError: ``members`` disagrees with ``info.nsamples``.
+        """
+        self._check_open()
+        if members is not None and len(members) != info.nsamples:
+            raise ValueError(
+                f"{info.url}: member table has {len(members)} samples, nsamples is {info.nsamples}"
+            )
+        conn = self._open()
+        sid = self._nshards
+        conn.execute(
+            "INSERT INTO shards VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                sid,
+                info.url,
+                info.nsamples,
+                info.size,
+                info.etag,
+                info.mtime,
+                info.md5sum,
+                int(members is not None),
+                json.dumps(dict(extra)) if extra else None,
+            ),
+        )
+        self._nshards += 1
+        if members is None or len(members) == 0:
+            return
+        starts, ends = members.spans()
+        conn.executemany(
+            "INSERT INTO samples VALUES (?, ?, ?, ?, ?)",
+            zip(repeat(sid), range(len(members)), _keys(members), starts.tolist(), ends.tolist()),
+        )
+        gmap = np.array([self._field_id(conn, f) for f in members.fields], dtype=np.int64)
+        sidx = np.repeat(np.arange(len(members)), np.diff(members.sample_start))
+        conn.executemany(
+            "INSERT INTO members VALUES (?, ?, ?, ?, ?)",
+            zip(
+                repeat(sid),
+                sidx.tolist(),
+                gmap[members.member_field].tolist(),
+                members.member_offset.tolist(),
+                members.member_size.tolist(),
+            ),
+        )
+
+    def _field_id(self, conn: sqlite3.Connection, name: str) -> int:
+        fid = self._field_ids.get(name)
+        if fid is None:
+            fid = self._field_ids[name] = len(self._field_ids)
+            conn.execute("INSERT INTO fields VALUES (?, ?)", (fid, name))
+        return fid
+
+    def set_report(self, report: Mapping[str, Any]) -> None:
+        """Store the builder's report (JSON-serialisable) in the index."""
+        self._check_open()
+        self._report = dict(report)
+
+    def close(self) -> None:
+        """Finish the tables and indexes and publish the file atomically."""
+        if self._closed:
+            return
+        conn = self._open()
+        self._closed = True
+        try:
+            bounds = [c[2] for c in self._components[1:]] + [self._nshards]
+            comps = [(*c, stop) for c, stop in zip(self._components, bounds, strict=True)]
+            if len(comps) > 1 and comps[0][2] == comps[0][3]:
+                comps = comps[1:]  # an empty main list beside sub-datasets is no component
+            conn.executemany(
+                "INSERT INTO components VALUES (?, ?, ?, ?, ?)",
+                [(i, *c) for i, c in enumerate(comps)],
+            )
+            meta = {
+                "format": FORMAT,
+                "version": str(SCHEMA_VERSION),
+                "report": json.dumps(self._report),
+            }
+            if self.name is not None:
+                meta["name"] = self.name
+            conn.executemany("INSERT INTO meta VALUES (?, ?)", list(meta.items()))
+            conn.execute("CREATE INDEX members_shard ON members (shard_id, sample_idx)")
+            conn.execute("COMMIT")
+            conn.close()
+            self._tmp.publish(self.path)
+        except BaseException:
+            self._discard()
+            raise
+
+    def abort(self) -> None:
+        """Give up: remove the temporary file; the destination is untouched."""
+        self._closed = True
+        self._discard()
+
+    def _discard(self) -> None:
+        if self._db is not None:
+            self._db.conn.close()
+        if self._tmp is not None:
+            self._tmp.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.path}: writer is closed")
+
+    def __enter__(self) -> SqliteIndexWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
