@@ -41,7 +41,6 @@ OVERSIZE: set[str] = {
     "wids.dataset.listdataset",
     "wids.sampler",
     "wids.storage.source",
-    "wids.subset",
 }
 KNOWN_REEXPORTS: set[str] = {
     "wids.dataset.listdataset",

@@ -1,4 +1,4 @@
-"""Local copies of indexes for work without network: subsets and offline snapshots.
+"""Making a subset: copy shards, verify each copy, write the subset's index.
 
 :func:`make_subset` copies some shards of an indexed dataset into a directory, in parallel,
 and writes an index there whose shard URLs are the copies (relative paths) and whose member
@@ -19,12 +19,7 @@ Offline snapshots of a remote index (``offline=True`` with the index's URL) live
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -32,10 +27,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from .atomic import TempFile, fsync_dir
-from .errors import IndexMismatchError, OutputExistsError
-from .index import ShardInfo
-from .storage import redact_url
+from ..atomic import TempFile
+from ..errors import IndexMismatchError
+from ..index import ShardInfo
+from ..storage import redact_url
+from .destination import Plan, Run, check_destination, local_names, plan_paths
 
 __all__ = [
     "SubsetReport",
@@ -95,162 +91,11 @@ def select_shards(
     return chosen
 
 
-def _local_names(urls: list[str]) -> list[str]:
-    """File names for the copies: the basename, made unique with a hash where they clash."""
-    bases = [u.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1] or "shard.tar" for u in urls]
-    bases = ["".join(c if c.isalnum() or c in "-_." else "_" for c in b).lstrip(".") for b in bases]
-    seen: dict[str, int] = {}
-    for b in bases:
-        seen[b] = seen.get(b, 0) + 1
-    out = []
-    for u, b in zip(urls, bases, strict=True):
-        if seen[b] > 1:
-            b = f"{hashlib.sha256(redact_url(u).encode()).hexdigest()[:12]}-{b}"
-        out.append(b or "shard.tar")
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class _Plan:
-    """Every path a subset writes, decided before anything is written."""
-
-    out_dir: str
-    index: str
-    members_dir: str
-    shards: list[str]
-    sidecars: list[str]
-
-    def paths(self) -> list[str]:
-        return [self.index, *self.shards, *self.sidecars]
-
-
-def _plan(out_dir: str, index: str, names: list[str], tables: list[Any]) -> _Plan:
-    from .index import _members_dir, _sidecar_name
-
-    stem = os.path.basename(redact_url(index).split("?", 1)[0].rstrip("/")) or "index"
-    stem = stem.rsplit(".", 1)[0] if "." in stem.lstrip(".") else stem
-    out = os.path.join(out_dir, f"{stem}.json")
-    members_dir = _members_dir(out)
-    sidecars = [
-        os.path.join(members_dir, _sidecar_name(n))
-        for n, t in zip(names, tables, strict=True)
-        if t is not None
-    ]
-    return _Plan(out_dir, out, members_dir, [os.path.join(out_dir, n) for n in names], sidecars)
-
-
-def _check_destination(plan: _Plan, index: str, shard_urls: list[str], force: bool) -> None:
-    """Refuse a destination that holds the source or, without ``force``, files of our names."""
-    from .index import _members_dir
-    from .storage import _local_path, is_local
-
-    real = os.path.realpath
-    source = {real(_local_path(u)) for u in shard_urls if is_local(u)}
-    source_dirs = set()
-    if is_local(index):
-        src_index = real(_local_path(index))
-        source.add(src_index)
-        source_dirs.add(real(_members_dir(src_index)))
-        if real(plan.out_dir) == os.path.dirname(src_index) and not force:
-            raise OutputExistsError(
-                f"{plan.out_dir} is the source index's own directory; give --to a new or empty "
-                "directory (or force=True / --force to write beside the source)"
-            )
-    if real(plan.members_dir) in source_dirs:
-        raise OutputExistsError(f"{plan.members_dir} holds the source index's member tables")
-    for path in plan.paths():
-        if real(path) in source:
-            raise OutputExistsError(
-                f"{path} is part of the source dataset and is never replaced; choose another --to"
-            )
-    existing = [p for p in plan.paths() if os.path.lexists(p)]
-    if existing and not force:
-        shown = ", ".join(os.path.relpath(p, plan.out_dir) for p in existing[:3])
-        more = f" and {len(existing) - 3} more" if len(existing) > 3 else ""
-        raise OutputExistsError(
-            f"{plan.out_dir} already holds {shown}{more}, which the subset would write; "
-            "nothing was changed (force=True / --force replaces files of these names only)"
-        )
-
-
-class _Run:
-    """What one :func:`make_subset` call created, so that a failure leaves the directory as it was.
-
-    Files are published with :meth:`place`: without ``force`` never onto an existing name (a hard
-    link fails if the name exists, so even a file appearing meanwhile is not replaced); with
-    ``force`` by ``os.replace``. On failure, files this run added (not those it replaced), its
-    staging directory and the directories it created (if empty) are removed; nothing else.
-    """
-
-    def __init__(self, force: bool) -> None:
-        self.force = force
-        self._lock = threading.Lock()
-        self._added: list[tuple[str, int]] = []
-        self._dirs: list[str] = []
-        self._staging: list[str] = []
-
-    def makedirs(self, path: str) -> None:
-        missing = []
-        p = path
-        while not os.path.isdir(p):
-            missing.append(p)
-            p = os.path.dirname(p)
-        os.makedirs(path, exist_ok=True)
-        with self._lock:
-            self._dirs.extend(reversed(missing))
-
-    def staging(self, parent: str) -> str:
-        path = tempfile.mkdtemp(prefix=".wids-subset-", dir=parent)
-        with self._lock:
-            self._staging.append(path)
-        return path
-
-    def place(self, path: str, dest: str) -> None:
-        """Move the finished file ``path`` (same filesystem) to ``dest``."""
-        if self.force:
-            existed = os.path.lexists(dest)
-            os.replace(path, dest)
-        else:
-            existed = False
-            try:
-                os.link(path, dest)
-            except FileExistsError:
-                raise OutputExistsError(f"{dest} appeared while the subset was written") from None
-            except OSError as e:
-                if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP):
-                    raise
-                if os.path.lexists(dest):  # no hard links here: check, then replace
-                    raise OutputExistsError(f"{dest} appeared while the subset was written") from e
-                os.replace(path, dest)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        if not existed:
-            with self._lock:
-                self._added.append((dest, os.lstat(dest).st_ino))
-
-    def finish(self) -> None:
-        for path in self._staging:
-            shutil.rmtree(path, ignore_errors=True)
-        for d in {os.path.dirname(p) for p, _ in self._added}:
-            fsync_dir(d)
-
-    def undo(self) -> None:
-        for path in self._staging:
-            shutil.rmtree(path, ignore_errors=True)
-        for path, ino in self._added:
-            with contextlib.suppress(OSError):
-                if os.lstat(path).st_ino == ino:
-                    os.unlink(path)
-        for d in reversed(self._dirs):
-            with contextlib.suppress(OSError):
-                os.rmdir(d)  # only if empty
-
-
 def _check_copy(path: str, info: ShardInfo, stat: Any, members: Any) -> None:
     """Refuse a downloaded copy whose etag, md5 or member headers differ from the index."""
-    from .cache import md5_file
-    from .storage import comparable_etag
-    from .tar import header_mismatch
+    from ..cache import md5_file
+    from ..storage import comparable_etag
+    from ..tar import header_mismatch
 
     name = redact_url(info.url)
     if info.etag and stat.etag and comparable_etag(stat.etag) != comparable_etag(info.etag):
@@ -281,11 +126,11 @@ def _copy(
     members: Any,
     dest: str,
     storage_options: Mapping[str, Any],
-    run: _Run,
+    run: Run,
     progress: Callable[[int], None],
 ) -> None:
     """Copy one shard to ``dest``: download to a temporary file, verify, then publish."""
-    from .storage import Source
+    from ..storage import Source
 
     src = Source(info.url, storage_options)
     try:
@@ -345,7 +190,7 @@ def make_subset(
             is part of the source dataset.
         IndexMismatchError: A shard's size, etag, md5 or member headers differ from the index.
     """
-    from .index import open_index
+    from ..index import open_index
 
     t0 = time.monotonic()
     options = dict(storage_options or {})
@@ -357,11 +202,11 @@ def make_subset(
     try:
         infos = list(idx.shards)
         chosen = select_shards([s.nsamples for s in infos], shards=shards, samples=samples)
-        names = _local_names([infos[k].url for k in chosen])
+        names = local_names([infos[k].url for k in chosen])
         tables = [idx.members(k) for k in chosen]
-        plan = _plan(out_dir, index, names, tables)
-        _check_destination(plan, index, [infos[k].url for k in chosen], force)
-        run = _Run(force)
+        plan = plan_paths(out_dir, index, names, tables)
+        check_destination(plan, index, [infos[k].url for k in chosen], force)
+        run = Run(force)
         try:
             run.makedirs(out_dir)
             picked = [(infos[k], t, d) for k, t, d in zip(chosen, tables, plan.shards, strict=True)]
@@ -384,10 +229,10 @@ def make_subset(
 
 
 def _write_index(
-    plan: _Plan, idx: Any, chosen: list[int], names: list[str], tables: list[Any], run: _Run
+    plan: Plan, idx: Any, chosen: list[int], names: list[str], tables: list[Any], run: Run
 ) -> None:
     """Write the subset's index in a staging directory, then publish sidecars, then the index."""
-    from .index import JsonIndexWriter
+    from ..index import JsonIndexWriter
 
     staging = run.staging(plan.out_dir)
     infos = idx.shards
@@ -419,7 +264,7 @@ def _write_index(
 def _copy_all(
     picked: list[tuple[ShardInfo, Any, str]],
     options: Mapping[str, Any],
-    run: _Run,
+    run: Run,
     jobs: int,
     progress: bool,
 ) -> None:
