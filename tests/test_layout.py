@@ -39,7 +39,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
 }
 OVERSIZE: set[str] = {
     "wids.dataset.listdataset",
-    "wids.sampler",
     "wids.storage.source",
 }
 KNOWN_REEXPORTS: set[str] = {

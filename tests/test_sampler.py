@@ -570,7 +570,7 @@ def _eager_interleave(pieces, num_workers, batch_size):
     batch=st.integers(1, 9),
 )
 def test_lazy_interleave_equals_the_eager_one(sizes, workers, batch):
-    from wids.sampler import _interleave
+    from wids.sampler.workers import _interleave
 
     pieces, start = [], 0
     for n in sizes:
@@ -583,7 +583,7 @@ def test_lazy_interleave_equals_the_eager_one(sizes, workers, batch):
 
 @pytest.mark.parametrize("n", [2, 3, 5, 1000, 4097, 65536, 70001])
 def test_lazy_permutation_is_a_permutation(n):
-    from wids.sampler import _Permutation
+    from wids.sampler.chunks import _Permutation
 
     perm = _Permutation(n, 12345)
     got = list(perm)

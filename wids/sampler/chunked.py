@@ -1,0 +1,353 @@
+"""The chunked sampler: chunks shuffled, then the indices inside each chunk; epochs, resume."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+import random
+import warnings
+import zlib
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+from .chunks import (
+    Range,
+    _boundaries,
+    _Chunks,
+    _chunks,
+    _cyclic_segments,
+    _order,
+    _quotas,
+    _shuffled_pieces,
+    _slice,
+)
+from .workers import _interleave
+
+__all__ = ["ChunkedSampler"]
+
+_EPOCH_STRIDE = 1289738273  # the reference's per-epoch seed stride; orders depend on it
+_STATE_FORMAT = "wids-sampler-state"
+_STATE_VERSION = 1
+# state fields that must match for a saved position to mean the same samples
+_STATE_CHECKED = (
+    "num_replicas",
+    "span",
+    "length",
+    "chunks",
+    "partition",
+    "drop_last",
+    "shuffle",
+    "shufflefirst",
+    "mix",
+    "num_workers",
+    "batch_size",
+)
+
+Chunking = Literal["shard", "fixed"]
+Partition = Literal["block", "global"]
+
+
+def _shard_lengths(dataset: Any) -> list[int]:
+    """Per-shard sample counts: ``dataset.lengths``, a list/tuple of ints, or ``[len(dataset)]``."""
+    lengths = getattr(dataset, "lengths", None)
+    if lengths is None and isinstance(dataset, (list, tuple)):
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in dataset):
+            lengths = dataset
+    if lengths is None:
+        if not hasattr(dataset, "__len__"):
+            raise TypeError(
+                f"need shard lengths: an object with .lengths, a list of ints or a sized "
+                f"dataset, not {type(dataset).__name__}"
+            )
+        lengths = [len(dataset)]
+    result = [operator.index(n) for n in lengths]
+    if any(n < 0 for n in result):
+        raise ValueError(f"shard lengths must be >= 0, got {result}")
+    return result
+
+
+def _span(num_samples: int | tuple[int, int] | None, total: int) -> Range:
+    """The index range ``(lo, hi)`` selected by ``num_samples``."""
+    if num_samples is None:
+        lo, hi = 0, total
+    elif isinstance(num_samples, tuple):
+        lo, hi = (operator.index(x) for x in num_samples)
+    else:
+        lo, hi = 0, operator.index(num_samples)
+    if not 0 <= lo <= hi <= total:
+        raise ValueError(f"num_samples {num_samples!r} is not a range inside [0, {total}]")
+    return lo, hi
+
+
+class ChunkedSampler:
+    """Shuffle chunks of consecutive indices, then the indices inside each chunk.
+
+    Chunks never cross a shard boundary (``chunking="shard"``) and hold at most ``chunksize``
+    indices, so consecutive indices stay within one shard. One process, one replica; see
+    :class:`DistributedChunkedSampler` for several ranks.
+
+    Args:
+        dataset: Anything with ``.lengths`` (per-shard sample counts, like ``ShardListDataset``),
+            a list or tuple of ints (the shard lengths themselves), or any sized object (one
+            shard). With ``mix=True`` it must also have ``.components``.
+        num_samples: ``None`` for all indices, an int ``n`` for ``[0, n)``, or ``(lo, hi)``.
+        chunksize: Largest number of indices in a chunk.
+        seed: Base of the per-epoch seed ``seed + 1289738273 * epoch``.
+        shuffle: Shuffle the indices inside each chunk (and, after epoch 0, the chunk order).
+        shufflefirst: Shuffle the chunk order at epoch 0 too.
+        chunking: ``"shard"`` cuts chunks at shard boundaries; ``"fixed"`` cuts ``[lo, hi)``
+            into consecutive pieces of ``chunksize`` regardless of shards (the reference).
+        mix: Draw each epoch from ``dataset.components`` in proportion to their weights.
+        num_workers: The DataLoader's ``num_workers``; with ``batch_size``, orders the indices
+            so each worker reads its own chunks (0 or 1: plain order).
+        batch_size: The DataLoader's ``batch_size`` (used only when ``num_workers > 1``).
+        auto_epoch: After a complete pass, advance the epoch by one (the reference did this;
+            off by default: call ``set_epoch`` each epoch, as with torch's samplers).
+
+    Raises:
+        ValueError: For a ``num_samples`` outside the dataset or a bad option.
+
+    Example:
+        >>> sampler = ChunkedSampler([3, 2], chunksize=10, shuffle=False)
+        >>> sampler.ranges, list(sampler)
+        ([(0, 3), (3, 5)], [0, 1, 2, 3, 4])
+    """
+
+    # DistributedChunkedSampler sets these on the instance before ChunkedSampler.__init__ runs
+    num_replicas: int = 1
+    rank: int = 0
+    drop_last: bool = False
+    partition: Partition | None = None
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        num_samples: int | tuple[int, int] | None = None,
+        chunksize: int = 2000,
+        seed: int = 0,
+        shuffle: bool = True,
+        shufflefirst: bool = False,
+        chunking: Chunking = "shard",
+        mix: bool = False,
+        num_workers: int = 0,
+        batch_size: int = 1,
+        auto_epoch: bool = False,
+    ) -> None:
+        if chunking not in ("shard", "fixed"):
+            raise ValueError(f"chunking must be 'shard' or 'fixed', got {chunking!r}")
+        if self.partition not in (None, "block", "global"):
+            raise ValueError(f"partition must be 'block' or 'global', got {self.partition!r}")
+        if mix and self.partition == "block":
+            raise ValueError("mix=True draws a new selection every epoch: use partition='global'")
+        if operator.index(chunksize) < 1 or operator.index(batch_size) < 1:
+            raise ValueError(f"chunksize and batch_size must be >= 1: {chunksize}, {batch_size}")
+        if operator.index(num_workers) < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        lengths = _shard_lengths(dataset)
+        self.seed, self.epoch = operator.index(seed), 0
+        self.shuffle, self.shufflefirst = bool(shuffle), bool(shufflefirst)
+        self.chunking, self.mix = chunking, bool(mix)
+        self.partition: Partition = self.partition or ("global" if mix else "block")
+        self.chunksize, self.num_workers, self.batch_size = chunksize, num_workers, batch_size
+        self.auto_epoch = bool(auto_epoch)
+        self.span = _span(num_samples, sum(lengths))
+        self._cuts = _boundaries(lengths) if chunking == "shard" else []
+        lo, hi = self.span
+        n = hi - lo
+        replicas = self.num_replicas
+        self._length = n // replicas if self.drop_last else -(-n // replicas)
+        self._components = self._read_components(dataset) if mix else []
+        self.ranges: Sequence[Range]
+        if self.partition == "block":
+            start = self.rank * self._length
+            segments = _cyclic_segments(lo, hi, start, self._length) if n else []
+            self.ranges = _Chunks((self._chunk(a, b), 1) for a, b in segments)
+        elif mix:
+            self.ranges = _Chunks((self._chunk(a, b), 1) for a, b, _ in self._components)
+        else:
+            self.ranges = self._chunk(lo, hi)
+        self._position = 0  # indices handed out by the current iterator
+        self._resume = 0  # indices to skip at the start of the next iterator
+        self._epoch_set = False
+        self._completed_epoch: int | None = None
+        self._warned = False
+
+    def _chunk(self, lo: int, hi: int) -> _Chunks:
+        return _chunks(lo, hi, self._cuts, self.chunksize)
+
+    def _read_components(self, dataset: Any) -> list[tuple[int, int, float]]:
+        components = getattr(dataset, "components", None)
+        if not components:
+            raise ValueError("mix=True needs a dataset with sub-datasets (.components)")
+        lo, hi = self.span
+        result = []
+        for c in components:
+            weight = 1.0 if c.weight is None else float(c.weight)
+            if not weight >= 0 or math.isinf(weight):
+                raise ValueError(f"component {c.name!r}: weight must be >= 0, got {c.weight!r}")
+            a, b = max(lo, c.start), min(hi, c.stop)
+            if a < b:
+                result.append((a, b, weight))
+        if not any(w > 0 for _, _, w in result):
+            raise ValueError("mix=True: no component with a positive weight inside num_samples")
+        return result
+
+    def __len__(self) -> int:
+        return self._length
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of ``epoch`` from the next iteration on.
+
+        Setting the epoch that a loaded state holds keeps its resume position; any other epoch
+        starts at the beginning.
+        """
+        epoch = operator.index(epoch)
+        if epoch != self.epoch:
+            self._resume = 0
+        self.epoch = epoch
+        self._epoch_set = True
+
+    def _pieces(self) -> Iterator[list[int]]:
+        """This replica's indices for the current epoch, as lists taken from single chunks."""
+        rng = random.Random(self.seed + _EPOCH_STRIDE * self.epoch)
+        reorder = self.shuffle and (self.shufflefirst or self.epoch > 0)
+        if self.partition == "block":
+            return _shuffled_pieces(self.ranges, rng, reorder, self.shuffle)
+        lo, hi = self.span
+        if self.mix:
+            # the chunk order is always shuffled when mixing: the blend is the point
+            pieces = _shuffled_pieces(self._mixed_ranges(rng), rng, self.shuffle, self.shuffle)
+        else:
+            pieces = _shuffled_pieces(self.ranges, rng, reorder, self.shuffle)
+        start = self.rank * self._length
+        return _slice(pieces, hi - lo, start, start + self._length)
+
+    def _mixed_ranges(self, rng: random.Random) -> _Chunks:
+        """Whole passes over each component plus randomly chosen chunks for the remainder."""
+        lo, hi = self.span
+        quotas = _quotas(hi - lo, [w for _, _, w in self._components])
+        selected: list[tuple[Sequence[Range], int]] = []
+        for (a, b, _), quota in zip(self._components, quotas, strict=True):
+            chunks = self._chunk(a, b)
+            passes, rest = divmod(quota, b - a)
+            selected.append((chunks, passes))
+            extra: list[Range] = []
+            for i in _order(len(chunks), rng):  # as random.shuffle(chunks), lazily past _BIG
+                if rest <= 0:
+                    break
+                c_lo, c_hi = chunks[i]
+                extra.append((c_lo, min(c_hi, c_lo + rest)))
+                rest -= c_hi - c_lo
+            selected.append((extra, 1))
+        return _Chunks(selected)
+
+    def _indices(self) -> Iterator[int]:
+        pieces = self._pieces()
+        if self.num_workers > 1:
+            return _interleave(pieces, self.num_workers, self.batch_size)
+        return itertools.chain.from_iterable(pieces)
+
+    def __iter__(self) -> Iterator[int]:
+        start, self._resume = self._resume, 0
+        if (
+            self._completed_epoch == self.epoch
+            and start == 0
+            and self.shuffle
+            and not (self._epoch_set or self.auto_epoch or self._warned)
+        ):
+            self._warned = True
+            warnings.warn(
+                f"{type(self).__name__} repeats the order of epoch {self.epoch}: call "
+                "set_epoch(epoch) before each epoch (or pass auto_epoch=True)",
+                stacklevel=2,
+            )
+        self._position = start
+        return self._generate(start)
+
+    def _generate(self, start: int) -> Iterator[int]:
+        for index in itertools.islice(self._indices(), start, None):
+            self._position += 1
+            yield index
+        self._completed_epoch = self.epoch
+        if self.auto_epoch:
+            self.epoch += 1
+            self._position = 0
+
+    def state_dict(self, position: int | None = None) -> dict[str, Any]:
+        """The epoch, seed and position to resume from, plus the settings they depend on.
+
+        Args:
+            position: How many of this epoch's indices were consumed on this rank. Defaults to
+                how many the sampler has handed out, which under a DataLoader with workers runs
+                ahead of the training loop by the prefetched batches: pass
+                ``steps * batch_size`` to resume at the step the loop reached.
+
+        Returns:
+            A dict of plain values (JSON- and ``torch.save``-friendly). Every rank in lockstep
+            holds the same state, so saving rank 0's and loading it everywhere is fine.
+        """
+        pos = self._position if position is None else operator.index(position)
+        if not 0 <= pos <= self._length:
+            raise ValueError(f"position must be in [0, {self._length}], got {pos}")
+        return {
+            "format": _STATE_FORMAT,
+            "version": _STATE_VERSION,
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "position": pos,
+            **self._settings(),
+        }
+
+    def _settings(self) -> dict[str, Any]:
+        return {
+            "num_replicas": self.num_replicas,
+            "span": list(self.span),
+            "length": self._length,
+            "chunks": [self.chunking, self.chunksize, zlib.crc32(repr(self._cuts).encode())],
+            "partition": self.partition,
+            "drop_last": self.drop_last,
+            "shuffle": self.shuffle,
+            "shufflefirst": self.shufflefirst,
+            "mix": self.mix,
+            "num_workers": self.num_workers if self.num_workers > 1 else 0,
+            "batch_size": self.batch_size if self.num_workers > 1 else 1,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore epoch, seed and position: the next iteration yields the rest of that epoch.
+
+        Raises:
+            ValueError: If the state is not a sampler state, or was saved with settings that
+                give a different order, in particular a different number of replicas
+                (resuming on another world size is not supported).
+        """
+        if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"not a {_STATE_FORMAT} version {_STATE_VERSION} dict")
+        mine = self._settings()
+        theirs = {key: state.get(key) for key in _STATE_CHECKED}
+        if theirs["num_replicas"] != mine["num_replicas"]:
+            raise ValueError(
+                f"sampler state was saved with num_replicas={theirs['num_replicas']}, this "
+                f"sampler has num_replicas={mine['num_replicas']}; resuming on a different "
+                "world size is not supported (start the epoch over instead)"
+            )
+        for key in _STATE_CHECKED:
+            if theirs[key] != mine[key]:
+                raise ValueError(
+                    f"sampler state was saved with {key}={theirs[key]!r}, "
+                    f"this sampler has {key}={mine[key]!r}"
+                )
+        position = operator.index(state["position"])
+        if not 0 <= position <= self._length:
+            raise ValueError(f"position must be in [0, {self._length}], got {position}")
+        self.epoch, self.seed = operator.index(state["epoch"]), operator.index(state["seed"])
+        self._resume = self._position = position
+        self._epoch_set = True
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(span={self.span}, chunks={len(self.ranges)}, "
+            f"rank={self.rank}/{self.num_replicas}, len={self._length}, epoch={self.epoch})"
+        )

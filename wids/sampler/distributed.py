@@ -1,0 +1,115 @@
+"""The sampler for one rank of a distributed job, and where its world comes from."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from .chunked import ChunkedSampler, Chunking, Partition
+
+__all__ = ["DistributedChunkedSampler"]
+
+
+def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    """Fill ``num_replicas`` / ``rank`` from ``torch.distributed`` where they are ``None``."""
+    if num_replicas is None or rank is None:
+        dist = _initialised_dist()
+        if dist is not None:
+            # attribute look-ups at call time, so patched get_rank/get_world_size are honoured
+            num_replicas = dist.get_world_size() if num_replicas is None else num_replicas
+            rank = dist.get_rank() if rank is None else rank
+        elif num_replicas is None and rank is None:
+            num_replicas, rank = 1, 0
+        else:
+            raise ValueError(
+                "torch.distributed is not initialised: give both num_replicas and rank, or neither"
+            )
+    replicas, index = operator.index(num_replicas), operator.index(rank)  # type: ignore[arg-type]
+    if replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {replicas}")
+    if not 0 <= index < replicas:
+        raise ValueError(f"rank must be in [0, {replicas - 1}], got {index}")
+    return replicas, index
+
+
+def _initialised_dist() -> Any:
+    """The ``torch.distributed`` module if torch is installed and a process group is up."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+class DistributedChunkedSampler(ChunkedSampler):
+    """A :class:`ChunkedSampler` for one rank of a distributed job.
+
+    With ``partition="block"`` (the default) rank ``r`` owns positions
+    ``[r * L, (r + 1) * L)`` of the range, ``L = len(sampler)``, every epoch, so its shard
+    cache keeps serving it; its chunks are shuffled as in :class:`ChunkedSampler`. With
+    ``partition="global"`` the whole range's chunk sequence is shuffled each epoch and rank
+    ``r`` takes positions ``[r * L, (r + 1) * L)`` of it. ``drop_last=False``:
+    ``L = ceil(n / R)`` and positions past the end wrap around to the start of the range (at
+    most ``R - 1`` indices repeat per epoch); ``drop_last=True``: ``L = floor(n / R)`` and the
+    last ``n mod R`` positions are dropped. Every rank must use the same seed.
+
+    Args:
+        dataset: As for :class:`ChunkedSampler`.
+        num_replicas: Number of ranks; ``None``: ``torch.distributed.get_world_size()`` if a
+            process group is initialised, else 1.
+        rank: This rank; ``None``: ``torch.distributed.get_rank()`` if a process group is
+            initialised, else 0. Explicit values always win.
+        num_samples: As for :class:`ChunkedSampler`; partitioned over the ranks.
+        shuffle: As for :class:`ChunkedSampler`.
+        shufflefirst: As for :class:`ChunkedSampler`.
+        seed: As for :class:`ChunkedSampler`.
+        drop_last: ``True`` drops the tail so every rank has ``floor(n / R)`` indices;
+            ``False`` or ``None`` pads to ``ceil(n / R)``.
+        chunksize: As for :class:`ChunkedSampler`.
+        chunking: As for :class:`ChunkedSampler`.
+        partition: ``"block"`` or ``"global"``; ``None``: ``"global"`` with ``mix``, else
+            ``"block"``.
+        mix: As for :class:`ChunkedSampler` (needs ``partition="global"``).
+        num_workers: As for :class:`ChunkedSampler`.
+        batch_size: As for :class:`ChunkedSampler`.
+        auto_epoch: As for :class:`ChunkedSampler`.
+
+    Raises:
+        ValueError: For a bad ``num_replicas`` or ``rank``, only one of them given without an
+            initialised process group, or a bad option.
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        num_samples: int | tuple[int, int] | None = None,
+        shuffle: bool = True,
+        shufflefirst: bool = False,
+        seed: int = 0,
+        drop_last: bool | None = None,
+        chunksize: int = 1000000,
+        chunking: Chunking = "shard",
+        partition: Partition | None = None,
+        mix: bool = False,
+        num_workers: int = 0,
+        batch_size: int = 1,
+        auto_epoch: bool = False,
+    ) -> None:
+        self.num_replicas, self.rank = _world(num_replicas, rank)
+        self.drop_last, self.partition = bool(drop_last), partition
+        super().__init__(
+            dataset,
+            num_samples=num_samples,
+            chunksize=chunksize,
+            seed=seed,
+            shuffle=shuffle,
+            shufflefirst=shufflefirst,
+            chunking=chunking,
+            mix=mix,
+            num_workers=num_workers,
+            batch_size=batch_size,
+            auto_epoch=auto_epoch,
+        )

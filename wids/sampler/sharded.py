@@ -1,0 +1,45 @@
+"""One chunk per shard: the shard order shuffled, then the indices inside each shard."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from .chunked import ChunkedSampler
+
+__all__ = ["ShardedSampler"]
+
+
+class ShardedSampler(ChunkedSampler):
+    """One chunk per shard: the shard order shuffled, then the indices inside each shard.
+
+    The shard order is shuffled after epoch 0, or from the start with ``shufflefirst``.
+
+    Args:
+        dataset: As for :class:`ChunkedSampler`; may be ``None`` when ``lengths`` is given.
+        lengths: Per-shard sample counts, instead of the dataset's.
+        seed: As for :class:`ChunkedSampler`.
+        shufflefirst: Shuffle the shard order at epoch 0 too.
+        auto_epoch: As for :class:`ChunkedSampler`.
+    """
+
+    def __init__(
+        self,
+        dataset: Any = None,
+        *,
+        lengths: Sequence[int] | None = None,
+        seed: int = 0,
+        shufflefirst: bool = False,
+        auto_epoch: bool = False,
+    ) -> None:
+        super().__init__(
+            dataset if lengths is None else list(lengths),
+            chunksize=sys.maxsize,
+            seed=seed,
+            shufflefirst=shufflefirst,
+            auto_epoch=auto_epoch,
+        )
+        # keep empty shards as (a, a) ranges: they take part in the shard shuffle, as before
+        self.ranges = list(itertools.pairwise(self._cuts))
