@@ -24,8 +24,8 @@ from tarfixtures import (
     write_tar,
 )
 
+from wids import HeaderChecksumError, ShardNotFoundError, TarFormatError, TruncatedTarError
 from wids import tar as wtar
-from wids.errors import HeaderChecksumError, ShardNotFoundError, TarFormatError, TruncatedTarError
 from wids.tar import (
     TarMember,
     iter_members_fetch,
@@ -408,12 +408,6 @@ def test_gzip_is_named(tmp_path: Path, size: str, api: Callable[..., list[Row]])
     path.write_bytes(gzip.compress(payload))
     with pytest.raises(TarFormatError, match="gzip-compressed; wids reads uncompressed tar"):
         api(path, shard="a.tar.gz")
-
-
-def test_errors_pickle() -> None:
-    err = TruncatedTarError("truncated", shard="s3://b/x.tar", offset=1024)
-    back = pickle.loads(pickle.dumps(err))
-    assert type(back) is TruncatedTarError and back.offset == 1024 and back.shard == err.shard
 
 
 def test_stream_reads_every_byte_and_never_seeks(tmp_path: Path) -> None:
