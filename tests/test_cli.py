@@ -309,8 +309,7 @@ def test_an_output_that_is_a_shard_or_a_users_file_is_refused(shards, tmp_path):
 
 
 def test_a_directory_or_an_unexpanded_glob_is_named_and_explained(shards, tmp_path):
-    from wids import ShardListDataset
-    from wids.errors import ShardNotFoundError
+    from wids import ShardListDataset, ShardNotFoundError
 
     d = os.path.dirname(shards[0])
     with pytest.raises(ShardNotFoundError, match="is a directory") as e:

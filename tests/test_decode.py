@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from wids.decode import IMAGE_MODES, Decoder, default_decoders, interpret_transformations
-from wids.errors import DecodeError, UnsafeDecodeError
+from wids import DecodeError, Decoder, UnsafeDecodeError, default_decoders
+from wids.decode import IMAGE_MODES, interpret_transformations
 
 
 def _png(mode: str = "RGB", size: tuple[int, int] = (5, 3)) -> bytes:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from wids.errors import LockTimeoutError, WidsError
+from wids import LockTimeoutError, WidsError
 from wids.lock import FileLock, writer_lock
 
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wids.sampler import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
+from wids import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
 
 
 class Sized:

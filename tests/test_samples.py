@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from wids.errors import SampleLayoutError
+from wids import SampleLayoutError
 from wids.samples import group_members, split_name
 from wids.tar import TarMember
 
