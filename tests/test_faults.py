@@ -17,7 +17,7 @@ import pytest
 from faultproxy import FaultPlan, FaultProxy
 from tar_oracle import dataset_samples, strip_meta
 
-from wids import ShardListDataset, build_index
+from wids import IOStats, RetryPolicy, ShardListDataset, build_index
 from wids.errors import (
     CorruptReadError,
     IndexMismatchError,
@@ -26,7 +26,7 @@ from wids.errors import (
     ShardNotFoundError,
     ShortReadError,
 )
-from wids.storage.source import IOStats, RetryPolicy, Source, read_ranges
+from wids.storage import Source, Store, read_ranges
 from wids.synth import write_dataset
 
 pytestmark = pytest.mark.servers
@@ -58,7 +58,7 @@ class Through:
         return self.proxy.url(name) if self.server.protocol == "http" else self.server.url(name)
 
     def source(self, name: str, retry: RetryPolicy = POLICY) -> Source:
-        return Source(self.url(name), self.storage_options, retry)
+        return Store(self.storage_options, retry).source(self.url(name))
 
 
 @pytest.fixture(params=["http", "s3"])

@@ -15,6 +15,7 @@ import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
+from wids import IOStats, RetryPolicy
 from wids.errors import (
     CorruptReadError,
     IndexMismatchError,
@@ -25,16 +26,8 @@ from wids.errors import (
     ShortReadError,
     WidsError,
 )
-from wids.storage.source import (
-    FileStat,
-    IOStats,
-    RetryPolicy,
-    Source,
-    _classify,
-    is_local,
-    read_ranges,
-    redact_url,
-)
+from wids.storage import FileStat, Source, Store, is_local, read_ranges, redact_url
+from wids.storage.retry import _classify
 
 DATA = bytes((i * 7 + i // 251) % 256 for i in range(300_000))
 FAST = RetryPolicy(attempts=4, max_time=10.0, backoff=0.01, max_backoff=0.05, timeout=5.0)
@@ -77,6 +70,51 @@ def test_source_local_path() -> None:
     assert Source("s3://b/k").local_path is None
     with pytest.raises(ValueError):
         Source("")
+
+
+def test_store_carries_options_retry_and_counters(tmp_path: Any) -> None:
+    path = tmp_path / "x.bin"
+    path.write_bytes(DATA)
+    store = Store({"anon": True, "secret": "TOPSECRET1"}, FAST)
+    src = store.source(str(path), size=len(DATA), etag="e1")
+    assert src.store is store and src.retry == FAST and src.storage_options == store.storage_options
+    assert (src.size, src.etag) == (len(DATA), "e1")
+    assert src.read_range(0, 100) == DATA[:100]  # no stats given: the store's counters
+    assert src.info().size == len(DATA)
+    assert (store.stats.requests, store.stats.bytes_read) == (2, 100)
+    own = IOStats()
+    src.read_range(0, 10, own)  # a caller's own counters instead
+    assert (own.requests, store.stats.requests) == (1, 2)
+    assert store.secrets() == ["TOPSECRET1"]
+    assert "TOPSECRET1" not in repr(store)
+    with pytest.raises(TypeError):
+        store.storage_options["anon"] = False  # type: ignore[index]
+    assert Source(str(path)).store.storage_options == {}
+    with pytest.raises(TypeError):
+        Source(str(path), {"anon": True})  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        Store(retry=3)  # type: ignore[arg-type]
+
+
+def test_store_pickles_without_its_counters() -> None:
+    store = Store({"anon": True}, FAST)
+    store.stats.requests = 7
+    clone = pickle.loads(pickle.dumps(store))
+    assert clone.storage_options == {"anon": True} and clone.retry == FAST
+    assert clone.stats == IOStats()  # counters are per process
+    src = pickle.loads(pickle.dumps(store.source("s3://b/k")))
+    assert src.store.retry == FAST and src.store.stats.requests == 0
+
+
+def test_store_of() -> None:
+    store = Store({"anon": True})
+    assert Store.of(store) is store
+    assert Store.of(None).storage_options == {} and Store.of({"a": 1}).storage_options == {"a": 1}
+    again = Store.of(store, FAST)
+    assert again.retry == FAST and again.stats is store.stats
+    assert again.storage_options == store.storage_options
+    other = store.with_stats()
+    assert other.storage_options == store.storage_options and other.stats is not store.stats
 
 
 @pytest.mark.parametrize(
@@ -164,7 +202,7 @@ def flaky() -> type[FlakyMemoryFileSystem]:
 def test_transient_failures_are_retried(flaky: type[FlakyMemoryFileSystem]) -> None:
     flaky.fail_first = 3
     stats = IOStats()
-    data = Source("flakymem://flaky/x.bin", retry=FAST).read_range(10, 1000, stats)
+    data = Store(retry=FAST).source("flakymem://flaky/x.bin").read_range(10, 1000, stats)
     assert data == DATA[10:1000]
     assert stats == IOStats(requests=4, bytes_read=990, retries=3, errors=0)
 
@@ -173,7 +211,7 @@ def test_retries_exhausted_after_attempts(flaky: type[FlakyMemoryFileSystem]) ->
     flaky.fail_first = 100
     stats = IOStats()
     with pytest.raises(RetriesExhaustedError) as info:
-        Source("flakymem://flaky/x.bin", retry=FAST).read_range(10, 1000, stats)
+        Store(retry=FAST).source("flakymem://flaky/x.bin").read_range(10, 1000, stats)
     assert info.value.attempts == FAST.attempts  # type: ignore[attr-defined]
     assert stats.requests == FAST.attempts and stats.retries == FAST.attempts - 1
     assert stats.errors == 1
@@ -185,7 +223,7 @@ def test_retries_bounded_by_max_time(flaky: type[FlakyMemoryFileSystem]) -> None
     policy = RetryPolicy(attempts=10_000, max_time=0.5, backoff=0.02, max_backoff=0.05)
     t0 = time.monotonic()
     with pytest.raises(RetriesExhaustedError):
-        Source("flakymem://flaky/x.bin", retry=policy).read_range(0, 10)
+        Store(retry=policy).source("flakymem://flaky/x.bin").read_range(0, 10)
     assert time.monotonic() - t0 < policy.max_time + 0.5
 
 
@@ -195,7 +233,7 @@ def test_permanent_failure_is_not_retried(flaky: type[FlakyMemoryFileSystem]) ->
     stats = IOStats()
     try:
         with pytest.raises(PermanentRemoteError):
-            Source("flakymem://flaky/x.bin", retry=FAST).read_range(0, 10, stats)
+            Store(retry=FAST).source("flakymem://flaky/x.bin").read_range(0, 10, stats)
     finally:
         flaky.failure = ConnectionResetError(errno.ECONNRESET, "reset by test")
     assert stats.requests == 1 and stats.retries == 0 and stats.errors == 1
@@ -206,7 +244,7 @@ def test_unknown_exceptions_propagate_unchanged(flaky: type[FlakyMemoryFileSyste
     flaky.failure = KeyError("bug")
     try:
         with pytest.raises(KeyError):
-            Source("flakymem://flaky/x.bin", retry=FAST).read_range(0, 10)
+            Store(retry=FAST).source("flakymem://flaky/x.bin").read_range(0, 10)
     finally:
         flaky.failure = ConnectionResetError(errno.ECONNRESET, "reset by test")
     assert flaky.calls == 1
@@ -228,12 +266,12 @@ class RemoteContract:
 
     @pytest.fixture
     def src(self, make: Any, request: pytest.FixtureRequest) -> Source:
-        return Source(make(f"{request.node.name[:40]}.bin", DATA), self.options, FAST)
+        return Store(self.options, FAST).source(make(f"{request.node.name[:40]}.bin", DATA))
 
     @pytest.fixture
     def missing(self, make: Any) -> Source:
         url = make("exists.bin", b"x")
-        return Source(url.replace("exists.bin", "no-such-object.bin"), self.options, FAST)
+        return Store(self.options, FAST).source(url.replace("exists.bin", "no-such-object.bin"))
 
     def test_info(self, src: Source) -> None:
         st = src.info()
@@ -265,7 +303,7 @@ class RemoteContract:
             src.read_range(len(DATA) + 10, len(DATA) + 20)
 
     def test_read_ranges(self, src: Source, make: Any) -> None:
-        other = Source(make("other.bin", DATA[::-1]), self.options, FAST)
+        other = Store(self.options, FAST).source(make("other.bin", DATA[::-1]))
         spans = [(i * 997 % 290_000, i * 997 % 290_000 + 1 + i * 13) for i in range(150)]
         reqs = [(src if i % 3 else other, s, e) for i, (s, e) in enumerate(spans)]
         reqs.append((src, 7, 7))
@@ -374,7 +412,7 @@ class TestLocal(RemoteContract):
         assert Source(url).read_range(3, 9) == DATA[3:9]
 
     def test_local_short_read_is_not_retried(self, make: Any) -> None:
-        src = Source(make("short.bin", DATA[:100]), retry=FAST)
+        src = Store(retry=FAST).source(make("short.bin", DATA[:100]))
         stats = IOStats()
         with pytest.raises(ShortReadError):
             src.read_range(50, 150, stats)
@@ -430,7 +468,7 @@ class TestS3(_ServerContract):
     server_fixture = "s3_server"
 
     def test_no_bucket_is_permanent(self, server: Any) -> None:
-        src = Source("s3://no-such-bucket-wids/x.tar", server.storage_options, FAST)
+        src = Store(server.storage_options, FAST).source("s3://no-such-bucket-wids/x.tar")
         stats = IOStats()
         with pytest.raises(PermanentRemoteError):
             src.read_range(0, 10, stats)
@@ -441,7 +479,7 @@ class TestS3(_ServerContract):
     def test_credentials_never_in_messages(self, server: Any) -> None:
         secret = "s3cr3t-VALUE-for-test"
         opts = {**server.storage_options, "key": "AKIDTESTKEY", "secret": secret}
-        src = Source("s3://no-such-bucket-wids/x.tar", opts, FAST)
+        src = Store(opts, FAST).source("s3://no-such-bucket-wids/x.tar")
         with pytest.raises(WidsError) as info:
             src.read_range(0, 10)
         text = "".join(traceback.format_exception(info.value))
@@ -454,7 +492,7 @@ class TestHTTP(_ServerContract):
     server_fixture = "http_server"
 
     def test_forbidden_is_permanent(self, server: Any) -> None:
-        src = Source(server.url("forbidden/x.tar"), {}, FAST)
+        src = Store({}, FAST).source(server.url("forbidden/x.tar"))
         stats = IOStats()
         with pytest.raises(PermanentRemoteError) as info:
             src.read_range(0, 10, stats)
@@ -462,7 +500,7 @@ class TestHTTP(_ServerContract):
         assert stats.requests == 1 and stats.retries == 0
 
     def test_signed_url_redacted_in_errors(self, server: Any) -> None:
-        src = Source(server.url("nothing.tar") + "?X-Amz-Signature=TOPSECRET&v=2", {}, FAST)
+        src = Store({}, FAST).source(server.url("nothing.tar") + "?X-Amz-Signature=TOPSECRET&v=2")
         with pytest.raises(ShardNotFoundError) as info:
             src.read_range(0, 10)
         text = "".join(traceback.format_exception(info.value))
@@ -483,7 +521,7 @@ class TestHTTP(_ServerContract):
     def test_stream_is_one_get(self, server: Any) -> None:
         name = "contract/stream/big.bin"
         data = os.urandom(5 << 20)
-        src = Source(server.put_bytes(data, name), {}, FAST)
+        src = Store({}, FAST).source(server.put_bytes(data, name))
         server.reset_counts()
         stats = IOStats()
         with src.open_stream(stats) as f:
@@ -495,7 +533,7 @@ class TestHTTP(_ServerContract):
     def test_stream_refuses_a_replaced_file(self, server: Any) -> None:
         name = "contract/stream/replaced.bin"
         data = os.urandom(3 << 20)
-        src = Source(server.put_bytes(data, name), {}, FAST)
+        src = Store({}, FAST).source(server.put_bytes(data, name))
         with src.open_stream() as f:
             assert f.read(1000) == data[:1000]
             server.put_bytes(os.urandom(len(data) + 1), name)
@@ -506,7 +544,7 @@ class TestHTTP(_ServerContract):
     def test_refused_connection_is_retried_then_exhausted(self) -> None:
         from serverfixtures import free_port
 
-        src = Source(f"http://127.0.0.1:{free_port()}/x.tar", {}, FAST)
+        src = Store({}, FAST).source(f"http://127.0.0.1:{free_port()}/x.tar")
         stats = IOStats()
         with pytest.raises(RetriesExhaustedError):
             src.read_range(0, 10, stats)
@@ -541,7 +579,7 @@ def test_download_refuses_a_file_changed_midway(tmp_path: Any) -> None:
     fs = fsspec.filesystem("changingmem")
     big = os.urandom((16 << 20) + 100)
     fs.pipe_file("/changing/x.bin", big)
-    src = Source("changingmem://changing/x.bin", retry=FAST)
+    src = Store(retry=FAST).source("changingmem://changing/x.bin")
     assert src.download(str(tmp_path / "a"), expected_size=len(big)).size == len(big)
     ChangingMemoryFileSystem.replacement = os.urandom(len(big) + 1)
     try:

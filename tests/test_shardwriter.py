@@ -19,7 +19,7 @@ from wids import ShardListDataset, build_index, open_index
 from wids.errors import OutputExistsError, SampleLayoutError
 from wids.index import scan_shard
 from wids.shardwriter import ShardWriter, default_index
-from wids.storage import Source
+from wids.storage import Source, Store
 from wids.tar import scan_local_rows
 
 REPO = Path(__file__).resolve().parents[1]
@@ -267,7 +267,7 @@ def test_remote_shards_and_index_equal_index_create(bucket, tmp_path, monkeypatc
     ours = open_index(index, so)
     assert [s.url for s in ours.shards] == w.written
     for info in ours.shards:
-        stat = Source(info.url, so).info()
+        stat = Store(so).source(info.url).info()
         assert (info.size, info.etag, info.mtime) == (stat.size, stat.etag, stat.mtime)
         assert info.etag
     built = bucket.url(f"{prefix}/built/train.json")

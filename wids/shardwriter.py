@@ -34,6 +34,7 @@ from typing import Any
 
 from .encode import Encoder
 from .errors import IndexMismatchError, OutputExistsError, ShardNotFoundError
+from .storage import Store
 from .tarwrite import DEFAULT_MTIME, prepare_sample, tar_size
 from .writer import TarWriter
 
@@ -126,7 +127,7 @@ class ShardWriter:
         self.name = name
         self.resume = bool(resume)
         self.overwrite = bool(overwrite)
-        self.storage_options = dict(storage_options or {})
+        self.store = Store.of(storage_options)
         self.max_uploads = int(max_uploads)
         self.encoder = Encoder() if encoder is True else (encoder or None)
         self._tar_options: dict[str, Any] = {
@@ -174,7 +175,7 @@ class ShardWriter:
 
         check_writable(self.pattern)
         if self.index is not None:
-            check_output(self.index, [], self.storage_options)
+            check_output(self.index, [], self.store)
             if not is_remote(self.index):
                 self._stack.enter_context(writer_lock(local_path(self.index), timeout=0))
         try:
@@ -187,7 +188,7 @@ class ShardWriter:
             if self.index is not None:
                 from .writer_index import IndexKeeper
 
-                self._keeper = IndexKeeper(self.index, self.storage_options, self.name)
+                self._keeper = IndexKeeper(self.index, self.store, self.name)
             if self.resume:
                 self._resume()
         except BaseException:
@@ -199,9 +200,7 @@ class ShardWriter:
     def _resume(self) -> None:
         from .writer_index import whole_shards
 
-        for url, stat, members in whole_shards(
-            self.pattern, self.shard, self.index, self.storage_options
-        ):
+        for url, stat, members in whole_shards(self.pattern, self.shard, self.index, self.store):
             if self._keeper is not None:
                 self._keeper.add(url, stat, members, checkpoint=False)
             self.written.append(url)
@@ -260,7 +259,7 @@ class ShardWriter:
         self._tar = TarWriter(
             url,
             encoder=False,
-            storage_options=self.storage_options,
+            storage_options=self.store,
             index=self._keeper is not None,
             **self._tar_options,
         )
@@ -272,10 +271,8 @@ class ShardWriter:
     def _check_new(self, url: str) -> None:
         if self.overwrite or self.resume:  # resume: what is left after the whole shards
             return
-        from .storage import Source
-
         try:
-            Source(url, self.storage_options).info()
+            self.store.source(url).info()
         except ShardNotFoundError:
             return
         raise OutputExistsError(

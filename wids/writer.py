@@ -33,6 +33,7 @@ import numpy as np
 from .encode import Encoder
 from .errors import SampleLayoutError
 from .index import ShardMembers
+from .storage import Store
 from .tarwrite import (
     BLOCK,
     DEFAULT_MTIME,
@@ -84,7 +85,7 @@ class TarWriter:
         user: str = "",
         group: str = "",
         compress: bool | None = None,
-        storage_options: Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | Store | None = None,
         index: bool = True,
     ) -> None:
         if compress:
@@ -96,7 +97,7 @@ class TarWriter:
         self._headers = HeaderMaker(mode, mtime, user, group)
         self.encoder: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None
         self.encoder = Encoder() if encoder is True else (encoder or None)
-        self.storage_options = dict(storage_options or {})
+        self.store = Store.of(storage_options)
         self.index = bool(index)
         self.url: str | None = None
         self.stat: Any = None
@@ -270,8 +271,8 @@ class TarWriter:
         if self.url is None or self._tmp is None:  # an invariant, kept under python -O
             raise RuntimeError("internal error: no destination to publish")
         if is_remote(self.url):
-            put_file(self._tmp.path, self.url, self.storage_options)
-            return Source(self.url, self.storage_options).info()
+            put_file(self._tmp.path, self.url, self.store)
+            return self.store.source(self.url).info()
         path = os.path.abspath(local_path(self.url))
         self._tmp.publish(path)
         return Source(path).info()

@@ -33,6 +33,7 @@ from typing import Any
 
 from .errors import ShardNotFoundError, WidsError
 from .index import ShardInfo, ShardMembers
+from .storage import Store
 
 __all__ = ["SQLITE_REBUILD_RATIO", "IndexKeeper", "whole_shards"]
 
@@ -52,12 +53,15 @@ class IndexKeeper:
     """
 
     def __init__(
-        self, url: str, storage_options: Mapping[str, Any] | None = None, name: str | None = None
+        self,
+        url: str,
+        storage_options: Mapping[str, Any] | Store | None = None,
+        name: str | None = None,
     ) -> None:
         from .storage import SQLITE_SUFFIXES, is_remote, local_path, output_dir
 
         self.url = url
-        self.storage_options = dict(storage_options or {})
+        self.store = Store.of(storage_options)
         self.name = name
         self.remote = is_remote(url)
         self.sqlite = url.lower().split("?", 1)[0].endswith(SQLITE_SUFFIXES)
@@ -206,9 +210,9 @@ class IndexKeeper:
             for name in names:
                 if name not in self._uploaded:
                     dest = f"{remote_dir}/{name}"
-                    put_file(os.path.join(local_dir, name), dest, self.storage_options)
+                    put_file(os.path.join(local_dir, name), dest, self.store)
                     self._uploaded.add(name)
-        put_file(self.path, self.url, self.storage_options)
+        put_file(self.path, self.url, self.store)
 
 
 def _stored_copy(info: ShardInfo, out_dir: str) -> ShardInfo:
@@ -221,7 +225,7 @@ def _stored_copy(info: ShardInfo, out_dir: str) -> ShardInfo:
 
 
 def whole_shards(
-    pattern: str, start: int, index: str | None, storage_options: Mapping[str, Any] | None
+    pattern: str, start: int, index: str | None, store: Store
 ) -> Iterator[tuple[str, Any, ShardMembers]]:
     """The shards ``pattern % n`` that exist, from ``start`` up to the first missing one.
 
@@ -232,15 +236,14 @@ def whole_shards(
         ``(url, stat, members)`` in shard order.
     """
     from .index import scan_shard
-    from .storage import Source
 
-    reader = _old_index(index, storage_options)
+    reader = _old_index(index, store)
     known = {} if reader is None else {info.url: i for i, info in enumerate(reader.shards)}
     try:
         n = start
         while True:
             url = pattern % n
-            src = Source(url, storage_options)
+            src = store.source(url)
             try:
                 stat = src.info()
             except ShardNotFoundError:
@@ -257,14 +260,14 @@ def whole_shards(
             reader.close()
 
 
-def _old_index(index: str | None, storage_options: Mapping[str, Any] | None) -> Any:
+def _old_index(index: str | None, store: Store) -> Any:
     from .index import open_index
     from .storage import is_remote
 
     if index is None or (not is_remote(index) and not os.path.exists(index)):
         return None
     try:
-        reader: Any = open_index(index, storage_options)
+        reader: Any = open_index(index, store)
         reader.shards  # noqa: B018 - load it now, so a damaged index is noticed here
         return reader
     except ShardNotFoundError:

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import OfflineError
 from ..index import JsonIndex, JsonIndexWriter
-from ..storage import Source, redact_url
+from ..storage import Store, redact_url
 from .entries import entry_key
 from .layout import cache_subdir
 
@@ -41,7 +41,7 @@ def save_snapshot(
     reader: Any,
     url: str,
     cache_dir: str | os.PathLike[str],
-    storage_options: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | Store | None = None,
 ) -> str | None:
     """Keep a copy of the open index ``reader`` (read from ``url``) for offline use.
 
@@ -59,7 +59,7 @@ def save_snapshot(
     path = snapshot_path(cache_dir, url)
     try:
         cache_subdir(cache_dir, "indexes")  # a marked cache directory, no links inside
-        stat = Source(url, storage_options).info()
+        stat = Store.of(storage_options).source(url).info()
         ident = {
             "kind": _SNAPSHOT,
             "version": _SNAPSHOT_VERSION,

@@ -171,12 +171,12 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
 def _cmd_index_verify(args: argparse.Namespace) -> int:
     from ..errors import WidsError
     from ..index import REPAIR_HINT, open_index
-    from ..storage import Source, redact_url
+    from ..storage import Store, redact_url
 
-    options = parse_storage_options(args.storage_option)
+    store = Store(parse_storage_options(args.storage_option))
     idx = open_index(
         args.index,
-        options,
+        store,
         url_map=parse_url_map(args.url_map),
         allow_local_shards=args.allow_local_shards,
     )
@@ -190,7 +190,7 @@ def _cmd_index_verify(args: argparse.Namespace) -> int:
                 bad += 1
                 print(f"DAMAGED {redact_url(info.url)}: its member table: {e}")
                 continue
-            problem = _verify_shard(Source(info.url, options), info, members, deep=args.deep)
+            problem = _verify_shard(store.source(info.url), info, members, deep=args.deep)
             if problem:
                 bad += 1
                 print(f"CHANGED {redact_url(info.url)}: {problem}")

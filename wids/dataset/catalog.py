@@ -35,7 +35,7 @@ from ..index import (
     with_repair_hint,
 )
 from ..samples import DuplicatePolicy
-from ..storage import IOStats, RetryPolicy, Source, is_local, redact_url
+from ..storage import Source, Store, is_local, redact_url
 
 __all__ = ["DatasetComponent", "MemberTable", "ShardSources", "display_url"]
 
@@ -165,12 +165,10 @@ class ShardSources:
     base: str | None
     url_map: tuple[tuple[str, str], ...]  # checked, longest prefix first
     allow_local_shards: bool
-    storage_options: dict[str, Any]
-    retry: RetryPolicy | None
     cache_dir: str | None
     offline: bool
     duplicates: DuplicatePolicy
-    _io: IOStats
+    _store: Store  # storage options, retry policy, this process's I/O counters
     _lock: threading.RLock
     _loaded: _Loaded | None
     _members: dict[int, tuple[ShardMembers, int]]  # table, end of its last member's data
@@ -208,7 +206,7 @@ class ShardSources:
             from ..index import load_spec
 
             spec = load_spec(
-                src, storage_options=self.storage_options, base=self.base, url_map=self.url_map
+                src, storage_options=self._uncounted(), base=self.base, url_map=self.url_map
             )
             name = self.dataset_name or spec.name or ""
             loaded = _Loaded(list(spec.shards), list(spec.components), name, None)
@@ -229,11 +227,11 @@ class ShardSources:
         kwargs: dict[str, Any] = {"allow_local_shards": self.allow_local_shards}
         if self.base is not None:
             kwargs["base"] = self.base
-        reader = open_index(url, self.storage_options, url_map=dict(self.url_map), **kwargs)
+        reader = open_index(url, self._uncounted(), url_map=dict(self.url_map), **kwargs)
         if remote:
             from ..cache import save_snapshot
 
-            save_snapshot(reader, url, self.cache_dir, self.storage_options)  # type: ignore[arg-type]
+            save_snapshot(reader, url, self.cache_dir, self._uncounted())  # type: ignore[arg-type]
         return reader
 
     def _load_pattern(self, src: Any) -> _Loaded:
@@ -279,9 +277,9 @@ class ShardSources:
                 cache_dir=self.cache_dir,
                 expected=expected,
                 duplicates=self.duplicates,
-                stats=self._io,
+                stats=self._store.stats,
             )
-        _, members, _ = scan_shard(source, duplicates=self.duplicates, stats=self._io)
+        _, members, _ = scan_shard(source, duplicates=self.duplicates, stats=self._store.stats)
         return members
 
     def _keep_members(self, shard: int, members: ShardMembers, *, scanned: bool) -> None:
@@ -327,11 +325,15 @@ class ShardSources:
 
     # -- storage ------------------------------------------------------------
 
+    def _uncounted(self) -> Store:
+        """The store for reading the index: its requests are not the dataset's shard I/O."""
+        return self._store.with_stats()
+
     def _source(self, url: str, info: ShardInfo | None = None) -> Source:
         """A source for ``url``; given the shard's ``info``, it reads that version only."""
         if info is None:
-            return Source(url, self.storage_options, self.retry)
-        return Source(url, self.storage_options, self.retry, size=info.size, etag=info.etag)
+            return self._store.source(url)
+        return self._store.source(url, size=info.size, etag=info.etag)
 
     def _check_offline(self, url: str) -> None:
         if self.offline and not is_local(url):
@@ -342,7 +344,7 @@ class ShardSources:
         if self.offline and self.cache_dir is not None and not is_local(info.url):
             return  # the cache checks its copy against the index's size, etag and md5
         self._check_offline(info.url)
-        stat = self._source(info.url).info(self._io)
+        stat = self._source(info.url).info(self._store.stats)
         problem = shard_mismatch(info, stat, data_end=data_end)
         if problem is not None:
             raise _changed(problem, info.url)
@@ -352,9 +354,9 @@ class ShardSources:
 
         def read(start: int, end: int) -> bytes:
             if not reader.verifies:
-                return bytes(reader.read_span(start, end, self._io))
+                return bytes(reader.read_span(start, end, self._store.stats))
             # over a network a wrong answer is retried, and reported as one if it persists
-            return bytes(reader.read_span(start, end, self._io, check))
+            return bytes(reader.read_span(start, end, self._store.stats, check))
 
         def check(got: bytes) -> str | None:
             return header_mismatch_at_spot(members, lambda *_: got)

@@ -28,7 +28,7 @@ import numpy as np
 from ..decode import Decoder, interpret_transformations
 from ..index import ShardInfo, ShardMembers, check_url_map
 from ..samples import DUPLICATE_POLICIES, DuplicatePolicy
-from ..storage import IOStats, RetryPolicy
+from ..storage import RetryPolicy, Store
 from .catalog import DatasetComponent, MemberTable, ShardSources, display_url
 from .readers import (
     HEADER,
@@ -210,10 +210,9 @@ class ShardListDataset(ShardSources):
         self.url_map = check_url_map(url_map)
         self.allow_local_shards = bool(allow_local_shards)
         self.dataset_name = options.get("name", dataset_name)
-        self.storage_options = dict(storage_options or {})
         self.access = access
         self.verify = bool(verify)
-        self.retry = retry
+        self._store = Store(storage_options, retry)
         self.merge_gap = merge_gap
         self.offline = bool(offline)
         self.duplicates: DuplicatePolicy = duplicates
@@ -226,7 +225,6 @@ class ShardListDataset(ShardSources):
         self._scanned = set()
         self._warned_duplicates = False
         self._counts = {"samples": 0, "accesses": 0, "misses": 0, "cache_hits": 0}
-        self._io = IOStats()
         self._reset_process_state()
 
     # -- per-process state --------------------------------------------------------------------
@@ -337,7 +335,7 @@ class ShardListDataset(ShardSources):
         if uses_cache and not source.is_local:
             if self.access == "shard" or self.offline:
                 verify = download_check(members, info.url)
-                shard = self._cache().open(source, stats=self._io, verify=verify, **expect)
+                shard = self._cache().open(source, stats=self._store.stats, verify=verify, **expect)
                 return CachedReader(shard)
             cached = self._cache().open_cached(info.url, **expect)  # promoted earlier
             if cached is not None:
@@ -365,7 +363,7 @@ class ShardListDataset(ShardSources):
             size=info.size,
             etag=info.etag,
             md5sum=info.md5sum,
-            stats=self._io,
+            stats=self._store.stats,
             verify=download_check(members, info.url),
         )
 
@@ -448,7 +446,7 @@ class ShardListDataset(ShardSources):
         try:
             if self._promotable:  # before the read: a promotion then overlaps with it
                 self._requested(shard, reader, end - start)
-            buf = reader.read_span(start, end, self._io, check)
+            buf = reader.read_span(start, end, self._store.stats, check)
         finally:
             if len(self._readers) > self.lru_size:
                 self._evict()
@@ -503,7 +501,7 @@ class ShardListDataset(ShardSources):
             if self._promotable:  # before the reads: a promotion then overlaps with them
                 for blk in blocks:
                     self._requested(blk.shard, readers[blk.shard], blk.end - blk.start)
-            data = fetch_blocks(blocks, readers, self._io, defer_local=True, checks=checks)
+            data = fetch_blocks(blocks, readers, self._store.stats, defer_local=True, checks=checks)
             uses = [0] * len(blocks)
             for b, _ in where:
                 uses[b] += 1
@@ -511,7 +509,7 @@ class ShardListDataset(ShardSources):
                 buf = data[b]
                 if buf is None:
                     blk = blocks[b]
-                    buf = data[b] = readers[shard].read_span(blk.start, blk.end, self._io)
+                    buf = data[b] = readers[shard].read_span(blk.start, blk.end, self._store.stats)
                 raws.append(self._assemble(tables[shard], i, local, buf, span[1] - offset))
                 uses[b] -= 1
                 if not uses[b]:  # free it now: the next read reuses the memory
@@ -619,7 +617,7 @@ class ShardListDataset(ShardSources):
     @property
     def stats(self) -> DatasetStats:
         """A snapshot of this process's counters."""
-        io = self._io
+        io = self._store.stats
         c = self._counts
         return DatasetStats(
             samples=c["samples"],

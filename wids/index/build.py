@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import ShardNotFoundError, WidsError
 from ..samples import DuplicatePolicy, group_members, group_regular
-from ..storage import FileStat, IOStats, Source, redact_url
+from ..storage import FileStat, IOStats, Source, Store, redact_url
 from ..tar import iter_members_stream, scan_local_rows
 from .fingerprint import unchanged
 from .members import ShardMembers
@@ -137,22 +137,20 @@ def scan_shard(
 
 
 def _scan_job(
-    url: str, storage_options: Mapping[str, Any] | None, duplicates: DuplicatePolicy
+    url: str, store: Store, duplicates: DuplicatePolicy
 ) -> tuple[FileStat, ShardMembers, int, int, int]:
     stats = IOStats()
-    stat, members, skipped = scan_shard(
-        Source(url, storage_options), duplicates=duplicates, stats=stats
-    )
+    stat, members, skipped = scan_shard(store.source(url), duplicates=duplicates, stats=stats)
     return stat, members, skipped, stats.bytes_read, stats.requests
 
 
-def _open_existing(output: str, storage_options: Mapping[str, Any] | None) -> IndexReader | None:
+def _open_existing(output: str, store: Store) -> IndexReader | None:
     from ..storage import is_remote
 
     if not is_remote(output) and not os.path.exists(output):
         return None
     try:
-        return open_index(output, storage_options if is_remote(output) else None)
+        return open_index(output, store if is_remote(output) else None)
     except ShardNotFoundError:
         return None
     except (WidsError, OSError) as e:
@@ -216,14 +214,15 @@ def build_index(
     urls = expand_shard_args([shards] if isinstance(shards, str) else shards)
     if not urls:
         raise ValueError("no shards given")
-    check_output(output, urls, storage_options)
+    store = Store.of(storage_options)
+    check_output(output, urls, store)
     # Locked: two builders of one index would each publish, and delete the other's sidecars.
-    with index_destination(output, storage_options) as path:
+    with index_destination(output, store) as path:
         report = _build_locked(
             urls,
             path,
             output,
-            storage_options,
+            store,
             jobs,
             skip_bad,
             duplicates,
@@ -239,7 +238,7 @@ def _build_locked(
     urls: list[str],
     output: str,
     dest: str,
-    storage_options: Mapping[str, Any] | None,
+    store: Store,
     jobs: int | None,
     skip_bad: bool,
     duplicates: DuplicatePolicy,
@@ -253,7 +252,7 @@ def _build_locked(
     report = BuildReport(output=dest)
 
     previous: dict[str, tuple[ShardInfo, ShardMembers]] = {}
-    old = _open_existing(dest, storage_options) if incremental else None
+    old = _open_existing(dest, store) if incremental else None
     local = all(Source(u).local_path is not None for u in urls)
     if old is not None:
         try:
@@ -267,12 +266,12 @@ def _build_locked(
     results: list[tuple[FileStat, ShardMembers] | None] = [None] * len(urls)
     todo = list(range(len(urls)))
     if previous:
-        todo = _reuse(urls, storage_options, previous, results, report)
+        todo = _reuse(urls, store, previous, results, report)
 
     bar = _progress(progress, len(urls), done=len(urls) - len(todo))
     njobs = jobs or (os.cpu_count() or 1 if local else 16)
     with _executor(local, min(njobs, max(1, len(todo)))) as pool:
-        futures = {pool.submit(_scan_job, urls[i], storage_options, duplicates): i for i in todo}
+        futures = {pool.submit(_scan_job, urls[i], store, duplicates): i for i in todo}
         for fut in cf.as_completed(futures):
             i = futures[fut]
             try:
@@ -299,7 +298,7 @@ def _build_locked(
 
 def _reuse(
     urls: Sequence[str],
-    storage_options: Mapping[str, Any] | None,
+    store: Store,
     previous: Mapping[str, tuple[ShardInfo, ShardMembers]],
     results: list[tuple[FileStat, ShardMembers] | None],
     report: BuildReport,
@@ -307,7 +306,7 @@ def _reuse(
     """Fill ``results`` from the old index where the shard is unchanged; return the rest."""
     todo = []
     for i, url in enumerate(urls):
-        src = Source(url, storage_options)
+        src = store.source(url)
         local = src.local_path
         prev = previous.get(os.path.abspath(local) if local is not None else url)
         if prev is not None:

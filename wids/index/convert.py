@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import IndexFormatError
-from ..storage import check_output, index_destination, output_dir, stored_url
+from ..storage import Store, check_output, index_destination, output_dir, stored_url
 from .model import IndexReader, IndexWriter
 from .registry import create_index_writer, open_index
 
@@ -16,7 +16,10 @@ __all__ = ["convert_index"]
 
 
 def convert_index(
-    src: str, dst: str | os.PathLike[str], *, storage_options: Mapping[str, Any] | None = None
+    src: str,
+    dst: str | os.PathLike[str],
+    *,
+    storage_options: Mapping[str, Any] | Store | None = None,
 ) -> None:
     """Convert an index between JSON and SQLite (either direction, or to the same backend).
 
@@ -37,10 +40,11 @@ def convert_index(
         OutputExistsError: ``dst`` is the source, or an existing file that is not an index.
     """
     dest = os.fspath(dst)
-    check_output(dest, [src], storage_options)
-    reader = open_index(src, storage_options)
+    store = Store.of(storage_options)
+    check_output(dest, [src], store)
+    reader = open_index(src, store)
     try:
-        with index_destination(dest, storage_options) as path:
+        with index_destination(dest, store) as path:
             _copy(reader, src, create_index_writer(path, name=reader.name or None), dest)
     finally:
         reader.close()

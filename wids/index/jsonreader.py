@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import IndexFormatError, UntrustedLocationError
-from ..storage import redact_url
+from ..storage import Store, redact_url
 from .jsonformat import FORMAT, MEMBERS_FORMAT, SHARD_KEYS, VERSION
 from .members import ShardMembers
 from .model import REPAIR_HINT, Component, ShardInfo
@@ -47,14 +47,14 @@ class JsonIndex:
     def __init__(
         self,
         url: Any,
-        storage_options: Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | Store | None = None,
         *,
         base: str | None = None,
         url_map: Mapping[str, str] | UrlMap | None = None,
         allow_local_shards: bool = False,
     ) -> None:
         self.url = url
-        self.storage_options = dict(storage_options or {})
+        self.store = Store.of(storage_options)
         self.base = base
         self.url_map = check_url_map(url_map)
         self.allow_local_shards = bool(allow_local_shards)
@@ -67,7 +67,7 @@ class JsonIndex:
         if self._spec is None:
             spec = load_spec(
                 self.url,
-                storage_options=self.storage_options,
+                storage_options=self.store,
                 base=self.base,
                 url_map=self.url_map,
                 allow_local_shards=self.allow_local_shards,
@@ -154,7 +154,7 @@ class JsonIndex:
             )
 
         where = redact_url(url)
-        data = read_bytes(url, self.storage_options)
+        data = read_bytes(url, self.store)
         try:
             cols = json.loads(data)
         except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, over 4300 digits

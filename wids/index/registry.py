@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..storage import SQLITE_SUFFIXES
+from ..storage import SQLITE_SUFFIXES, Store
 from .jsonreader import JsonIndex
 from .jsonwriter import JsonIndexWriter
 from .model import IndexReader, IndexWriter
@@ -79,7 +79,7 @@ def create_index_writer(path: str | os.PathLike[str], *, name: str | None = None
 
 def open_index(
     url: str,
-    storage_options: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | Store | None = None,
     *,
     url_map: Mapping[str, str] | None = None,
     **kwargs: Any,
@@ -110,9 +110,9 @@ def open_index(
 
         kwargs["url_map"] = check_url_map(url_map)  # before any I/O
     from ..errors import ShortReadError
-    from ..storage import Source
 
-    src = Source(url, storage_options)
+    store = Store.of(storage_options)
+    src = store.source(url)
     try:
         head = src.read_range(0, 16)
     except ShortReadError:  # under 16 bytes: not SQLite; the JSON reader says what it is
@@ -120,5 +120,5 @@ def open_index(
     finally:
         src.close()
     if head == SQLITE_MAGIC:
-        return SqliteIndex(url, storage_options, **kwargs)
-    return JsonIndex(url, storage_options, **kwargs)
+        return SqliteIndex(url, store, **kwargs)
+    return JsonIndex(url, store, **kwargs)

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import IndexFormatError, UntrustedLocationError
-from ..storage import redact_url
+from ..storage import Store, redact_url
 from .model import MAX_NSAMPLES, MAX_SHARD_SIZE, Component, ShardInfo, max_samples
 from .urls import (
     UrlMap,
@@ -86,11 +86,9 @@ class Spec:
     url: str | None = None
 
 
-def read_bytes(url: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
+def read_bytes(url: str, store: Store | None = None) -> bytes:
     """Read a whole (small) file from a path or any fsspec URL."""
-    from ..storage import Source
-
-    src = Source(url, storage_options)
+    src = (store or Store()).source(url)
     try:
         return src.read_range(0, src.info().size)
     finally:
@@ -126,8 +124,8 @@ def _parse_json(data: bytes | str, where: _Where) -> Any:
 class _Loader:
     """Walks a description and its sub-datasets, accumulating shards and components."""
 
-    def __init__(self, storage_options: Mapping[str, Any] | None, allow_local: bool) -> None:
-        self.storage_options = storage_options
+    def __init__(self, store: Store, allow_local: bool) -> None:
+        self.store = store
         self.allow_local = allow_local
         self.shards: list[ShardInfo] = []
         self.extras: list[dict[str, Any]] = []
@@ -145,7 +143,7 @@ class _Loader:
         self.loaded += 1
         if self.loaded > _MAX_FILES:
             raise where.error(f"more than {_MAX_FILES} descriptions loaded through source_url")
-        return _parse_json(read_bytes(url, self.storage_options), where)
+        return _parse_json(read_bytes(url, self.store), where)
 
     def description(
         self,
@@ -350,7 +348,7 @@ def _weight(value: Any, where: _Where) -> float | None:
 def load_spec(
     src: str | os.PathLike[str] | io.IOBase | Sequence[Mapping[str, Any]] | Mapping[str, Any],
     *,
-    storage_options: Mapping[str, Any] | None = None,
+    storage_options: Mapping[str, Any] | Store | None = None,
     base: str | None = None,
     url_map: Mapping[str, str] | UrlMap | None = None,
     allow_local_shards: bool = False,
@@ -376,7 +374,7 @@ def load_spec(
         ShardNotFoundError: The file (or a ``source_url``) does not exist.
     """
     mapping = check_url_map(url_map)
-    loader = _Loader(storage_options, allow_local_shards)
+    loader = _Loader(Store.of(storage_options), allow_local_shards)
     url: str | None = None
     if isinstance(src, (str, os.PathLike)):
         url = os.fspath(src)

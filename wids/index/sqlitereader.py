@@ -40,7 +40,7 @@ from urllib.parse import quote
 import numpy as np
 
 from ..errors import IndexFormatError, UntrustedLocationError
-from ..storage import redact_url
+from ..storage import Store, redact_url
 from .members import ShardMembers
 from .model import MAX_SHARD_SIZE, Component, ShardInfo, max_samples
 from .urls import UrlMap, apply_url_map, check_remote_ref, check_url_map, resolve_url, url_dir
@@ -97,14 +97,14 @@ class SqliteIndex:
     def __init__(
         self,
         url: str,
-        storage_options: Mapping[str, Any] | None = None,
+        storage_options: Mapping[str, Any] | Store | None = None,
         *,
         base: str | None = None,
         url_map: Mapping[str, str] | UrlMap | None = None,
         allow_local_shards: bool = False,
     ) -> None:
         self.url = os.fspath(url)
-        self.storage_options = dict(storage_options or {})
+        self.store = Store.of(storage_options)
         self.base = base
         self.url_map = check_url_map(url_map)
         self.allow_local_shards = bool(allow_local_shards)
@@ -137,9 +137,7 @@ class SqliteIndex:
             return os.path.abspath(os.path.expanduser(url.removeprefix("file://")))
         if self._local is not None and os.path.exists(self._local):
             return self._local
-        from ..storage import Source
-
-        src = Source(url, self.storage_options)
+        src = self.store.source(url)
         tmpdir = tempfile.mkdtemp(prefix="wids-index-")
         weakref.finalize(self, _remove_tree, tmpdir, os.getpid())
         dest = os.path.join(tmpdir, "index.sqlite")

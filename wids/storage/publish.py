@@ -26,11 +26,12 @@ import logging
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..errors import DestinationError, OutputExistsError, ShardNotFoundError
 from .redact import redact_url
+from .source import Store
 
 __all__ = [
     "SQLITE_SUFFIXES",
@@ -139,7 +140,7 @@ def check_writable(url: str) -> None:
         _check_scheme(url)
 
 
-def put_file(local: str, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+def put_file(local: str, url: str, store: Store | None = None) -> None:
     """Upload one local file so that readers of ``url`` see the old object or the whole new one.
 
     On object stores that is one PUT (or a multipart upload, visible only once completed);
@@ -147,7 +148,7 @@ def put_file(local: str, url: str, storage_options: Mapping[str, Any] | None = N
     """
     import fsspec
 
-    fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    fs, path = fsspec.core.url_to_fs(url, **dict((store or Store()).storage_options))
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
     _put_whole(fs, local, path, bool(protocols & _OBJECT_STORES))
     fs.invalidate_cache(path)
@@ -167,13 +168,11 @@ def _looks_like_index(head: bytes, sqlite: bool) -> bool:
     )
 
 
-def _check_existing(output: str, storage_options: Mapping[str, Any] | None) -> None:
-    from .source import Source
-
+def _check_existing(output: str, store: Store | None) -> None:
     where = redact_url(output)
     if not is_remote(output) and os.path.isdir(local_path(output)):
         raise OutputExistsError("is a directory; name the index file: train.json", shard=where)
-    src = Source(output, storage_options)
+    src = (store or Store()).source(output)
     try:
         size = src.info().size
         head = src.read_range(0, min(size, _HEAD_BYTES))
@@ -188,15 +187,13 @@ def _check_existing(output: str, storage_options: Mapping[str, Any] | None) -> N
         )
 
 
-def check_output(
-    output: str, shards: Sequence[str], storage_options: Mapping[str, Any] | None = None
-) -> None:
+def check_output(output: str, shards: Sequence[str], store: Store | None = None) -> None:
     """Refuse, before any work, an output that cannot or must not be written.
 
     Args:
         output: The index to write: a local path or a URL.
         shards: The shards that will be read (none of them may be the output).
-        storage_options: fsspec options for a remote output.
+        store: The storage options (and retry policy) for a remote output.
 
     Raises:
         DestinationError: Unknown suffix, read-only or chained scheme.
@@ -215,13 +212,11 @@ def check_output(
             raise OutputExistsError(
                 "is one of the shards to index; not overwriting it", shard=redact_url(output)
             )
-    _check_existing(output, storage_options)
+    _check_existing(output, store)
 
 
 @contextlib.contextmanager
-def index_destination(
-    output: str, storage_options: Mapping[str, Any] | None = None
-) -> Iterator[str]:
+def index_destination(output: str, store: Store | None = None) -> Iterator[str]:
     """The local path an index writer should write; published to ``output`` when done.
 
     A local ``output`` is written in place (its writer publishes atomically) under an
@@ -230,7 +225,7 @@ def index_destination(
 
     Args:
         output: Where the index goes (checked with :func:`check_output` first).
-        storage_options: fsspec options for a remote ``output``.
+        store: The storage options for a remote ``output``.
 
     Yields:
         A local path ending like ``output``.
@@ -247,15 +242,15 @@ def index_destination(
     with tempfile.TemporaryDirectory(prefix="wids-index-") as tmp:
         path = os.path.join(tmp, output.rstrip("/").rsplit("/", 1)[-1])
         yield path
-        _publish(path, output, storage_options)
+        _publish(path, output, store)
 
 
-def _publish(local: str, url: str, storage_options: Mapping[str, Any] | None) -> None:
+def _publish(local: str, url: str, store: Store | None) -> None:
     import fsspec
 
     from ..index import _SIDECAR_NAME, _members_dir
 
-    fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    fs, path = fsspec.core.url_to_fs(url, **dict((store or Store()).storage_options))
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
     atomic_put = bool(protocols & _OBJECT_STORES)
     members, rmembers = _members_dir(local), _members_dir(path)

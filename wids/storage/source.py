@@ -1,8 +1,10 @@
 """All fsspec I/O: stat, exact range reads, sequential streams, downloads, timeouts.
 
-A :class:`Source` is one file reachable through fsspec (or a plain local path). It keeps only
-``(url, storage_options, retry)``; its filesystem (or, for local files, a file descriptor read
-with ``os.pread``) is opened lazily in each process and dropped when pickled.
+A :class:`Store` carries the storage options, the retry policy and the I/O counters; a
+:class:`Source` (``store.source(url)``) is one file reachable through fsspec (or a plain local
+path) read under its store. It keeps only ``(url, store)``; its filesystem (or, for local
+files, a file descriptor read with ``os.pread``) is opened lazily in each process and dropped
+when pickled.
 
 Every remote request runs under a :class:`~wids.storage.retry.RetryPolicy`: failures are sorted
 into *not found*, *permanent* and *transient* (retried with backoff) as
@@ -38,6 +40,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from email.utils import parsedate_to_datetime
+from types import MappingProxyType
 from typing import Any, BinaryIO, TypeVar
 
 import fsspec
@@ -59,6 +62,7 @@ __all__ = [
     "IOStats",
     "RetryPolicy",
     "Source",
+    "Store",
     "comparable_etag",
     "is_local",
     "read_ranges",
@@ -203,9 +207,9 @@ def _check_range(start: int, end: int) -> None:
 # Default storage options that make the backends honour our timeouts and leave retries to us
 
 
-def _with_defaults(url: str, options: dict[str, Any], policy: RetryPolicy) -> dict[str, Any]:
+def _with_defaults(url: str, options: Mapping[str, Any], policy: RetryPolicy) -> dict[str, Any]:
     if "::" in url:
-        return options
+        return dict(options)
     protocol = url.split("://", 1)[0].lower()
     opts = dict(options)
     if protocol in ("s3", "s3a"):
@@ -272,47 +276,135 @@ def _etag(info: Mapping[str, Any]) -> str | None:
 # Source
 
 
+class Store:
+    """Where files are read from: fsspec storage options, the retry policy and I/O counters.
+
+    The one object that carries these three down to the I/O layer; :meth:`source` opens a file
+    under them. It is built once at the edge (a dataset, an index build, a CLI command) from the
+    public ``storage_options=`` and ``retry=`` arguments. The options and the policy do not
+    change; ``stats`` counts this process's requests: a pickled store carries
+    ``(storage_options, retry)`` and starts new counters in the process that unpickles it.
+
+    Args:
+        storage_options: Passed to ``fsspec.url_to_fs``; ignored for local files.
+        retry: The retry policy; the default when ``None``.
+        stats: The counters to add to; new ones when ``None``.
+
+    Example:
+        >>> store = Store({"anon": True})
+        >>> store.source("s3://bucket/shard-000.tar").read_range(512, 1024)  # doctest: +SKIP
+    """
+
+    __slots__ = ("_options", "_retry", "stats")
+
+    def __init__(
+        self,
+        storage_options: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
+        *,
+        stats: IOStats | None = None,
+    ) -> None:
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise TypeError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
+        self._options: dict[str, Any] = dict(storage_options or {})
+        self._retry = retry if retry is not None else RetryPolicy()
+        self.stats = stats if stats is not None else IOStats()
+
+    @classmethod
+    def of(cls, store: Store | Mapping[str, Any] | None, retry: RetryPolicy | None = None) -> Store:
+        """``store`` itself if it is a :class:`Store`, else a store of these storage options.
+
+        Public functions take ``storage_options=`` (a mapping); inside wids the same parameter
+        may carry a store, which then passes through unchanged (with its counters).
+        """
+        if isinstance(store, Store):
+            if retry is None or retry == store.retry:
+                return store
+            return cls(store.storage_options, retry, stats=store.stats)
+        return cls(store, retry)
+
+    def with_stats(self, stats: IOStats | None = None) -> Store:
+        """The same options and retry policy, counting into ``stats`` (new counters if ``None``)."""
+        return Store(self._options, self._retry, stats=stats)
+
+    @property
+    def storage_options(self) -> Mapping[str, Any]:
+        """The fsspec options (read-only)."""
+        return MappingProxyType(self._options)
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The retry policy of every request."""
+        return self._retry
+
+    def secrets(self) -> list[str]:
+        """The secret values of the storage options, to mask in messages."""
+        return _secret_values(self._options)
+
+    def source(self, url: str, *, size: int | None = None, etag: str | None = None) -> Source:
+        """A :class:`Source` for ``url`` read under this store (see :class:`Source`)."""
+        return Source(url, self, size=size, etag=etag)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Store, (self._options, self._retry))
+
+    def __repr__(self) -> str:
+        return f"Store(options={sorted(self._options)}, retry={self._retry!r})"
+
+
 class Source:
     """One file reachable through fsspec, or a local path.
 
     Args:
         url: A local path, ``file://`` URL, or any fsspec URL (``s3://``, ``https://``,
             ``gs://``, ``memory://``, chained ``a::b`` ...).
-        storage_options: Passed to ``fsspec.url_to_fs``; ignored for local files.
-        retry: The retry policy; the default when ``None``.
+        store: The storage options, retry policy and default I/O counters to read under;
+            ``Store()`` (no options, the default policy) when ``None``.
         size: The file's size as recorded (the index's), if known: an answer announcing
             another total size is refused.
         etag: The version to read (the index's etag), if known; otherwise the etag of the
             first answer is kept (``.etag``). Reads are conditional on it where the store
             allows (HTTP ``If-Match``, S3 ``IfMatch``).
 
+    Operations take an optional ``stats``; without one they count into ``store.stats``.
+
     Example:
-        >>> src = Source("s3://bucket/shard-000.tar", {"anon": True})  # doctest: +SKIP
+        >>> src = Store({"anon": True}).source("s3://bucket/shard-000.tar")  # doctest: +SKIP
         >>> src.read_range(512, 1024)  # doctest: +SKIP
     """
 
     def __init__(
         self,
         url: str,
-        storage_options: Mapping[str, Any] | None = None,
-        retry: RetryPolicy | None = None,
+        store: Store | None = None,
         *,
         size: int | None = None,
         etag: str | None = None,
     ) -> None:
         if not isinstance(url, str) or not url:
             raise ValueError(f"url must be a non-empty str, not {url!r}")
+        if store is not None and not isinstance(store, Store):
+            raise TypeError(f"store must be a Store, not {type(store).__name__}")
         self.url = url
         self.size = size
         self.etag = etag
-        self.storage_options: dict[str, Any] = dict(storage_options or {})
-        self.retry = retry if retry is not None else RetryPolicy()
+        self.store = store if store is not None else Store()
         self.is_local = is_local(url)
         self.local_path: str | None = _local_path(url) if self.is_local else None
         self._fs: Any = None
         self._path: str | None = None
         self._fd: int | None = None
         self._pid: int | None = None
+
+    @property
+    def storage_options(self) -> Mapping[str, Any]:
+        """The store's fsspec options."""
+        return self.store.storage_options
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The store's retry policy."""
+        return self.store.retry
 
     def __repr__(self) -> str:
         return f"Source({redact_url(self.url)!r})"
@@ -340,7 +432,7 @@ class Source:
     # -- lazily opened, per process -----------------------------------------------------------
 
     def _secrets(self) -> list[str]:
-        return _secret_values(self.storage_options)
+        return self.store.secrets()
 
     def _filesystem(self) -> tuple[Any, str]:
         pid = os.getpid()
@@ -412,6 +504,7 @@ class Source:
             PermanentRemoteError: Access denied or similar.
             RetriesExhaustedError: Transient failures outlasted the retry policy.
         """
+        stats = self.store.stats if stats is None else stats
         if self.is_local:
             if stats is not None:
                 stats.requests += 1
@@ -457,7 +550,7 @@ class Source:
         Args:
             start: First byte.
             end: One past the last byte.
-            stats: I/O counters.
+            stats: I/O counters; the store's when ``None``.
             check: Called on the bytes of each answer; a problem it reports is a
                 :class:`~wids.errors.CorruptReadError` (retried). Local files are read
                 without it: a caller checks those itself if it wants to.
@@ -471,6 +564,7 @@ class Source:
             IndexMismatchError: The file is not the version this source reads any more.
             ShardNotFoundError, PermanentRemoteError, RetriesExhaustedError: See the module.
         """
+        stats = self.store.stats if stats is None else stats
         _check_range(start, end)
         if start == end:
             return b""
@@ -631,6 +725,7 @@ class Source:
         one request each. Every chunk has its own retries; a failure mid-stream resumes at the
         current offset with a new ranged request.
         """
+        stats = self.store.stats if stats is None else stats
         stat = self.info(stats)
         raw: _BlockStream
         if self.is_local:
@@ -658,6 +753,7 @@ class Source:
                 during the download.
             ShortReadError: Fewer bytes arrived than the stat announced.
         """
+        stats = self.store.stats if stats is None else stats
         try:
             with self.open_stream(stats) as stream, open(dest, "wb") as out:
                 stat: FileStat = stream.stat  # type: ignore[attr-defined]
@@ -924,7 +1020,8 @@ async def _gather(
 
     async def one(src: Source, start: int, end: int, check: Check | None) -> bytes:
         fs, path = src._filesystem()
-        attempts = _Attempts(src, f"could not read bytes {start}-{end}", stats)
+        counters = src.store.stats if stats is None else stats
+        attempts = _Attempts(src, f"could not read bytes {start}-{end}", counters)
         async with gate:
             op = src._aread_op(fs, path, start, end, check)
             return await _retry_async(attempts, op, _nbytes, fs)

@@ -30,7 +30,7 @@ from typing import Any
 from ..atomic import TempFile
 from ..errors import IndexMismatchError
 from ..index import ShardInfo
-from ..storage import redact_url
+from ..storage import Store, redact_url
 from .destination import Plan, Run, check_destination, local_names, plan_paths
 
 __all__ = [
@@ -125,14 +125,12 @@ def _copy(
     info: ShardInfo,
     members: Any,
     dest: str,
-    storage_options: Mapping[str, Any],
+    store: Store,
     run: Run,
     progress: Callable[[int], None],
 ) -> None:
     """Copy one shard to ``dest``: download to a temporary file, verify, then publish."""
-    from ..storage import Source
-
-    src = Source(info.url, storage_options)
+    src = store.source(info.url)
     try:
         with TempFile(os.path.dirname(dest), os.path.basename(dest)) as tmp:
             stat = src.download(tmp.path, expected_size=info.size)
@@ -193,12 +191,12 @@ def make_subset(
     from ..index import open_index
 
     t0 = time.monotonic()
-    options = dict(storage_options or {})
+    store = Store.of(storage_options)
     target = os.fspath(to)
     if "://" in target and not target.startswith("file://"):
         raise ValueError(f"the subset's directory must be local, got {redact_url(target)}")
     out_dir = os.path.abspath(os.path.expanduser(target.removeprefix("file://")))
-    idx = open_index(index, options, allow_local_shards=allow_local_shards)
+    idx = open_index(index, store, allow_local_shards=allow_local_shards)
     try:
         infos = list(idx.shards)
         chosen = select_shards([s.nsamples for s in infos], shards=shards, samples=samples)
@@ -210,7 +208,7 @@ def make_subset(
         try:
             run.makedirs(out_dir)
             picked = [(infos[k], t, d) for k, t, d in zip(chosen, tables, plan.shards, strict=True)]
-            _copy_all(picked, options, run, jobs, progress)
+            _copy_all(picked, store, run, jobs, progress)
             _write_index(plan, idx, chosen, names, tables, run)
         except BaseException:
             run.undo()
@@ -263,7 +261,7 @@ def _write_index(
 
 def _copy_all(
     picked: list[tuple[ShardInfo, Any, str]],
-    options: Mapping[str, Any],
+    store: Store,
     run: Run,
     jobs: int,
     progress: bool,
@@ -283,7 +281,7 @@ def _copy_all(
 
     pool = ThreadPoolExecutor(max(1, jobs))
     try:
-        futures = [pool.submit(_copy, i, t, d, options, run, step) for i, t, d in picked]
+        futures = [pool.submit(_copy, i, t, d, store, run, step) for i, t, d in picked]
         for f in futures:
             f.result()  # the first failure: stop the rest, then undo what was published
     finally:
