@@ -9,9 +9,8 @@ import pytest
 
 from wids import ShardMembers, open_index
 from wids.errors import SampleLayoutError, TarFormatError
-from wids.index.build import build_index, expand_shard_args, scan_shard
+from wids.index.build import build_index, expand_shard_args
 from wids.samples import split_name
-from wids.storage import Source
 from wids.synth import write_dataset, write_shard
 
 
@@ -143,12 +142,6 @@ def test_remote_build_streams_each_shard_once(shards, tmp_path):
     for k, p in enumerate(shards):
         assert idx.members(k) == tarfile_table(p)
     idx.close()
-
-
-def test_scan_shard_returns_stat_and_table(shards):
-    stat, table, skipped = scan_shard(Source(shards[1]))
-    assert stat.size == os.path.getsize(shards[1]) and skipped == 0
-    assert table == tarfile_table(shards[1])
 
 
 def test_a_second_build_of_the_same_index_is_refused_while_one_runs(shards, tmp_path):

@@ -28,6 +28,7 @@ KNOWN_CYCLES: set[frozenset[str]] = {
             "wids.index.jsonwriter",
             "wids.index.model",
             "wids.index.registry",
+            "wids.index.scan",
             "wids.index.spec",
             "wids.index.sqlitereader",
             "wids.index.sqlitewriter",

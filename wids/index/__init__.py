@@ -5,11 +5,7 @@ Other parts import from this package, not its modules.
 
 from __future__ import annotations
 
-from .build import (
-    BuildReport,
-    build_index,
-    scan_shard,
-)
+from .build import BuildReport, build_index
 from .convert import convert_index
 from .fingerprint import Fingerprint, header_mismatch_at_spot, unchanged
 from .jsonformat import SIDECAR_NAME, members_dir, sidecar_name
@@ -26,6 +22,7 @@ from .model import (
     with_repair_hint,
 )
 from .registry import INDEX_SUFFIXES, create_index_writer, is_sqlite_name, open_index, writer_for
+from .scan import scan_shard
 from .spec import Spec, load_spec
 from .sqlitereader import SqliteIndex
 from .sqlitewriter import SqliteIndexWriter

@@ -1,0 +1,67 @@
+"""Scanning one shard into a member table (``wids.index.scan``)."""
+
+from __future__ import annotations
+
+import os
+import tarfile
+import uuid
+
+import pytest
+
+from wids import ShardMembers
+from wids.errors import SampleLayoutError
+from wids.index import scan_shard
+from wids.samples import split_name
+from wids.storage import IOStats, Source
+from wids.synth import write_shard
+
+
+def tarfile_table(path: str) -> ShardMembers:
+    """The oracle: the member table Python's tarfile sees."""
+    samples: list[tuple[str, list[tuple[str, int, int]]]] = []
+    with tarfile.open(path) as tf:
+        for ti in tf.getmembers():
+            if not ti.isreg() or split_name(ti.name) is None:
+                continue
+            key, field = split_name(ti.name)  # type: ignore[misc]
+            if samples and samples[-1][0] == key:
+                samples[-1][1].append((field, ti.offset_data, ti.size))
+            else:
+                samples.append((key, [(field, ti.offset_data, ti.size)]))
+    return ShardMembers.from_samples(samples)
+
+
+@pytest.fixture
+def shard(tmp_path) -> str:
+    members = [(f"s{i:03d}{f}", bytes([i]) * (100 + i)) for i in range(5) for f in (".a", ".b")]
+    members.append(("README", b"belongs to no sample"))
+    path = str(tmp_path / "s.tar")
+    write_shard(path, members)
+    return path
+
+
+def test_local_scan_equals_tarfile(shard: str) -> None:
+    stat, table, skipped = scan_shard(Source(shard))
+    assert stat.size == os.path.getsize(shard) and skipped == 1
+    assert table == tarfile_table(shard)
+
+
+def test_remote_scan_streams_once_and_equals_the_local_one(shard: str) -> None:
+    import fsspec
+
+    url = f"memory://scan-{uuid.uuid4().hex[:8]}/s.tar"
+    fsspec.filesystem("memory").put_file(shard, url)
+    stats = IOStats()
+    stat, table, skipped = scan_shard(Source(url), stats=stats)
+    assert (stat.size, skipped) == (os.path.getsize(shard), 1)
+    assert table == scan_shard(Source(shard))[1]
+    assert stats.bytes_read == stat.size  # one sequential pass, nothing read twice
+
+
+def test_duplicates_follow_the_policy(tmp_path) -> None:
+    path = str(tmp_path / "d.tar")
+    write_shard(path, [("k.a", b"1"), ("k.a", b"2"), ("k.b", b"3")])
+    with pytest.raises(SampleLayoutError):
+        scan_shard(Source(path))
+    _, table, _ = scan_shard(Source(path), duplicates="keep_first")
+    assert len(table) == 1 and [f for f, _, _ in table.members(0)] == [".a", ".b"]
