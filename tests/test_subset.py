@@ -316,6 +316,7 @@ def test_a_copy_that_is_not_the_indexed_shard_is_not_published(tmp_path):
     paths, index = _dataset(tmp_path / "src")
     # The source shard was rewritten after indexing at the same size: its first member is
     # now named differently (a valid tar still, checksum and all).
+    st = os.stat(paths[1])
     with open(paths[1], "r+b") as f:
         h = bytearray(f.read(512))
         assert h[:6] == b"000001"
@@ -325,7 +326,12 @@ def test_a_copy_that_is_not_the_indexed_shard_is_not_published(tmp_path):
         f.seek(0)
         f.write(h)
     out = tmp_path / "o"
-    with pytest.raises(IndexMismatchError, match=r"synth-000001.tar.*member"):
+    # its fingerprint (the modification time) tells, as on a dataset's first touch
+    with pytest.raises(IndexMismatchError, match=r"synth-000001.tar.*modified at"):
+        make_subset(index, out, shards=slice(0, 3))
+    assert not out.exists()
+    os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns))  # and with its mtime restored,
+    with pytest.raises(IndexMismatchError, match=r"synth-000001.tar.*member"):  # the header
         make_subset(index, out, shards=slice(0, 3))
     assert not out.exists()  # everything this call created is gone again
     (out / "train.members").mkdir(parents=True)

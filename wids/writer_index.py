@@ -279,15 +279,15 @@ def _old_index(index: str | None, store: Store) -> Any:
 
 def _reusable(reader: Any, i: int, stat: Any, src: Any) -> ShardMembers | None:
     """The old index's member table of a shard, if it still describes the file."""
-    from .index import header_mismatch_at_spot, shard_mismatch
+    from .index import unchanged
     from .storage import redact_url
 
     info = reader.shards[i]
     try:
         members = reader.members(i)
-        if members is None or shard_mismatch(info, stat, strict=True) is not None:
+        if members is None:
             return None
-        return members if header_mismatch_at_spot(members, src.read_range) is None else None
+        return members if unchanged(info.fingerprint, members, stat, src.read_range) else None
     except Exception as e:  # a damaged entry: scan the shard instead
         logger.warning("not reusing the index entry of %s: %s", redact_url(info.url), e)
         return None

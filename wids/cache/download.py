@@ -15,7 +15,8 @@ from typing import Any
 
 from ..atomic import TempFile
 from ..errors import IndexMismatchError
-from ..storage import comparable_etag, redact_url
+from ..index import Fingerprint
+from ..storage import redact_url
 from . import layout as cachedir
 from .budget import check_fits
 from .entries import ENTRY_SUBDIRS, EntryFiles, new_record
@@ -56,24 +57,11 @@ def download_entry(
     with TempFile(os.path.join(files.cache_dir, "tmp"), key) as tmp:
         result = download(tmp.path)
         got = os.stat(tmp.path).st_size
-        if size is not None and got != size:
-            raise IndexMismatchError(
-                f"downloaded {got} bytes, the index says {size}", shard=redact_url(url)
-            )
-        check_fits(url, got, max_bytes)
         got_etag = getattr(result, "etag", None)
-        if etag is not None and got_etag is not None:
-            if comparable_etag(etag) != comparable_etag(got_etag):
-                raise IndexMismatchError(
-                    f"etag is {got_etag}, the index says {etag}: the shard changed",
-                    shard=redact_url(url),
-                )
+        _check(url, Fingerprint(size, etag), Fingerprint(got, got_etag))
+        check_fits(url, got, max_bytes)
         if md5sum is not None:
-            actual = md5_file(tmp.path)
-            if actual != md5sum.lower():
-                raise IndexMismatchError(
-                    f"md5 is {actual}, the index says {md5sum}", shard=redact_url(url)
-                )
+            _check(url, Fingerprint(md5=md5sum), Fingerprint(md5=md5_file(tmp.path)))
         if tmp.fd is None:  # an invariant, kept under python -O
             raise RuntimeError("internal error: tmp.fd is not set")
         os.fsync(tmp.fd)
@@ -86,6 +74,14 @@ def download_entry(
         files.write_record(key, rec, fsync=False)
         cachedir.check_layout(files.cache_dir, ENTRY_SUBDIRS)  # never publish through a link
         tmp.publish(files.data(key), fsync=False)
+
+
+def _check(url: str, expected: Fingerprint, got: Fingerprint) -> None:
+    problem = expected.mismatch(got)
+    if problem is not None:
+        raise IndexMismatchError(
+            f"the download is not the indexed shard: {problem}", shard=redact_url(url)
+        )
 
 
 def md5_file(path: str) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..atomic import atomic_write
+from ..index import Fingerprint
 from ..lock import FileLock
 from ..storage import comparable_etag, redact_url
 from . import layout as cachedir
@@ -148,13 +149,11 @@ class EntryFiles:
         ):
             log.info("cache entry %s changed behind the cache's back; refetching", key)
             return None
-        if size is not None and size != st.st_size:
+        have = Fingerprint(st.st_size, rec.get("etag"), md5=rec.get("md5sum"))
+        if Fingerprint(size, etag, md5=md5sum).mismatch(have) is not None:
             return None
-        if etag is not None and rec.get("etag") is not None:
-            if comparable_etag(etag) != comparable_etag(rec["etag"]):
-                return None
-        if md5sum is not None and rec.get("md5sum") != md5sum.lower():
-            return None
+        if md5sum is not None and have.md5 is None:
+            return None  # never checked against an md5: not served as checked
         return rec
 
     def is_valid(self, key: str, url: str, *expected: Any) -> bool:

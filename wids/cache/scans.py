@@ -14,7 +14,7 @@ import logging
 import os
 
 from ..errors import IndexFormatError
-from ..index import ShardInfo, ShardMembers, scan_shard, shard_mismatch
+from ..index import Fingerprint, ShardInfo, ShardMembers, scan_shard
 from ..samples import DuplicatePolicy
 from ..storage import FileStat, IOStats, Source, redact_url
 
@@ -68,7 +68,7 @@ def scan_cached(
     cache_subdir(cache_dir, "scans")  # a marked cache directory, no links inside
     path = _scan_path(cache_dir, source.url)
     stat = source.info(stats)
-    problem = None if expected is None else shard_mismatch(expected, stat)
+    problem = None if expected is None else expected.fingerprint.mismatch(stat)
     if problem is not None:
         raise IndexMismatchError(
             f"not the shard the index describes: {problem}", shard=redact_url(source.url)
@@ -110,10 +110,8 @@ def _load_scan(path: str, stat: FileStat) -> ShardMembers | None:
     ):
         return None
     try:
-        scanned = ShardInfo(
-            record["url"], 0, record["size"], record.get("etag"), record.get("mtime")
-        )
-        if shard_mismatch(scanned, stat, strict=True) is not None:
+        scanned = Fingerprint(record["size"], record.get("etag"), record.get("mtime"))
+        if scanned.mismatch(stat, strict=True) is not None:
             return None
         return ShardMembers.from_columns(record["members"])
     except (IndexFormatError, KeyError, TypeError, ValueError) as e:

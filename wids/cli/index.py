@@ -205,12 +205,12 @@ def _cmd_index_verify(args: argparse.Namespace) -> int:
 def _verify_shard(src: Any, info: Any, members: Any, *, deep: bool) -> str | None:
     """What is wrong with one shard against its index entry and member table, if anything."""
     from ..errors import WidsError
-    from ..index import header_mismatch_at_spot, scan_shard, shard_mismatch
+    from ..index import header_mismatch_at_spot, scan_shard
 
     try:
         stat = src.info()
         end = None if members is None else int(members.spans()[1].max(initial=0))
-        problem = shard_mismatch(info, stat, data_end=end)
+        problem = info.fingerprint.mismatch(stat, data_end=end)
         if problem is None and members is not None:
             problem = header_mismatch_at_spot(members, src.read_range)
         if problem is None and deep:

@@ -31,7 +31,6 @@ from ..index import (
     ShardInfo,
     ShardMembers,
     header_mismatch_at_spot,
-    shard_mismatch,
     with_repair_hint,
 )
 from ..samples import DuplicatePolicy
@@ -345,7 +344,7 @@ class ShardSources:
             return  # the cache checks its copy against the index's size, etag and md5
         self._check_offline(info.url)
         stat = self._source(info.url).info(self._store.stats)
-        problem = shard_mismatch(info, stat, data_end=data_end)
+        problem = info.fingerprint.mismatch(stat, data_end=data_end)
         if problem is not None:
             raise _changed(problem, info.url)
 

@@ -18,7 +18,6 @@ from .model import (
     IndexReader,
     IndexWriter,
     ShardInfo,
-    shard_mismatch,
     with_repair_hint,
 )
 from .registry import INDEX_SUFFIXES, create_index_writer, is_sqlite_name, open_index, writer_for
@@ -65,7 +64,6 @@ __all__ = [
     "open_index",
     "resolve_url",
     "scan_shard",
-    "shard_mismatch",
     "sidecar_name",
     "unchanged",
     "with_repair_hint",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..errors import IndexFormatError, UntrustedLocationError
-from .fingerprint import Fingerprint, Observed
+from .fingerprint import Fingerprint
 from .members import ShardMembers
 
 __all__ = [
@@ -28,7 +28,6 @@ __all__ = [
     "MAX_SHARD_SIZE",
     "ShardInfo",
     "max_samples",
-    "shard_mismatch",
     "with_repair_hint",
 ]
 
@@ -102,13 +101,6 @@ def with_repair_hint(error: IndexFormatError) -> IndexFormatError:
     if REPAIR_HINT in error.message or isinstance(error, UntrustedLocationError):
         return error  # rebuilding cannot help an index that names local files
     return IndexFormatError(f"{error.message}; to repair, {REPAIR_HINT}", shard=error.shard)
-
-
-def shard_mismatch(
-    info: ShardInfo, stat: Observed, *, data_end: int | None = None, strict: bool = False
-) -> str | None:
-    """``info.fingerprint.mismatch(stat, ...)``: see :meth:`Fingerprint.mismatch`."""
-    return info.fingerprint.mismatch(stat, data_end=data_end, strict=strict)
 
 
 class IndexReader(Protocol):

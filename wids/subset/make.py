@@ -92,18 +92,16 @@ def select_shards(
 
 
 def _check_copy(path: str, info: ShardInfo, stat: Any, members: Any) -> None:
-    """Refuse a downloaded copy whose etag, md5 or member headers differ from the index."""
+    """Refuse a downloaded copy whose fingerprint, md5 or member headers differ from the index."""
     from ..cache import md5_file
-    from ..storage import comparable_etag
+    from ..index import Fingerprint
     from ..tar import header_mismatch
 
     name = redact_url(info.url)
-    if info.etag and stat.etag and comparable_etag(stat.etag) != comparable_etag(info.etag):
-        raise IndexMismatchError(f"etag is {stat.etag!r}, the index says {info.etag!r}", shard=name)
-    if info.md5sum is not None:
-        actual = md5_file(path)
-        if actual != info.md5sum.lower():
-            raise IndexMismatchError(f"md5 is {actual}, the index says {info.md5sum}", shard=name)
+    md5 = md5_file(path) if info.md5sum is not None else None
+    problem = info.fingerprint.mismatch(Fingerprint(stat.size, stat.etag, stat.mtime, md5))
+    if problem is not None:
+        raise IndexMismatchError(f"the copy is not the indexed shard: {problem}", shard=name)
     if members is None or len(members) == 0:
         return
     with open(path, "rb") as f:
