@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .errors import ShardNotFoundError, WidsError
-from .index import ShardInfo, ShardMembers
+from .index import IndexReader, ShardInfo, ShardMembers
 from .storage import Store
 
 __all__ = ["SQLITE_REBUILD_RATIO", "IndexKeeper", "whole_shards"]
@@ -249,7 +249,7 @@ def whole_shards(
             except ShardNotFoundError:
                 return
             i = known.get(_resolved(url))
-            members = None if i is None else _reusable(reader, i, stat, src)
+            members = None if i is None or reader is None else _reusable(reader, i, stat, src)
             if members is None:
                 stat, members, _ = scan_shard(src)
             src.close()
@@ -260,14 +260,14 @@ def whole_shards(
             reader.close()
 
 
-def _old_index(index: str | None, store: Store) -> Any:
+def _old_index(index: str | None, store: Store) -> IndexReader | None:
     from .index import open_index
     from .storage import is_remote
 
     if index is None or (not is_remote(index) and not os.path.exists(index)):
         return None
     try:
-        reader: Any = open_index(index, store)
+        reader = open_index(index, store)
         reader.shards  # noqa: B018 - load it now, so a damaged index is noticed here
         return reader
     except ShardNotFoundError:
@@ -277,7 +277,7 @@ def _old_index(index: str | None, store: Store) -> Any:
         return None
 
 
-def _reusable(reader: Any, i: int, stat: Any, src: Any) -> ShardMembers | None:
+def _reusable(reader: IndexReader, i: int, stat: Any, src: Any) -> ShardMembers | None:
     """The old index's member table of a shard, if it still describes the file."""
     from .index import unchanged
     from .storage import redact_url

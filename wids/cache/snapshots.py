@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import OfflineError
-from ..index import JsonIndex, JsonIndexWriter
+from ..index import IndexReader, JsonIndex, JsonIndexWriter
 from ..storage import Store, redact_url
 from .entries import entry_key
 from .layout import cache_subdir
@@ -38,7 +38,7 @@ def snapshot_path(cache_dir: str | os.PathLike[str], url: str) -> str:
 
 
 def save_snapshot(
-    reader: Any,
+    reader: IndexReader,
     url: str,
     cache_dir: str | os.PathLike[str],
     storage_options: Mapping[str, Any] | Store | None = None,

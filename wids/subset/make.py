@@ -29,7 +29,7 @@ from typing import Any
 
 from ..atomic import TempFile
 from ..errors import IndexMismatchError
-from ..index import ShardInfo
+from ..index import IndexReader, ShardInfo
 from ..storage import Store, redact_url
 from .destination import Plan, Run, check_destination, local_names, plan_paths
 
@@ -225,7 +225,12 @@ def make_subset(
 
 
 def _write_index(
-    plan: Plan, idx: Any, chosen: list[int], names: list[str], tables: list[Any], run: Run
+    plan: Plan,
+    idx: IndexReader,
+    chosen: list[int],
+    names: list[str],
+    tables: list[Any],
+    run: Run,
 ) -> None:
     """Write the subset's index in a staging directory, then publish sidecars, then the index."""
     from ..index import JsonIndexWriter
