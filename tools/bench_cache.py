@@ -61,9 +61,7 @@ def run_mode(mode: str, index: str, cache_dir: str | None, args: argparse.Namesp
         ds.__getitems__(order[k : k + args.batch])
     epoch = time.perf_counter() - t0
     requests, served = nginx.counts()
-    ds.close()
-    if ds._promoter is not None:
-        ds._promoter.close()
+    ds.close()  # also stops the promotions
     return {"first": first, "epoch": epoch, "requests": requests, "bytes": served, "n": n}
 
 

@@ -254,7 +254,7 @@ def bench_verify(server: Nginx, order: list[int]) -> tuple[float, float, float]:
     for rep in range(2 * ROUNDS):  # each sample read as often verified as not
         for n, i in enumerate(order):
             on = (n + rep) % 2 == 0
-            for reader in ds._readers.values():
+            for reader in ds._pool.readers.values():
                 reader.verifies = on
             before = ds.stats.bytes_read
             t = time.perf_counter()

@@ -5,12 +5,12 @@ Other parts import from this package, not its modules.
 
 from __future__ import annotations
 
-from .listdataset import (
-    DatasetStats,
-    ShardListDataset,
-)
+from .description import DatasetComponent
+from .listdataset import ShardListDataset
+from .pool import DatasetStats
 
 __all__ = [
+    "DatasetComponent",
     "DatasetStats",
     "ShardListDataset",
 ]

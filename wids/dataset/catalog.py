@@ -2,30 +2,26 @@
 
 ``ShardListDataset(shards)`` takes our index (JSON or SQLite, path or URL), a reference
 ``wids-shard-index-v1`` description (path, URL, open text stream, list of dicts) or a brace
-pattern / list of shard URLs. :class:`ShardSources` loads it once, lazily, into shard infos,
-cumulative lengths and :class:`DatasetComponent` ranges; finds each shard's member table (in the
-index, or by scanning the shard, kept in ``cache_dir`` when given); keeps a remote index's shard
-list in ``cache_dir`` for ``offline`` use; and checks a shard against the index on first touch.
-
-:class:`ShardSources` is a mixin of :class:`~wids.dataset.listdataset.ShardListDataset`: its
-state lives in the dataset's ``__dict__`` (assigned by the dataset's constructor and
-per-process reset, pickled by its ``__getstate__``) and is declared here.
-:class:`MemberTable` is one open shard's member table as Python lists, for the hot path.
+pattern / list of shard URLs. Its :class:`Catalog` loads that once, lazily, into a
+:class:`Description` (shard infos, cumulative lengths, :class:`DatasetComponent` ranges) and
+maps a global index to (shard, sample); finds each shard's member table (in the index, or by
+scanning the shard, kept in ``cache_dir`` when given); keeps a remote index's shard list in
+``cache_dir`` for ``offline`` use; and checks a shard against the index on first touch in each
+process.
 """
 
 from __future__ import annotations
 
+import bisect
 import concurrent.futures as cf
+import operator
 import os
 import threading
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
-
-from ..errors import IndexFormatError, IndexMismatchError, OfflineError
+from ..errors import IndexFormatError, IndexMismatchError
 from ..index import (
     REPAIR_HINT,
     ShardInfo,
@@ -34,105 +30,11 @@ from ..index import (
     with_repair_hint,
 )
 from ..samples import DuplicatePolicy
-from ..storage import Source, Store, is_local, redact_url
+from ..storage import RetryPolicy, Source, Store, is_local, redact_url
+from .description import Description
+from .localcache import LocalCache
 
-__all__ = ["DatasetComponent", "MemberTable", "ShardSources", "display_url"]
-
-
-@dataclass(frozen=True, slots=True)
-class DatasetComponent:
-    """One (sub-)dataset as a range of global sample indices ``[start, stop)``."""
-
-    name: str
-    weight: float | None
-    start: int
-    stop: int
-
-
-class _Loaded:
-    """The dataset's description, loaded once: shard infos, components, where members are."""
-
-    def __init__(
-        self,
-        shards: list[ShardInfo],
-        components: list[Any],
-        name: str,
-        indexed: Callable[[int], ShardMembers | None] | None,
-    ) -> None:
-        self.infos = shards
-        self.name = name
-        self.lengths = [int(s.nsamples) for s in shards]
-        self.cum = np.cumsum(np.asarray(self.lengths, dtype=np.int64))
-        self.cum_list: list[int] = self.cum.tolist()
-        self.total = self.cum_list[-1] if self.cum_list else 0
-        starts = np.concatenate([[0], self.cum]).astype(np.int64)
-        self.components = [
-            DatasetComponent(
-                c.name or name, c.weight, int(starts[c.first_shard]), int(starts[c.stop_shard])
-            )
-            for c in components
-        ]
-        self.dataset_of = [""] * len(shards)
-        for c in components:
-            for i in range(c.first_shard, c.stop_shard):
-                self.dataset_of[i] = c.name or name or ""
-        self.indexed = indexed
-        self.shard_dicts: list[dict[str, Any]] | None = None  # built when .shards is read
-
-
-class MemberTable:
-    """One open shard's member table, read one sample at a time.
-
-    A thin view over the shard's ``ShardMembers`` arrays: building it costs nothing, so
-    reopening a shard (random access over more shards than ``lru_size``) stays cheap. Each
-    sample's rows are taken with small slices; keys are decoded when their sample is read.
-    """
-
-    __slots__ = ("blob", "dataset", "fields", "fid", "ko", "off", "size", "ss", "url")
-
-    def __init__(self, members: ShardMembers, url: str, dataset: str) -> None:
-        self.url = url
-        self.dataset = dataset
-        self.fields = members.fields
-        self.blob = members.key_blob
-        self.ko = members.key_offsets
-        self.ss = members.sample_start
-        self.fid = members.member_field
-        self.off = members.member_offset
-        self.size = members.member_size
-
-    def key(self, j: int) -> str:
-        """The key of sample ``j``."""
-        a, b = self.ko[j : j + 2].tolist()
-        return self.blob[a:b].decode("utf-8", "surrogateescape")
-
-    def rows(self, j: int) -> tuple[list[int], list[int], list[int]]:
-        """Sample ``j``'s members: field ids, data offsets and sizes, as lists."""
-        first, stop = self.ss[j : j + 2].tolist()
-        return (
-            self.fid[first:stop].tolist(),
-            self.off[first:stop].tolist(),
-            self.size[first:stop].tolist(),
-        )
-
-    def first_member(self, j: int) -> tuple[str, int]:
-        """Sample ``j``'s first member: its name (key + field) and size, to check its header."""
-        first = int(self.ss[j])
-        return self.key(j) + self.fields[int(self.fid[first])], int(self.size[first])
-
-    def span(self, j: int) -> tuple[int, int]:
-        """The byte span ``(start, end)`` of sample ``j``'s members in the shard."""
-        first, stop = self.ss[j : j + 2].tolist()
-        return int(self.off[first]), int(self.off[stop - 1] + self.size[stop - 1])
-
-    def fill(self, sample: dict[str, Any], j: int, buf: bytes, base: int) -> None:
-        """Put sample ``j``'s fields and ``__key__`` into ``sample``; ``buf`` starts at ``base``."""
-        fields = self.fields
-        fids, offs, sizes = self.rows(j)
-        for f, o, n in zip(fids, offs, sizes, strict=True):
-            a = o - base
-            sample[fields[f]] = buf[a : a + n]
-        sample["__key__"] = self.key(j)
+__all__ = ["Catalog", "display_url"]
 
 
 def _is_shard_pattern(src: Any) -> bool:
@@ -151,36 +53,115 @@ def display_url(src: Any) -> str | None:
     return None
 
 
-class ShardSources:
-    """The description, member tables and index checks of a ``ShardListDataset`` (a mixin).
+class Catalog:
+    """The shards of a dataset: its description, member tables and first-touch checks.
 
-    Holds no state of its own: the attributes below are the dataset's, assigned by its
-    constructor (configuration, ``_loaded``, ``_members`` ...) or per process (``_lock``,
-    ``_verified``). ``_cache()`` is the dataset's per-process ``ShardCache``.
+    Args:
+        src: The dataset's ``shards`` argument.
+        local: Where data is kept locally, and whether the network may be used.
+        dataset_name: Name of the dataset (overrides the description's).
+        base: Directory against which relative shard URLs resolve.
+        url_map: Checked mirror mapping, longest prefix first.
+        allow_local_shards: Let a remote index name local files.
+        store: Storage options, retry policy and I/O counters of every shard read.
+        duplicates: Policy for repeated keys or fields when a shard is scanned.
+        verify: Check each shard against the index on first touch in a process.
     """
 
-    _src: Any
-    dataset_name: str | None
-    base: str | None
-    url_map: tuple[tuple[str, str], ...]  # checked, longest prefix first
-    allow_local_shards: bool
-    cache_dir: str | None
-    offline: bool
-    duplicates: DuplicatePolicy
-    _store: Store  # storage options, retry policy, this process's I/O counters
-    _lock: threading.RLock
-    _loaded: _Loaded | None
-    _members: dict[int, tuple[ShardMembers, int]]  # table, end of its last member's data
-    _scanned: set[int]  # member tables that came from scanning (costly)
-    _warned_duplicates: bool
-    _verified: set[int]
+    def __init__(
+        self,
+        src: Any,
+        local: LocalCache,
+        *,
+        dataset_name: str | None = None,
+        base: str | None = None,
+        url_map: tuple[tuple[str, str], ...] = (),
+        allow_local_shards: bool = False,
+        store: Store | None = None,
+        duplicates: DuplicatePolicy = "error",
+        verify: bool = True,
+    ) -> None:
+        self.src = src
+        self.local = local
+        self.dataset_name = dataset_name
+        self.base = base
+        self.url_map = url_map
+        self.allow_local_shards = bool(allow_local_shards)
+        self.store = store if store is not None else Store()
+        self.duplicates: DuplicatePolicy = duplicates
+        self.verify = bool(verify)
+        self._loaded: Description | None = None
+        # table, end of its last member's data
+        self._members: dict[int, tuple[ShardMembers, int]] = {}
+        self._scanned: set[int] = set()  # member tables that came from scanning (costly)
+        self._warned_duplicates = False
+        self.reset_process()
 
-    def _cache(self) -> Any:
-        raise NotImplementedError  # the dataset's
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """The fsspec options of every URL (a copy; assign to change them)."""
+        return dict(self.store.storage_options)
+
+    @storage_options.setter
+    def storage_options(self, value: Mapping[str, Any] | None) -> None:
+        self.store = Store(value, self.store.retry, stats=self.store.stats)
+
+    @property
+    def retry(self) -> RetryPolicy:
+        """The retry and timeout policy of every request."""
+        return self.store.retry
+
+    @retry.setter
+    def retry(self, value: RetryPolicy | None) -> None:
+        self.store = Store(self.store.storage_options, value, stats=self.store.stats)
+
+    def reset_process(self) -> None:
+        """Forget what only holds in the process that did it (after a fork or unpickling)."""
+        self._verified: set[int] = set()
+        self._lock = threading.RLock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_verified"], state["_lock"]
+        # Tables from an index reload cheaply; scanned ones would cost a pass over the shard.
+        state["_members"] = {i: m for i, m in self._members.items() if i in self._scanned}
+        if self._loaded is not None and self._loaded.indexed is not None:
+            state["_loaded"] = None  # holds an open index; reload in the new process
+            state["_members"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.reset_process()
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the description has been loaded (in this process or before pickling)."""
+        return self._loaded is not None
+
+    def locate(self, index: Any) -> tuple[int, int, int]:
+        """``(global index, shard, index in shard)``, for Python-style (negative) indices.
+
+        Raises:
+            IndexError: ``index`` is out of range.
+            TypeError: ``index`` is not an integer.
+        """
+        # The hot path of random access: keep it flat (see tools/bench_read.py).
+        i = index if type(index) is int else operator.index(index)
+        loaded = self._loaded or self.load()
+        n = loaded.total
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} out of range for a dataset of {n} samples")
+        cum = loaded.cum_list
+        shard = bisect.bisect_right(cum, i)
+        return i, shard, (i - cum[shard - 1] if shard else i)
 
     # -- the description ----------------------------------------------------------------------
 
-    def _load(self) -> _Loaded:
+    def load(self) -> Description:
+        """The description, loaded on first use."""
         loaded = self._loaded
         if loaded is None:
             with self._lock:
@@ -189,8 +170,8 @@ class ShardSources:
                 loaded = self._loaded
         return loaded
 
-    def _load_description(self) -> _Loaded:
-        src = self._src
+    def _load_description(self) -> Description:
+        src = self.src
         if _is_shard_pattern(src):
             return self._load_pattern(src)
         if isinstance(src, (str, os.PathLike)):
@@ -200,7 +181,7 @@ class ShardSources:
             except IndexFormatError as e:
                 raise with_repair_hint(e) from None
             name = self.dataset_name or reader.name or ""
-            loaded = _Loaded(shards, components, name, reader.members)
+            loaded = Description(shards, components, name, reader.members)
         else:
             from ..index import load_spec
 
@@ -208,7 +189,7 @@ class ShardSources:
                 src, storage_options=self._uncounted(), base=self.base, url_map=self.url_map
             )
             name = self.dataset_name or spec.name or ""
-            loaded = _Loaded(list(spec.shards), list(spec.components), name, None)
+            loaded = Description(list(spec.shards), list(spec.components), name, None)
         if not loaded.infos:
             raise IndexFormatError("the dataset has no shards", shard=display_url(src))
         return loaded
@@ -217,12 +198,12 @@ class ShardSources:
         """Open the index; with ``cache_dir``, a remote index's shard list is kept for offline."""
         from ..index import open_index
 
-        remote = self.cache_dir is not None and not is_local(url)
-        if self.offline and remote:
+        remote = self.local.cache_dir is not None and not is_local(url)
+        if self.local.offline and remote:
             from ..cache import open_snapshot
 
-            return open_snapshot(url, self.cache_dir)  # type: ignore[arg-type]
-        self._check_offline(url)
+            return open_snapshot(url, self.local.cache_dir)  # type: ignore[arg-type]
+        self.local.check_online(url)
         kwargs: dict[str, Any] = {"allow_local_shards": self.allow_local_shards}
         if self.base is not None:
             kwargs["base"] = self.base
@@ -230,10 +211,10 @@ class ShardSources:
         if remote:
             from ..cache import save_snapshot
 
-            save_snapshot(reader, url, self.cache_dir, self._uncounted())  # type: ignore[arg-type]
+            save_snapshot(reader, url, self.local.cache_dir, self._uncounted())  # type: ignore[arg-type]
         return reader
 
-    def _load_pattern(self, src: Any) -> _Loaded:
+    def _load_pattern(self, src: Any) -> Description:
         from ..index import Component, expand_braces
 
         urls: list[str] = []
@@ -250,12 +231,12 @@ class ShardSources:
         if not urls:
             raise IndexFormatError("the shard pattern names no shards", shard=display_url(src))
         with cf.ThreadPoolExecutor(max_workers=min(8, len(urls))) as pool:
-            tables = list(pool.map(lambda u: self._scan(self._source(u)), urls))
+            tables = list(pool.map(lambda u: self._scan(self.source(u)), urls))
         infos = [ShardInfo(u, len(m)) for u, m in zip(urls, tables, strict=True)]
         for i, m in enumerate(tables):
             self._keep_members(i, m, scanned=True)
         name = self.dataset_name or ""
-        return _Loaded(infos, [Component(name, None, 0, len(infos))], name, None)
+        return Description(infos, [Component(name, None, 0, len(infos))], name, None)
 
     # -- members ------------------------------------------------------------------------------
 
@@ -263,22 +244,22 @@ class ShardSources:
         from ..cache import scan_cached
         from ..index import scan_shard
 
-        if self.offline and self.cache_dir is not None and not source.is_local:
+        if self.local.offline and self.local.cache_dir is not None and not source.is_local:
             # Offline (index snapshot without member tables): scan the cached copy.
             info = expected or ShardInfo(source.url, 0)
-            expect = {"size": info.size, "etag": info.etag, "md5sum": info.md5sum}
-            with self._cache().open(source, **expect) as cached:
+            expect: dict[str, Any] = {"size": info.size, "etag": info.etag, "md5sum": info.md5sum}
+            with self.local.shard_cache().open(source, **expect) as cached:
                 return self._scan(Source(cached.path))
-        self._check_offline(source.url)
-        if self.cache_dir is not None:
+        self.local.check_online(source.url)
+        if self.local.cache_dir is not None:
             return scan_cached(
                 source,
-                cache_dir=self.cache_dir,
+                cache_dir=self.local.cache_dir,
                 expected=expected,
                 duplicates=self.duplicates,
-                stats=self._store.stats,
+                stats=self.store.stats,
             )
-        _, members, _ = scan_shard(source, duplicates=self.duplicates, stats=self._store.stats)
+        _, members, _ = scan_shard(source, duplicates=self.duplicates, stats=self.store.stats)
         return members
 
     def _keep_members(self, shard: int, members: ShardMembers, *, scanned: bool) -> None:
@@ -287,7 +268,8 @@ class ShardSources:
         if scanned:
             self._scanned.add(shard)
 
-    def _shard_members(self, shard: int) -> tuple[ShardMembers, int]:
+    def members(self, shard: int) -> tuple[ShardMembers, int]:
+        """A shard's member table and the end of its last member's data (loaded once)."""
         got = self._members.get(shard)
         if got is not None:
             return got
@@ -295,7 +277,7 @@ class ShardSources:
             got = self._members.get(shard)
             if got is not None:
                 return got
-            loaded = self._load()
+            loaded = self.load()
             info = loaded.infos[shard]
             try:
                 members = loaded.indexed(shard) if loaded.indexed is not None else None
@@ -308,12 +290,12 @@ class ShardSources:
                     f"duplicates={self.duplicates!r} has no effect on shards the index already "
                     "records members for (it applies when a shard is scanned); rebuild the index "
                     "with that policy instead",
-                    stacklevel=5,  # the caller of ds[i]
+                    stacklevel=6,  # the caller of ds[i]
                 )
             if members is None:
                 # Not marked verified: the table may come from the scan cache, whose record is
                 # matched by fingerprint only; the first touch checks a member's header too.
-                members = self._scan(self._source(info.url), info)
+                members = self._scan(self.source(info.url), info)
             if len(members) != info.nsamples:
                 raise IndexMismatchError(
                     f"has {len(members)} samples but the index says {info.nsamples}",
@@ -322,47 +304,51 @@ class ShardSources:
             self._keep_members(shard, members, scanned=scanned)
             return self._members[shard]
 
-    # -- storage ------------------------------------------------------------
+    # -- storage and first touch ----------------------------------------------------------------
 
     def _uncounted(self) -> Store:
         """The store for reading the index: its requests are not the dataset's shard I/O."""
-        return self._store.with_stats()
+        return self.store.with_stats()
 
-    def _source(self, url: str, info: ShardInfo | None = None) -> Source:
+    def source(self, url: str, info: ShardInfo | None = None) -> Source:
         """A source for ``url``; given the shard's ``info``, it reads that version only."""
         if info is None:
-            return self._store.source(url)
-        return self._store.source(url, size=info.size, etag=info.etag)
+            return self.store.source(url)
+        return self.store.source(url, size=info.size, etag=info.etag)
 
-    def _check_offline(self, url: str) -> None:
-        if self.offline and not is_local(url):
-            raise OfflineError("offline, and this is not a local file", shard=redact_url(url))
+    def needs_check(self, shard: int) -> bool:
+        """Whether ``shard`` must be checked against the index before it is read here."""
+        return self.verify and shard not in self._verified
 
-    def _verify(self, shard: int, info: ShardInfo, data_end: int) -> None:
+    def forget_check(self, shard: int) -> None:
+        """Check ``shard`` again when it is next opened (nothing ties reads to its version)."""
+        self._verified.discard(shard)
+
+    def check_fingerprint(self, info: ShardInfo, data_end: int) -> None:
         """First touch in this process: the shard's fingerprint must be the index's."""
-        if self.offline and self.cache_dir is not None and not is_local(info.url):
+        if self.local.offline and self.local.cache_dir is not None and not is_local(info.url):
             return  # the cache checks its copy against the index's size, etag and md5
-        self._check_offline(info.url)
-        stat = self._source(info.url).info(self._store.stats)
+        self.local.check_online(info.url)
+        stat = self.source(info.url).info(self.store.stats)
         problem = info.fingerprint.mismatch(stat, data_end=data_end)
         if problem is not None:
             raise _changed(problem, info.url)
 
-    def _verify_header(self, shard: int, members: ShardMembers, reader: Any) -> None:
+    def check_header(self, shard: int, members: ShardMembers, reader: Any) -> None:
         """First open in this process: one recorded member's tar header must be where it was."""
 
         def read(start: int, end: int) -> bytes:
             if not reader.verifies:
-                return bytes(reader.read_span(start, end, self._store.stats))
+                return bytes(reader.read_span(start, end, self.store.stats))
             # over a network a wrong answer is retried, and reported as one if it persists
-            return bytes(reader.read_span(start, end, self._store.stats, check))
+            return bytes(reader.read_span(start, end, self.store.stats, check))
 
         def check(got: bytes) -> str | None:
             return header_mismatch_at_spot(members, lambda *_: got)
 
         problem = header_mismatch_at_spot(members, read)
         if problem is not None:
-            raise _changed(problem, self._load().infos[shard].url)
+            raise _changed(problem, self.load().infos[shard].url)
         self._verified.add(shard)
 
 

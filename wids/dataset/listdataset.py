@@ -6,74 +6,58 @@ and is read with one range request, then sliced into its fields. A batch
 (``__getitems__``) becomes one request per run of nearby samples of a shard, all in flight at
 once. Readers are opened lazily in each process and never pickled.
 
-What the dataset reads (the ``shards`` argument resolved to shards, member tables and
-components) is :mod:`wids.dataset.catalog`; how it reads a shard's bytes is
-:mod:`wids.dataset.readers`.
+The dataset is composed of objects it owns: a :class:`~wids.dataset.catalog.Catalog` (what it
+reads: the ``shards`` argument resolved to shards, member tables and components, and the
+first-touch checks), a :class:`~wids.dataset.pool.ReaderPool` (how it reads: the open readers,
+the access mode, the shard cache's use and promotion) and a
+:class:`~wids.dataset.localcache.LocalCache` both share (``cache_dir`` and ``offline``). Its
+public attributes are those objects' settings, read and set through the dataset.
 """
 
 from __future__ import annotations
 
-import bisect
 import operator
 import os
-import threading
 import warnings
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..decode import Decoder, interpret_transformations
-from ..index import ShardInfo, ShardMembers, check_url_map
+from ..index import check_url_map
 from ..samples import DUPLICATE_POLICIES, DuplicatePolicy
 from ..storage import RetryPolicy, Store
-from .catalog import DatasetComponent, MemberTable, ShardSources, display_url
-from .readers import (
-    HEADER,
-    CachedReader,
-    LocalReader,
-    RangeReader,
-    ShardReader,
-    download_check,
-    fetch_blocks,
-    header_check,
-    plan_batch,
-)
+from .catalog import Catalog, display_url
+from .description import DatasetComponent
+from .localcache import LocalCache
+from .pool import ACCESS_MODES, DatasetStats, ReaderPool
 
-__all__ = ["DatasetComponent", "DatasetStats", "ShardListDataset"]
+__all__ = ["ShardListDataset"]
 
-ACCESS_MODES = ("auto", "range", "shard")
 Transform = Callable[[dict[str, Any]], Any]
 
 
-@dataclass(frozen=True, slots=True)
-class DatasetStats:
-    """What this process's copy of a dataset has done so far.
+class _Setting:
+    """A public attribute of the dataset that is a setting of one of its parts."""
 
-    Attributes:
-        samples: Samples returned.
-        accesses: Shard look-ups, one per sample (the reference's ``get_stats()[0]``).
-        misses: Look-ups that had to open a shard reader (the reference's ``get_stats()[1]``).
-        requests: Storage requests (stats, range reads, retries included).
-        bytes_read: Bytes received from storage or the local cache.
-        cache_hits: Samples served from the local shard cache.
-        retries: Requests repeated after transient failures.
-        errors: Operations that failed for good.
-    """
+    def __init__(self, part: str) -> None:
+        self.part = part
+        self.name = ""
 
-    samples: int
-    accesses: int
-    misses: int
-    requests: int
-    bytes_read: int
-    cache_hits: int
-    retries: int
-    errors: int
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        return getattr(getattr(obj, self.part), self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        setattr(getattr(obj, self.part), self.name, value)
 
 
-class ShardListDataset(ShardSources):
+class ShardListDataset:
     """A map-style dataset over WebDataset tar shards, reading only the samples asked for.
 
     A drop-in for the reference ``wids.ShardListDataset`` (see ``docs/compat.md``), with member
@@ -201,270 +185,65 @@ class ShardListDataset(ShardSources):
                 "allow_pickle=True has no effect: no built-in decoder among the transformations",
                 stacklevel=2,
             )
-        self._src = shards
-        self.cache_size = cache_size
-        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
-        self.lru_size = lru_size
-        self.keep = bool(keep)
-        self.base = base
-        self.url_map = check_url_map(url_map)
-        self.allow_local_shards = bool(allow_local_shards)
-        self.dataset_name = options.get("name", dataset_name)
-        self.access = access
-        self.verify = bool(verify)
-        self._store = Store(storage_options, retry)
         self.merge_gap = merge_gap
-        self.offline = bool(offline)
-        self.duplicates: DuplicatePolicy = duplicates
         self.allow_pickle = bool(allow_pickle)
-        self.promote_share = float(promote_share)
-        # range reads are counted towards promotion only in this configuration
-        self._promotable = access == "auto" and self.cache_dir is not None
-        self._loaded = None
-        self._members = {}
-        self._scanned = set()
-        self._warned_duplicates = False
-        self._counts = {"samples": 0, "accesses": 0, "misses": 0, "cache_hits": 0}
-        self._reset_process_state()
+        self._local = LocalCache(cache_dir, cache_size=cache_size, keep=keep, offline=offline)
+        self._catalog = Catalog(
+            shards,
+            self._local,
+            dataset_name=options.get("name", dataset_name),
+            base=base,
+            url_map=check_url_map(url_map),
+            allow_local_shards=allow_local_shards,
+            store=Store(storage_options, retry),
+            duplicates=duplicates,
+            verify=verify,
+        )
+        self._pool = ReaderPool(
+            self._catalog, lru_size=lru_size, access=access, promote_share=promote_share
+        )
+        self._pid = os.getpid()
+
+    # The settings of the dataset's parts, as attributes of the dataset (reference API).
+    cache_dir = _Setting("_local")
+    cache_size = _Setting("_local")
+    keep = _Setting("_local")
+    offline = _Setting("_local")
+    base = _Setting("_catalog")
+    url_map = _Setting("_catalog")
+    allow_local_shards = _Setting("_catalog")
+    dataset_name = _Setting("_catalog")
+    storage_options = _Setting("_catalog")
+    retry = _Setting("_catalog")
+    duplicates = _Setting("_catalog")
+    verify = _Setting("_catalog")
+    lru_size = _Setting("_pool")
+    access = _Setting("_pool")
+    promote_share = _Setting("_pool")
 
     # -- per-process state --------------------------------------------------------------------
 
-    def _reset_process_state(self) -> None:
-        self._pid = os.getpid()
-        self._readers: OrderedDict[int, ShardReader] = OrderedDict()
-        self._verified = set()
-        self._pins: dict[int, str] = {}  # etags seen by readers since closed (LRU)
-        self._tables: dict[int, MemberTable] = {}
-        self._lock = threading.RLock()
-        self._shard_cache: Any = None
-        self._promoter: Any = None
-
     def _check_process(self) -> None:
         if self._pid != os.getpid():  # forked: the parent's readers are not ours to use
-            self._reset_process_state()
+            self._catalog.reset_process()
+            self._pool.reset_process()
+            self._pid = os.getpid()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("_readers", "_verified", "_pins", "_tables", "_lock", "_shard_cache"):
-            del state[k]
-        for k in ("_promoter", "_pid"):
-            del state[k]
-        # Tables from an index reload cheaply; scanned ones would cost a pass over the shard.
-        state["_members"] = {i: m for i, m in self._members.items() if i in self._scanned}
-        if self._loaded is not None and self._loaded.indexed is not None:
-            state["_loaded"] = None  # holds an open index; reload in the new process
-            state["_members"] = {}
+        del state["_pid"]  # the parts drop their per-process state themselves
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._reset_process_state()
+        self._pid = os.getpid()
 
-    # -- readers ------------------------------------------------------------------------------
-
-    def _reader(self, shard: int) -> ShardReader:
-        """The open reader of a shard (opening and verifying it if needed); counts an access."""
-        self._counts["accesses"] += 1
-        reader = self._readers.get(shard)
-        if reader is not None and self._promoter is not None and not reader.cached:
-            reader = self._promoted(shard, reader)
-        if reader is not None:
-            try:
-                self._readers.move_to_end(shard)
-            except KeyError:  # another thread has just evicted it
-                pass
-            return reader
-        with self._lock:
-            self._counts["misses"] += 1
-            loaded = self._load()
-            info = loaded.infos[shard]
-            members = self._shard_members(shard)
-            check = self.verify and shard not in self._verified
-            if check:
-                self._verify(shard, info, members[1])
-            reader = self._open_reader(info, members[0], self._pins.get(shard))
-            if check:
-                try:
-                    self._verify_header(shard, members[0], reader)
-                except BaseException:
-                    reader.close()
-                    raise
-            self._readers[shard] = reader
-            self._tables[shard] = MemberTable(members[0], info.url, loaded.dataset_of[shard])
-            return reader
-
-    def _evict(self) -> None:
-        """Close the least recently used readers beyond ``lru_size``.
-
-        Called after a read, never during one: a batch may use more shards than that.
-        """
-        if len(self._readers) <= self.lru_size:
-            return
-        with self._lock:
-            while len(self._readers) > self.lru_size:
-                shard, old = self._readers.popitem(last=False)
-                self._tables.pop(shard, None)
-                src = old.source
-                if src is not None and not src.is_local:
-                    if src.etag is not None:  # the reopened reader reads the same version
-                        self._pins[shard] = src.etag
-                    if not src.pins_version:  # nothing ties reads to a version: stat again
-                        self._verified.discard(shard)
-                old.close()
-
-    def _cache(self) -> Any:
-        """This process's ``ShardCache`` (``cache_dir`` is set)."""
-        if self._shard_cache is None:
-            from ..cache import ShardCache
-
-            if self.cache_dir is None:  # callers check; a bug if reached
-                raise RuntimeError("the shard cache needs cache_dir")
-            self._shard_cache = ShardCache(
-                self.cache_dir, max_bytes=self.cache_size, keep=self.keep, offline=self.offline
-            )
-        return self._shard_cache
-
-    def _open_reader(
-        self, info: ShardInfo, members: ShardMembers, pin: str | None = None
-    ) -> ShardReader:
-        source = self._source(info.url, info)
-        if source.etag is None:
-            source.etag = pin
-        expect = {"size": info.size, "etag": info.etag, "md5sum": info.md5sum}
-        uses_cache = self.cache_dir is not None and self.access != "range"
-        if uses_cache and not source.is_local:
-            if self.access == "shard" or self.offline:
-                verify = download_check(members, info.url)
-                shard = self._cache().open(source, stats=self._store.stats, verify=verify, **expect)
-                return CachedReader(shard)
-            cached = self._cache().open_cached(info.url, **expect)  # promoted earlier
-            if cached is not None:
-                return CachedReader(cached)
-        self._check_offline(info.url)
-        return LocalReader(source) if source.is_local else RangeReader(source)
-
-    def _requested(self, shard: int, reader: ShardReader, nbytes: int) -> None:
-        """``access="auto"``: count bytes read by range; promote the shard at the share."""
-        if self.access != "auto" or self.cache_dir is None or reader.cached:
-            return
-        if reader.source is None or reader.source.is_local:
-            return
-        if self._promoter is None:
-            from ..cache import Promoter
-
-            self._promoter = Promoter(self._cache(), self.promote_share)
-        info = self._load().infos[shard]
-        members, data_end = self._members[shard]
-        shard_bytes = info.size if info.size is not None else data_end
-        self._promoter.requested(
-            reader.source,
-            nbytes,
-            shard_bytes=shard_bytes,
-            size=info.size,
-            etag=info.etag,
-            md5sum=info.md5sum,
-            stats=self._store.stats,
-            verify=download_check(members, info.url),
-        )
-
-    def _promoted(self, shard: int, reader: ShardReader) -> ShardReader:
-        """Swap a range reader for the cached copy once its promotion has finished."""
-        info = self._load().infos[shard]
-        cached = self._promoter.open_if_ready(
-            info.url, size=info.size, etag=info.etag, md5sum=info.md5sum
-        )
-        if cached is None:
-            return reader
-        with self._lock:
-            reader.close()
-            new = CachedReader(cached)
-            self._readers[shard] = new
-            return new
-
-    # -- indexing -----------------------------------------------------------------------------
-
-    def _locate(self, index: Any) -> tuple[int, int, int]:
-        """``(global index, shard, index in shard)``, for Python-style (negative) indices."""
-        i = index if type(index) is int else operator.index(index)
-        loaded = self._loaded or self._load()
-        n = loaded.total
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError(f"index {index} out of range for a dataset of {n} samples")
-        cum = loaded.cum_list
-        shard = bisect.bisect_right(cum, i)
-        return i, shard, (i - cum[shard - 1] if shard else i)
-
-    def _assemble(
-        self, table: MemberTable, i: int, local: int, buf: bytes, base: int
-    ) -> dict[str, Any]:
-        sample: dict[str, Any] = {}
-        table.fill(sample, local, buf, base)
-        sample["__index__"] = i
-        sample["__shard__"] = table.url
-        sample["__shardindex__"] = local
-        sample["__dataset__"] = table.dataset
-        return sample
-
-    def _transform(self, sample: dict[str, Any]) -> Any:
-        out: Any = sample
-        for t in self.transformations:
-            out = t(out)
-        return out
+    # -- samples ------------------------------------------------------------------------------
 
     def _raw(self, index: Any) -> dict[str, Any]:
-        # The hot path of random access: keep it flat (see tools/bench_read.py).
         if self._pid != os.getpid():
-            self._reset_process_state()
-        i = index if type(index) is int else operator.index(index)
-        loaded = self._loaded or self._load()
-        if i < 0:
-            i += loaded.total
-        if not 0 <= i < loaded.total:
-            raise IndexError(f"index {index} out of range for a dataset of {loaded.total} samples")
-        cum = loaded.cum_list
-        shard = bisect.bisect_right(cum, i)
-        local = i - cum[shard - 1] if shard else i
-        reader = self._readers.get(shard)
-        if reader is None or self._promoter is not None:
-            reader = self._reader(shard)
-        else:  # the fast path of _reader
-            self._counts["accesses"] += 1
-            try:
-                self._readers.move_to_end(shard)
-            except KeyError:  # another thread has just evicted it
-                pass
-        table = self._tables[shard]
-        fids, offs, sizes = table.rows(local)
-        start, end = offs[0], offs[-1] + sizes[-1]
-        check = None
-        if reader.verifies:  # read the first member's tar header too, and check it
-            start -= HEADER
-            name = table.key(local) + table.fields[fids[0]]
-            check = header_check(((0, name, sizes[0]),), start)
-        try:
-            if self._promotable:  # before the read: a promotion then overlaps with it
-                self._requested(shard, reader, end - start)
-            buf = reader.read_span(start, end, self._store.stats, check)
-        finally:
-            if len(self._readers) > self.lru_size:
-                self._evict()
-        counts = self._counts
-        counts["samples"] += 1
-        if reader.cached:
-            counts["cache_hits"] += 1
-        fields = table.fields
-        sample: dict[str, Any] = {}
-        for f, o, n in zip(fids, offs, sizes, strict=True):
-            a = o - start
-            sample[fields[f]] = buf[a : a + n]
-        sample["__key__"] = table.key(local)
-        sample["__index__"] = i
-        sample["__shard__"] = table.url
-        sample["__shardindex__"] = local
-        sample["__dataset__"] = table.dataset
-        return sample
+            self._check_process()
+        return self._pool.read(*self._catalog.locate(index))
 
     def __getitem__(self, index: Any) -> Any:
         """The sample at ``index`` (negative counts from the end), transformed.
@@ -485,104 +264,45 @@ class ShardListDataset(ShardSources):
         with one request; all requests are issued concurrently.
         """
         self._check_process()
-        located = [self._locate(x) for x in indices]
-        readers = {shard: self._reader(shard) for _, shard, _ in located}
-        tables = {shard: self._tables[shard] for shard in readers}
-        spans = []
-        for _, shard, local in located:
-            start, end = tables[shard].span(local)
-            if readers[shard].verifies:  # the first member's tar header too, to check it
-                start -= HEADER
-            spans.append((shard, start, end, local))
-        blocks, where = plan_batch(spans, self.merge_gap)
-        checks = self._header_checks(located, readers, tables, blocks, where)
-        raws = []
-        try:  # readers stay open until every block is read: evict only afterwards
-            if self._promotable:  # before the reads: a promotion then overlaps with them
-                for blk in blocks:
-                    self._requested(blk.shard, readers[blk.shard], blk.end - blk.start)
-            data = fetch_blocks(blocks, readers, self._store.stats, defer_local=True, checks=checks)
-            uses = [0] * len(blocks)
-            for b, _ in where:
-                uses[b] += 1
-            for (i, shard, local), (b, offset), span in zip(located, where, spans, strict=True):
-                buf = data[b]
-                if buf is None:
-                    blk = blocks[b]
-                    buf = data[b] = readers[shard].read_span(blk.start, blk.end, self._store.stats)
-                raws.append(self._assemble(tables[shard], i, local, buf, span[1] - offset))
-                uses[b] -= 1
-                if not uses[b]:  # free it now: the next read reuses the memory
-                    data[b] = None
-                self._counts["samples"] += 1
-                self._counts["cache_hits"] += readers[shard].cached
-        finally:
-            self._evict()
-        return [self._transform(raw) for raw in raws]
-
-    @staticmethod
-    def _header_checks(
-        located: list[tuple[int, int, int]],
-        readers: dict[int, ShardReader],
-        tables: dict[int, MemberTable],
-        blocks: Sequence[Any],
-        where: list[tuple[int, int]],
-    ) -> list[Any] | None:
-        """Per block, a check of the first-member header of every sample it holds, if verified."""
-        headers: dict[int, list[tuple[int, str, int]]] = {}
-        for (_, shard, local), (b, offset) in zip(located, where, strict=True):
-            if readers[shard].verifies:
-                name, size = tables[shard].first_member(local)
-                headers.setdefault(b, []).append((offset, name, size))
-        if not headers:
-            return None
-        return [
-            header_check(headers[b], blk.start) if b in headers else None
-            for b, blk in enumerate(blocks)
-        ]
+        located = [self._catalog.locate(x) for x in indices]
+        out = []
+        for sample in self._pool.read_batch(located, self.merge_gap):
+            for t in self.transformations:
+                sample = t(sample)
+            out.append(sample)
+        return out
 
     # -- reference API ------------------------------------------------------------------------
 
     @property
     def shards(self) -> list[dict[str, Any]]:
         """The shards as the reference lists them: dicts with ``url``, ``nsamples`` ..."""
-        loaded = self._load()
-        if loaded.shard_dicts is None:
-            out = []
-            for info, ds in zip(loaded.infos, loaded.dataset_of, strict=True):
-                d: dict[str, Any] = {"url": info.url, "nsamples": info.nsamples}
-                for k, v in (("filesize", info.size), ("md5sum", info.md5sum), ("etag", info.etag)):
-                    if v is not None:
-                        d[k] = v
-                d["dataset"] = ds
-                out.append(d)
-            loaded.shard_dicts = out
-        return loaded.shard_dicts
+        return self._catalog.load().shard_dicts()
 
     @property
     def lengths(self) -> list[int]:
         """Samples per shard."""
-        return list(self._load().lengths)
+        return list(self._catalog.load().lengths)
 
     @property
     def cum_lengths(self) -> np.ndarray:
         """Cumulative sample counts (``numpy.cumsum(lengths)``)."""
-        return self._load().cum.copy()
+        return self._catalog.load().cum.copy()
 
     @property
     def total_length(self) -> int:
         """Total number of samples."""
-        return int(self._load().cum[-1])
+        return int(self._catalog.load().cum[-1])
 
     @property
     def name(self) -> str:
         """The dataset's name (``""`` if none)."""
-        return self._load().name
+        return self._catalog.load().name
 
     @property
     def components(self) -> list[DatasetComponent]:
         """The (sub-)datasets as global sample ranges, for mixing samplers."""
-        return list(self._load().components)
+        return list(self._catalog.load().components)
 
     def __len__(self) -> int:
         return self.total_length
@@ -606,41 +326,32 @@ class ShardListDataset(ShardSources):
         The shard object supports ``len()`` and ``shard[j]`` (a raw sample dict).
         """
         self._check_process()
-        _, shard, local = self._locate(index)
-        self._reader(shard)
+        _, shard, local = self._catalog.locate(index)
+        self._pool.reader(shard)
         return _ShardView(self, shard), local, self.shards[shard]
 
     def get_stats(self) -> tuple[int, int]:
         """``(accesses, misses)`` of shard look-ups in this process, as the reference."""
-        return self._counts["accesses"], self._counts["misses"]
+        return self._pool.counts["accesses"], self._pool.counts["misses"]
 
     @property
     def stats(self) -> DatasetStats:
         """A snapshot of this process's counters."""
-        io = self._store.stats
-        c = self._counts
-        return DatasetStats(
-            samples=c["samples"],
-            accesses=c["accesses"],
-            misses=c["misses"],
-            requests=io.requests,
-            bytes_read=io.bytes_read,
-            cache_hits=c["cache_hits"],
-            retries=io.retries,
-            errors=io.errors,
-        )
+        return self._pool.stats()
 
     def close(self) -> None:
-        """Close open readers; the dataset stays usable and reopens them when needed."""
-        with self._lock:
-            readers, self._readers = self._readers, OrderedDict()
-            self._tables = {}
-            for r in readers.values():
-                r.close()
+        """Close open readers and stop every background thread the dataset started.
+
+        Promotions (``access="auto"``) and the shard cache's fetches stop (one under way is
+        waited for). The dataset stays usable and reopens what it needs.
+        """
+        self._check_process()
+        self._pool.close()
 
     def __repr__(self) -> str:
-        what = display_url(self._src) if isinstance(self._src, (str, os.PathLike)) else "<list>"
-        n = "?" if self._loaded is None else str(len(self))
+        src = self._catalog.src
+        what = display_url(src) if isinstance(src, (str, os.PathLike)) else "<list>"
+        n = "?" if not self._catalog.loaded else str(len(self))
         return f"ShardListDataset({what!r}, samples={n}, access={self.access!r})"
 
 
@@ -650,10 +361,10 @@ class _ShardView:
     def __init__(self, dataset: ShardListDataset, shard: int) -> None:
         self.dataset = dataset
         self.shard = shard
-        self.url = dataset._load().infos[shard].url
+        self.url = dataset._catalog.load().infos[shard].url
 
     def __len__(self) -> int:
-        return self.dataset._load().lengths[self.shard]
+        return self.dataset._catalog.load().lengths[self.shard]
 
     def __getitem__(self, j: int) -> dict[str, Any]:
         n = len(self)
@@ -662,5 +373,5 @@ class _ShardView:
             j += n
         if not 0 <= j < n:
             raise IndexError(f"index {j} out of range for a shard of {n} samples")
-        start = int(self.dataset._load().cum[self.shard - 1]) if self.shard else 0
+        start = int(self.dataset._catalog.load().cum[self.shard - 1]) if self.shard else 0
         return self.dataset._raw(start + j)

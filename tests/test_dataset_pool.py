@@ -1,0 +1,109 @@
+"""The dataset's reader pool: open readers, their bound, and what ``close()`` stops."""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+
+import pytest
+from tar_oracle import dataset_samples, strip_meta
+
+from wids import ShardListDataset, build_index
+from wids.synth import write_dataset
+
+NS, NSAMPLES = 4, 12
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """Local shards and a JSON index of them."""
+    d = tmp_path_factory.mktemp("pool")
+    paths = write_dataset(str(d), shards=NS, samples_per_shard=NSAMPLES, real_images=False)
+    index = str(d / "train.json")
+    build_index(paths, index, name="train")
+    return {"paths": paths, "index": index, "oracle": dataset_samples(paths)}
+
+
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_lru_bounds_open_readers(local):
+    ds = ShardListDataset(local["index"], transformations=[], lru_size=2)
+    for i in range(0, len(ds), 7):
+        ds[i]
+        assert len(ds._pool.readers) <= 2
+    ds.__getitems__(list(range(0, len(ds), 5)))  # 4 shards in one batch, then trimmed
+    assert len(ds._pool.readers) <= 2
+
+
+def test_lru_size_set_after_construction_bounds_the_pool(local):
+    ds = ShardListDataset(local["index"], transformations=[], lru_size=NS)
+    ds.lru_size = 1  # a setting of the pool, read and written through the dataset
+    assert ds._pool.lru_size == 1
+    for i in range(0, len(ds), NSAMPLES):
+        ds[i]
+        assert len(ds._pool.readers) == 1
+
+
+def test_every_read_path_assembles_the_same_sample(local):
+    ds = ShardListDataset(local["index"], transformations=[])
+    n = len(ds)
+    singles = [ds[i] for i in range(n)]
+    assert ds.__getitems__(list(range(n))) == singles
+    for i in (0, NSAMPLES - 1, NSAMPLES, n - 1):
+        view, j, _ = ds.get_shard(i)
+        assert view[j] == singles[i]
+    assert [strip_meta(s) for s in singles] == local["oracle"]
+    s = singles[NSAMPLES + 1]
+    assert (s["__index__"], s["__shardindex__"], s["__dataset__"]) == (NSAMPLES + 1, 1, "train")
+    assert s["__shard__"] == local["paths"][1]
+
+
+def test_close_closes_every_reader_and_stays_usable(local):
+    ds = ShardListDataset(local["index"], transformations=[], lru_size=NS)
+    ds[0]
+    ds.close()  # the first open loads the index; its descriptors are not the pool's
+    before = _open_fds()
+    for i in range(0, len(ds), NSAMPLES):
+        ds[i]
+    assert len(_open_fds() - before) == NS  # one descriptor per open local shard
+    ds.close()
+    assert _open_fds() - before == set()
+    assert strip_meta(ds[NSAMPLES]) == local["oracle"][NSAMPLES]
+    ds.close()
+
+
+def test_duplicates_warning_points_at_the_caller(local):
+    ds = ShardListDataset(local["index"], transformations=[], duplicates="split")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ds[0]
+    assert [os.path.basename(w.filename) for w in caught] == [os.path.basename(__file__)]
+
+
+@pytest.mark.servers
+def test_close_stops_every_thread_the_dataset_started(http_server, local, tmp_path):
+    urls = [http_server.put(p, f"pool/{os.path.basename(p)}") for p in local["paths"]]
+    index = str(tmp_path / "remote.json")
+    build_index(urls, index)
+    # fsspec's event loop thread is started once per process by the first remote read: not
+    # the dataset's, so it is running before the count.
+    warm = ShardListDataset(index, transformations=[], access="range")
+    warm[0]
+    warm.close()
+    before = set(threading.enumerate())
+    ds = ShardListDataset(
+        index, transformations=[], access="auto", cache_dir=tmp_path / "c", promote_share=0.0
+    )
+    for i in range(len(ds)):  # every shard is promoted by a background fetch
+        assert strip_meta(ds[i]) == local["oracle"][i]
+    assert ds.stats.cache_hits > 0 and ds._pool.promoter is not None
+    assert set(threading.enumerate()) - before  # the cache's fetch threads
+    ds.close()
+    assert set(threading.enumerate()) - before == set()
+    assert ds._pool.promoter is None
+    assert strip_meta(ds[1]) == local["oracle"][1]  # usable after close
+    ds.close()
+    assert set(threading.enumerate()) - before == set()

@@ -1,0 +1,84 @@
+"""Where a dataset keeps data locally, and whether it may use the network.
+
+The dataset's catalog (offline checks, scanning a cached copy offline, the scan and snapshot
+caches in ``cache_dir``) and its reader pool (whole shards for ``access="shard"``, promotion
+for ``access="auto"``) share one :class:`LocalCache`: the one owner of ``cache_dir``,
+``cache_size``, ``keep`` and ``offline``. The ``ShardCache`` it hands out is made on first use
+in each process: never pickled, made anew after a fork (the parent's background threads do not
+exist in the child); :meth:`LocalCache.close` stops its threads.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from ..errors import OfflineError
+from ..storage import is_local, redact_url
+
+if TYPE_CHECKING:
+    from ..cache import ShardCache
+
+__all__ = ["LocalCache"]
+
+
+class LocalCache:
+    """A dataset's local cache settings and offline switch, and this process's ``ShardCache``.
+
+    Args:
+        cache_dir: The cache directory, or ``None`` for no cache.
+        cache_size: Byte budget (``ShardCache(max_bytes=...)``), ``None`` for none.
+        keep: Never evict automatically.
+        offline: Never touch the network: serve only local files and what is cached.
+    """
+
+    def __init__(
+        self,
+        cache_dir: str | os.PathLike[str] | None,
+        *,
+        cache_size: int | None = None,
+        keep: bool = False,
+        offline: bool = False,
+    ) -> None:
+        self.cache_dir = None if cache_dir is None else os.fspath(cache_dir)
+        self.cache_size = cache_size
+        self.keep = bool(keep)
+        self.offline = bool(offline)
+        self._cache: ShardCache | None = None
+        self._pid = 0
+
+    def shard_cache(self) -> ShardCache:
+        """This process's ``ShardCache``, made on first use.
+
+        Raises:
+            RuntimeError: There is no ``cache_dir`` (callers check; a bug if reached).
+        """
+        cache = self._cache
+        if cache is None or self._pid != os.getpid():
+            from ..cache import ShardCache
+
+            if self.cache_dir is None:
+                raise RuntimeError("the shard cache needs cache_dir")
+            cache = ShardCache(
+                self.cache_dir, max_bytes=self.cache_size, keep=self.keep, offline=self.offline
+            )
+            self._cache, self._pid = cache, os.getpid()
+        return cache
+
+    def close(self) -> None:
+        """Stop this process's background fetches (the cache stays usable: they restart)."""
+        if self._cache is not None and self._pid == os.getpid():
+            self._cache.close()
+
+    def check_online(self, url: str) -> None:
+        """Raise ``OfflineError`` if ``url`` is remote and the dataset is offline."""
+        if self.offline and not is_local(url):
+            raise OfflineError("offline, and this is not a local file", shard=redact_url(url))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_cache"], state["_pid"] = None, 0
+        return state
+
+    def __repr__(self) -> str:
+        return f"LocalCache({self.cache_dir!r}, cache_size={self.cache_size!r}, keep={self.keep!r})"

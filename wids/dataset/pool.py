@@ -1,0 +1,372 @@
+"""A dataset's open shard readers: which kind to open, how many to keep, and reads through them.
+
+:class:`ReaderPool` holds at most ``lru_size`` readers per process (least recently used closed
+first, never during a read) and decides, per the ``access`` mode, how a shard is read: in place
+(local files), by range requests, or from the local shard cache (``access="shard"``, offline,
+or a shard promoted by ``access="auto"`` once ``promote_share`` of it was requested). A shard
+is checked against the index by the catalog when its reader opens first in a process. Reads
+end in :meth:`~wids.dataset.tables.MemberTable.sample`, one sample or a batch at a time.
+
+Readers, member tables, the promoter and its threads belong to one process: never pickled,
+dropped after a fork, stopped by :meth:`ReaderPool.close`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .catalog import Catalog
+from .readers import (
+    HEADER,
+    Block,
+    CachedReader,
+    LocalReader,
+    RangeReader,
+    ShardReader,
+    download_check,
+    fetch_blocks,
+    header_check,
+    plan_batch,
+)
+from .tables import MemberTable
+
+if TYPE_CHECKING:
+    from ..cache import Promoter
+    from ..index import ShardInfo, ShardMembers
+    from ..storage import Check
+
+__all__ = ["ACCESS_MODES", "DatasetStats", "ReaderPool"]
+
+ACCESS_MODES = ("auto", "range", "shard")
+
+
+@dataclass(frozen=True, slots=True)
+class DatasetStats:
+    """What this process's copy of a dataset has done so far.
+
+    Attributes:
+        samples: Samples returned.
+        accesses: Shard look-ups, one per sample (the reference's ``get_stats()[0]``).
+        misses: Look-ups that had to open a shard reader (the reference's ``get_stats()[1]``).
+        requests: Storage requests (stats, range reads, retries included).
+        bytes_read: Bytes received from storage or the local cache.
+        cache_hits: Samples served from the local shard cache.
+        retries: Requests repeated after transient failures.
+        errors: Operations that failed for good.
+    """
+
+    samples: int
+    accesses: int
+    misses: int
+    requests: int
+    bytes_read: int
+    cache_hits: int
+    retries: int
+    errors: int
+
+
+class ReaderPool:
+    """The open shard readers of one dataset in one process, and the counts of their use.
+
+    Args:
+        catalog: The dataset's shards, member tables and first-touch checks.
+        lru_size: Open readers kept.
+        access: ``"auto"``, ``"range"`` or ``"shard"`` (see ``ShardListDataset``).
+        promote_share: With ``access="auto"`` and a cache directory, the share of a remote
+            shard's bytes requested by range before it is fetched whole.
+
+    Attributes:
+        counts: ``samples``, ``accesses`` (shard look-ups), ``misses`` (look-ups that opened a
+            reader) and ``cache_hits`` (samples read from the shard cache) so far.
+    """
+
+    def __init__(
+        self, catalog: Catalog, *, lru_size: int, access: str, promote_share: float
+    ) -> None:
+        self.catalog = catalog
+        self.local = catalog.local
+        self.lru_size = lru_size
+        self.access = access
+        self.promote_share = float(promote_share)
+        # range reads are counted towards promotion only in this configuration
+        self._promotable = access == "auto" and self.local.cache_dir is not None
+        self.counts = {"samples": 0, "accesses": 0, "misses": 0, "cache_hits": 0}
+        self.reset_process()
+
+    def reset_process(self) -> None:
+        """Drop the readers of another process (after a fork or unpickling), never using them."""
+        self.readers: OrderedDict[int, ShardReader] = OrderedDict()
+        self._pins: dict[int, str] = {}  # etags seen by readers since closed (LRU)
+        self._tables: dict[int, MemberTable] = {}
+        self._lock = threading.RLock()
+        self._promoter: Promoter | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for k in ("readers", "_pins", "_tables", "_lock", "_promoter"):
+            del state[k]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.reset_process()
+
+    @property
+    def promoter(self) -> Promoter | None:
+        """This process's promoter (``access="auto"`` with a cache), once a read started it."""
+        return self._promoter
+
+    def stats(self) -> DatasetStats:
+        """A snapshot of this process's counters."""
+        io = self.catalog.store.stats
+        c = self.counts
+        return DatasetStats(
+            samples=c["samples"],
+            accesses=c["accesses"],
+            misses=c["misses"],
+            requests=io.requests,
+            bytes_read=io.bytes_read,
+            cache_hits=c["cache_hits"],
+            retries=io.retries,
+            errors=io.errors,
+        )
+
+    def close(self) -> None:
+        """Close every reader, stop promotions and the shard cache's background fetches.
+
+        The pool stays usable: readers reopen (and promotion restarts) when needed.
+        """
+        with self._lock:
+            readers, self.readers = self.readers, OrderedDict()
+            self._tables = {}
+            promoter, self._promoter = self._promoter, None
+            for r in readers.values():
+                r.close()
+        if promoter is not None:
+            promoter.close()  # waits for a fetch under way
+        self.local.close()
+
+    # -- reads --------------------------------------------------------------------------------
+
+    def read(self, i: int, shard: int, local: int) -> dict[str, Any]:
+        """Sample ``local`` of ``shard`` (global index ``i``), untransformed."""
+        # The hot path of random access: keep it flat (see tools/bench_read.py).
+        reader = self.readers.get(shard)
+        if reader is None or self._promoter is not None:
+            reader = self.reader(shard)
+        else:  # the fast path of reader()
+            self.counts["accesses"] += 1
+            try:
+                self.readers.move_to_end(shard)
+            except KeyError:  # another thread has just evicted it
+                pass
+        table = self._tables[shard]
+        rows = table.rows(local)
+        fids, offs, sizes = rows
+        start, end = offs[0], offs[-1] + sizes[-1]
+        check = None
+        if reader.verifies:  # read the first member's tar header too, and check it
+            start -= HEADER
+            name = table.key(local) + table.fields[fids[0]]
+            check = header_check(((0, name, sizes[0]),), start)
+        try:
+            if self._promotable:  # before the read: a promotion then overlaps with it
+                self._requested(shard, reader, end - start)
+            buf = reader.read_span(start, end, self.catalog.store.stats, check)
+        finally:
+            if len(self.readers) > self.lru_size:
+                self.evict()
+        counts = self.counts
+        counts["samples"] += 1
+        if reader.cached:
+            counts["cache_hits"] += 1
+        return table.sample(local, i, buf, start, rows)
+
+    def read_batch(
+        self, located: Sequence[tuple[int, int, int]], merge_gap: int
+    ) -> list[dict[str, Any]]:
+        """The samples ``(global index, shard, index in shard)``, untransformed, in order.
+
+        Samples of one shard whose spans are adjacent or within ``merge_gap`` bytes are read
+        with one request; all requests are issued concurrently.
+        """
+        readers = {shard: self.reader(shard) for _, shard, _ in located}
+        tables = {shard: self._tables[shard] for shard in readers}
+        spans = []
+        for _, shard, local in located:
+            start, end = tables[shard].span(local)
+            if readers[shard].verifies:  # the first member's tar header too, to check it
+                start -= HEADER
+            spans.append((shard, start, end, local))
+        blocks, where = plan_batch(spans, merge_gap)
+        checks = _header_checks(located, readers, tables, blocks, where)
+        raws = []
+        try:  # readers stay open until every block is read: evict only afterwards
+            if self._promotable:  # before the reads: a promotion then overlaps with them
+                for blk in blocks:
+                    self._requested(blk.shard, readers[blk.shard], blk.end - blk.start)
+            data = fetch_blocks(
+                blocks, readers, self.catalog.store.stats, defer_local=True, checks=checks
+            )
+            uses = [0] * len(blocks)
+            for b, _ in where:
+                uses[b] += 1
+            for (i, shard, local), (b, offset), span in zip(located, where, spans, strict=True):
+                buf = data[b]
+                if buf is None:
+                    blk = blocks[b]
+                    buf = data[b] = readers[shard].read_span(
+                        blk.start, blk.end, self.catalog.store.stats
+                    )
+                raws.append(tables[shard].sample(local, i, buf, span[1] - offset))
+                uses[b] -= 1
+                if not uses[b]:  # free it now: the next read reuses the memory
+                    data[b] = None
+                self.counts["samples"] += 1
+                self.counts["cache_hits"] += readers[shard].cached
+        finally:
+            self.evict()
+        return raws
+
+    # -- readers ------------------------------------------------------------------------------
+
+    def reader(self, shard: int) -> ShardReader:
+        """The open reader of a shard (opening and verifying it if needed); counts an access."""
+        self.counts["accesses"] += 1
+        reader = self.readers.get(shard)
+        if reader is not None and self._promoter is not None and not reader.cached:
+            reader = self._promoted(shard, reader)
+        if reader is not None:
+            try:
+                self.readers.move_to_end(shard)
+            except KeyError:  # another thread has just evicted it
+                pass
+            return reader
+        with self._lock:
+            self.counts["misses"] += 1
+            catalog = self.catalog
+            loaded = catalog.load()
+            info = loaded.infos[shard]
+            members = catalog.members(shard)
+            check = catalog.needs_check(shard)
+            if check:
+                catalog.check_fingerprint(info, members[1])
+            reader = self._open_reader(info, members[0], self._pins.get(shard))
+            if check:
+                try:
+                    catalog.check_header(shard, members[0], reader)
+                except BaseException:
+                    reader.close()
+                    raise
+            self.readers[shard] = reader
+            self._tables[shard] = MemberTable(members[0], info.url, loaded.dataset_of[shard])
+            return reader
+
+    def evict(self) -> None:
+        """Close the least recently used readers beyond ``lru_size``.
+
+        Called after a read, never during one: a batch may use more shards than that.
+        """
+        if len(self.readers) <= self.lru_size:
+            return
+        with self._lock:
+            while len(self.readers) > self.lru_size:
+                shard, old = self.readers.popitem(last=False)
+                self._tables.pop(shard, None)
+                src = old.source
+                if src is not None and not src.is_local:
+                    if src.etag is not None:  # the reopened reader reads the same version
+                        self._pins[shard] = src.etag
+                    if not src.pins_version:  # nothing ties reads to a version: stat again
+                        self.catalog.forget_check(shard)
+                old.close()
+
+    def _open_reader(
+        self, info: ShardInfo, members: ShardMembers, pin: str | None = None
+    ) -> ShardReader:
+        source = self.catalog.source(info.url, info)
+        if source.etag is None:
+            source.etag = pin
+        expect: dict[str, Any] = {"size": info.size, "etag": info.etag, "md5sum": info.md5sum}
+        local = self.local
+        uses_cache = local.cache_dir is not None and self.access != "range"
+        if uses_cache and not source.is_local:
+            if self.access == "shard" or local.offline:
+                verify = download_check(members, info.url)
+                shard = local.shard_cache().open(
+                    source, stats=self.catalog.store.stats, verify=verify, **expect
+                )
+                return CachedReader(shard)
+            cached = local.shard_cache().open_cached(info.url, **expect)  # promoted earlier
+            if cached is not None:
+                return CachedReader(cached)
+        local.check_online(info.url)
+        return LocalReader(source) if source.is_local else RangeReader(source)
+
+    # -- promotion (access="auto") ------------------------------------------------------------
+
+    def _requested(self, shard: int, reader: ShardReader, nbytes: int) -> None:
+        """``access="auto"``: count bytes read by range; promote the shard at the share."""
+        if self.access != "auto" or self.local.cache_dir is None or reader.cached:
+            return
+        if reader.source is None or reader.source.is_local:
+            return
+        if self._promoter is None:
+            from ..cache import Promoter
+
+            self._promoter = Promoter(self.local.shard_cache(), self.promote_share)
+        info = self.catalog.load().infos[shard]
+        members, data_end = self.catalog.members(shard)
+        shard_bytes = info.size if info.size is not None else data_end
+        self._promoter.requested(
+            reader.source,
+            nbytes,
+            shard_bytes=shard_bytes,
+            size=info.size,
+            etag=info.etag,
+            md5sum=info.md5sum,
+            stats=self.catalog.store.stats,
+            verify=download_check(members, info.url),
+        )
+
+    def _promoted(self, shard: int, reader: ShardReader) -> ShardReader:
+        """Swap a range reader for the cached copy once its promotion has finished."""
+        info = self.catalog.load().infos[shard]
+        promoter = self._promoter
+        if promoter is None:  # closed meanwhile by another thread
+            return reader
+        cached = promoter.open_if_ready(
+            info.url, size=info.size, etag=info.etag, md5sum=info.md5sum
+        )
+        if cached is None:
+            return reader
+        with self._lock:
+            reader.close()
+            new = CachedReader(cached)
+            self.readers[shard] = new
+            return new
+
+
+def _header_checks(
+    located: Sequence[tuple[int, int, int]],
+    readers: dict[int, ShardReader],
+    tables: dict[int, MemberTable],
+    blocks: Sequence[Block],
+    where: list[tuple[int, int]],
+) -> list[Check | None] | None:
+    """Per block, a check of the first-member header of every sample it holds, if verified."""
+    headers: dict[int, list[tuple[int, str, int]]] = {}
+    for (_, shard, local), (b, offset) in zip(located, where, strict=True):
+        if readers[shard].verifies:
+            name, size = tables[shard].first_member(local)
+            headers.setdefault(b, []).append((offset, name, size))
+    if not headers:
+        return None
+    return [
+        header_check(headers[b], blk.start) if b in headers else None
+        for b, blk in enumerate(blocks)
+    ]
