@@ -18,7 +18,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from tar_oracle import dataset_samples, strip_meta
 from tarfixtures import FIXTURES
 
-from wids import ShardListDataset, build_index
+from wids import RetryPolicy, ShardListDataset, build_index
 from wids.errors import IndexFormatError, IndexMismatchError, OfflineError, ShardNotFoundError
 from wids.synth import write_dataset, write_shard
 
@@ -306,6 +306,37 @@ def test_options_name(shards):
         [{"url": p, "nsamples": NSAMPLES} for p in shards], options={"name": "nm"}
     )
     assert ds.name == "nm" and ds.components[0].name == "nm"
+
+
+def test_constructor_arguments_are_attributes(json_index, tmp_path):
+    policy = RetryPolicy(attempts=2)
+    kwargs = {
+        "cache_size": 1 << 20,
+        "cache_dir": str(tmp_path),
+        "lru_size": 3,
+        "keep": True,
+        "base": str(tmp_path),
+        "dataset_name": "nm",
+        "storage_options": {"anon": True},
+        "access": "auto",
+        "verify": False,
+        "retry": policy,
+        "merge_gap": 7,
+        "offline": True,
+        "duplicates": "split",
+        "allow_pickle": True,
+        "promote_share": 0.5,
+        "allow_local_shards": True,
+    }
+    ds = ShardListDataset(json_index, transformations="PIL", **kwargs)
+    assert {k: getattr(ds, k) for k in kwargs} == kwargs
+    assert ds.url_map == () and ds.transformations
+    ds.storage_options = {"anon": False}
+    ds.retry = RetryPolicy(attempts=1)
+    ds.verify = True
+    assert ds.storage_options == {"anon": False} and ds.retry.attempts == 1 and ds.verify
+    again = pickle.loads(pickle.dumps(ds))
+    assert again.storage_options == {"anon": False} and again.retry.attempts == 1
 
 
 def test_pickle_at_any_point(json_index, oracle):
