@@ -1,0 +1,102 @@
+"""The dataset's catalog (description, lookup, member tables, first touch) and local cache."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from wids import build_index
+from wids.dataset.catalog import Catalog
+from wids.dataset.localcache import LocalCache
+from wids.errors import OfflineError
+from wids.synth import write_dataset
+
+NS, NSAMPLES = 3, 5
+
+
+@pytest.fixture(scope="module")
+def index(tmp_path_factory):
+    d = tmp_path_factory.mktemp("catalog")
+    paths = write_dataset(str(d), shards=NS, samples_per_shard=NSAMPLES, real_images=False)
+    out = str(d / "train.json")
+    build_index(paths, out, name="train")
+    return out, paths
+
+
+def test_locate_maps_global_indices_to_shard_and_sample(index):
+    catalog = Catalog(index[0], LocalCache(None))
+    n = NS * NSAMPLES
+    assert [catalog.locate(i) for i in (0, NSAMPLES - 1, NSAMPLES, n - 1)] == [
+        (0, 0, 0),
+        (NSAMPLES - 1, 0, NSAMPLES - 1),
+        (NSAMPLES, 1, 0),
+        (n - 1, NS - 1, NSAMPLES - 1),
+    ]
+    assert catalog.locate(-1) == (n - 1, NS - 1, NSAMPLES - 1)
+    assert catalog.locate(np.int64(6)) == (6, 1, 1)
+    for bad in (n, -n - 1):
+        with pytest.raises(IndexError, match="out of range"):
+            catalog.locate(bad)
+    with pytest.raises(TypeError):
+        catalog.locate(1.0)
+
+
+def test_first_touch_is_per_process_and_forgotten_on_request(index):
+    catalog = Catalog(index[0], LocalCache(None))
+    members, data_end = catalog.members(1)
+    info = catalog.load().infos[1]
+    assert catalog.needs_check(1)
+    catalog.check_fingerprint(info, data_end)
+
+    class Reader:  # reads the local file: what a LocalReader returns
+        verifies = False
+
+        def read_span(self, start, end, stats=None, check=None):
+            with open(info.url, "rb") as f:
+                f.seek(start)
+                return f.read(end - start)
+
+    catalog.check_header(1, members, Reader())
+    assert not catalog.needs_check(1)
+    assert pickle.loads(pickle.dumps(catalog)).needs_check(1)  # a new process checks again
+    catalog.forget_check(1)
+    assert catalog.needs_check(1)
+    assert not Catalog(index[0], LocalCache(None), verify=False).needs_check(0)
+
+
+def test_pickle_drops_an_open_index_but_keeps_scanned_tables(index):
+    catalog = Catalog(index[0], LocalCache(None))
+    catalog.members(0)
+    again = pickle.loads(pickle.dumps(catalog))
+    assert not again.loaded  # the open index is reopened in the new process
+    assert again.locate(-1)[1] == NS - 1
+    scanned = Catalog([{"url": p, "nsamples": NSAMPLES} for p in index[1]], LocalCache(None))
+    scanned.members(2)
+    assert 2 in pickle.loads(pickle.dumps(scanned))._members  # no second scan
+
+
+def test_local_cache_is_made_per_process_and_never_pickled(tmp_path):
+    local = LocalCache(tmp_path, cache_size=1 << 20, keep=True)
+    cache = local.shard_cache()
+    assert local.shard_cache() is cache
+    assert (cache.max_bytes, cache.keep, cache.offline) == (1 << 20, True, False)
+    again = pickle.loads(pickle.dumps(local))
+    assert again._cache is None and again.cache_dir == str(tmp_path)
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's cache (and its threads) is not ours
+        os._exit(0 if local.shard_cache() is not cache else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    local.close()
+
+
+def test_offline_refuses_remote_urls_only(tmp_path):
+    local = LocalCache(None, offline=True)
+    local.check_online(str(tmp_path / "a.tar"))
+    with pytest.raises(OfflineError, match="offline"):
+        local.check_online("https://example.invalid/a.tar")
+    with pytest.raises(RuntimeError, match="cache_dir"):
+        local.shard_cache()
