@@ -109,7 +109,7 @@ def test_auto_without_cache_dir_stays_on_range_requests(remote, tmp_path):
 
 def test_offline_serves_cached_shards_and_names_missing_ones(remote, tmp_path):
     cache = ShardCache(tmp_path)
-    from wids.storage.source import Source
+    from wids.storage import Source
 
     cache.open(Source(remote["urls"][0])).close()
     for access in ("auto", "shard"):

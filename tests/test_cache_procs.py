@@ -11,7 +11,7 @@ import time
 import pytest
 
 from wids.cache import ShardCache, entry_key
-from wids.storage.source import Source
+from wids.storage import Source
 from wids.synth import write_dataset
 
 pytestmark = pytest.mark.servers

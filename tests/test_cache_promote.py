@@ -9,7 +9,7 @@ import fsspec
 
 from wids.cache import Promoter, ShardCache
 from wids.cache.promote import BackgroundFetches
-from wids.storage.source import Source
+from wids.storage import Source
 
 
 def blob(n: int, seed: int = 0) -> bytes:

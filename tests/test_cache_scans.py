@@ -13,7 +13,7 @@ from wids import ShardInfo, ShardMembers
 from wids.cache import scan_cached
 from wids.errors import IndexMismatchError
 from wids.samples import split_name
-from wids.storage.source import Source
+from wids.storage import Source
 from wids.synth import write_dataset, write_shard
 
 

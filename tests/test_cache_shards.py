@@ -22,7 +22,7 @@ from wids.errors import (
     ShardNotFoundError,
 )
 from wids.lock import FileLock
-from wids.storage.source import FileStat, Source
+from wids.storage import FileStat, Source
 
 
 def blob(n: int, seed: int = 0) -> bytes:

@@ -19,7 +19,7 @@ from wids.cache import ShardCache, entry_key
 from wids.cache.layout import MARKER, cache_state, cache_subdir, open_cache_dir
 from wids.cli import main
 from wids.errors import CacheDirError, CacheError
-from wids.storage.source import FileStat, Source
+from wids.storage import FileStat, Source
 
 SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"
 HOUR_AGO = time.time() - 3600

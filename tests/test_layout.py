@@ -16,34 +16,13 @@ MAX_LINES = 420
 MAX_DEPTH = 10
 
 # Left to split or untangle; each entry must disappear, never be added to.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset(("wids.storage.retry", "wids.storage.source")),
-    frozenset(
-        (
-            "wids.index",
-            "wids.index.build",
-            "wids.index.convert",
-            "wids.index.fingerprint",
-            "wids.index.jsonreader",
-            "wids.index.jsonwriter",
-            "wids.index.model",
-            "wids.index.registry",
-            "wids.index.scan",
-            "wids.index.spec",
-            "wids.index.sqlitereader",
-            "wids.index.sqlitewriter",
-            "wids.index.urls",
-            "wids.storage",
-            "wids.storage.publish",
-        )
-    ),
-}
-OVERSIZE: set[str] = {
-    "wids.storage.source",
-}
-KNOWN_REEXPORTS: set[str] = {
-    "wids.storage.source",
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
+OVERSIZE: set[str] = set()
+# The import graph is checked for depth once it has no cycles (since storage's publish no longer
+# imports index); the deepest chain today, left to flatten. It may only go down, to MAX_DEPTH;
+# then delete it.
+KNOWN_DEPTH: int | None = 24
+KNOWN_REEXPORTS: set[str] = set()
 
 
 def _modules() -> dict[str, Path]:
@@ -139,7 +118,8 @@ def test_import_graph_is_shallow() -> None:
         return 1 + max((depth(w) for w in graph[v]), default=0)
 
     deepest = max(graph, key=depth)
-    assert depth(deepest) <= MAX_DEPTH, f"{deepest} sits {depth(deepest)} levels deep"
+    limit = MAX_DEPTH if KNOWN_DEPTH is None else max(MAX_DEPTH, KNOWN_DEPTH)
+    assert depth(deepest) <= limit, f"{deepest} sits {depth(deepest)} levels deep"
 
 
 def test_no_private_module_reexports() -> None:

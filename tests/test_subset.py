@@ -15,7 +15,7 @@ from wids import ShardCache, ShardListDataset, build_index
 from wids.cli import main
 from wids.cli.options import parse_duration, parse_size
 from wids.errors import IndexMismatchError, OfflineError, OutputExistsError
-from wids.storage.source import Source
+from wids.storage import Source
 from wids.subset import make_subset, select_shards
 from wids.synth import write_dataset
 

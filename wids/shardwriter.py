@@ -170,8 +170,9 @@ class ShardWriter:
                 raise ValueError(f"{self!r} is closed")
             return self
         from .atomic import remove_stale_temps
+        from .index import check_output
         from .lock import writer_lock
-        from .storage import check_output, check_writable, is_remote, local_path
+        from .storage import check_writable, is_remote, local_path
 
         check_writable(self.pattern)
         if self.index is not None:

@@ -226,7 +226,7 @@ class TarWriter:
         """Size and mtime the published file will have (after :meth:`finish`; paths only).
 
         Returns:
-            A :class:`~wids.storage.source.FileStat` of the temporary file, which the rename keeps.
+            A :class:`~wids.storage.stats.FileStat` of the temporary file, which the rename keeps.
         """
         from .storage import FileStat
 

@@ -58,13 +58,14 @@ class IndexKeeper:
         storage_options: Mapping[str, Any] | Store | None = None,
         name: str | None = None,
     ) -> None:
-        from .storage import SQLITE_SUFFIXES, is_remote, local_path, output_dir
+        from .index import is_sqlite_name
+        from .storage import is_remote, local_path, output_dir
 
         self.url = url
         self.store = Store.of(storage_options)
         self.name = name
         self.remote = is_remote(url)
-        self.sqlite = url.lower().split("?", 1)[0].endswith(SQLITE_SUFFIXES)
+        self.sqlite = is_sqlite_name(url)
         self.out_dir = output_dir(url)
         self._tmpdir: str | None = None
         if self.remote:
@@ -83,7 +84,7 @@ class IndexKeeper:
         self._closed = False
 
     def add(self, url: str, stat: Any, members: ShardMembers, *, checkpoint: bool = True) -> None:
-        """Record a published shard (``stat``: its :class:`~wids.storage.source.FileStat`).
+        """Record a published shard (``stat``: its :class:`~wids.storage.stats.FileStat`).
 
         Args:
             url: The shard.
@@ -202,10 +203,10 @@ class IndexKeeper:
         from .storage import put_file
 
         if not self.sqlite:
-            from .index import _members_dir
+            from .index import members_dir
 
-            local_dir = _members_dir(self.path)
-            remote_dir = _members_dir(self.url)
+            local_dir = members_dir(self.path)
+            remote_dir = members_dir(self.url)
             names = sorted(os.listdir(local_dir)) if os.path.isdir(local_dir) else []
             for name in names:
                 if name not in self._uploaded:

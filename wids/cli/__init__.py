@@ -18,7 +18,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from ..storage import RedactingFilter, _secret_values, escape_controls, redact_text
+from ..storage import RedactingFilter, Store, escape_controls, redact_text
 from . import cache, index, show, subset
 from .options import EPILOG_ENV, parse_storage_options
 
@@ -59,7 +59,7 @@ _LIBRARY_LOGGERS = ("fsspec", "s3fs", "gcsfs", "aiohttp", "botocore", "urllib3")
 
 def _secrets_of(args: argparse.Namespace) -> list[str]:
     try:
-        return _secret_values(parse_storage_options(getattr(args, "storage_option", None)))
+        return Store(parse_storage_options(getattr(args, "storage_option", None))).secrets()
     except argparse.ArgumentTypeError:
         return []
 

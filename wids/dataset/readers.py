@@ -55,7 +55,7 @@ class ShardReader:
 
     Attributes:
         source: A :class:`~wids.storage.source.Source` that
-            :func:`~wids.storage.source.read_ranges` can read concurrently with other shards'
+            :func:`~wids.storage.batch.read_ranges` can read concurrently with other shards'
             spans, or ``None`` if only :meth:`read_span` works.
         cached: Whether reads are served from the local shard cache (counted as cache hits).
         verifies: Whether callers should verify each read (:func:`header_check`): the bytes

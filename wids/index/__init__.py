@@ -20,6 +20,7 @@ from .model import (
     ShardInfo,
     with_repair_hint,
 )
+from .output import check_output, index_destination
 from .registry import INDEX_SUFFIXES, create_index_writer, is_sqlite_name, open_index, writer_for
 from .scan import scan_shard
 from .spec import Spec, load_spec
@@ -27,7 +28,7 @@ from .sqlitereader import SqliteIndex
 from .sqlitewriter import SqliteIndexWriter
 from .urls import check_url_map, expand_braces, map_url, resolve_url
 
-# Old private names, kept until their users (storage.publish, subset, writer_index) switch.
+# Old private names, kept until their users (subset) switch.
 _SIDECAR_NAME = SIDECAR_NAME
 _members_dir = members_dir
 _sidecar_name = sidecar_name
@@ -52,11 +53,13 @@ __all__ = [
     "_members_dir",
     "_sidecar_name",
     "build_index",
+    "check_output",
     "check_url_map",
     "convert_index",
     "create_index_writer",
     "expand_braces",
     "header_mismatch_at_spot",
+    "index_destination",
     "is_sqlite_name",
     "load_spec",
     "map_url",

@@ -170,7 +170,7 @@ def build_index(
     Example:
         >>> build_index("data/train-{000000..000031}.tar", "data/train.json")  # doctest: +SKIP
     """
-    from ..storage import check_output, index_destination
+    from .output import check_output, index_destination
 
     t0 = time.monotonic()
     urls = expand_shard_args([shards] if isinstance(shards, str) else shards)

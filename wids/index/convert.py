@@ -8,8 +8,9 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import IndexFormatError
-from ..storage import Store, check_output, index_destination, output_dir, stored_url
+from ..storage import Store, output_dir, stored_url
 from .model import IndexReader, IndexWriter
+from .output import check_output, index_destination
 from .registry import create_index_writer, open_index
 
 __all__ = ["convert_index"]
@@ -31,7 +32,7 @@ def convert_index(
     Args:
         src: Path or URL of the source index (backend detected from its content).
         dst: The index to write, a local path or any writable fsspec URL (uploaded as
-            :mod:`wids.storage.publish` describes); its ending selects the backend.
+            :mod:`wids.index.output` describes); its ending selects the backend.
         storage_options: fsspec options for a remote ``src`` or ``dst``.
 
     Raises:

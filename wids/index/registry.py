@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..storage import SQLITE_SUFFIXES, Store
+from ..storage import Store
 from .jsonreader import JsonIndex
 from .jsonwriter import JsonIndexWriter
 from .model import IndexReader, IndexWriter
@@ -24,6 +24,7 @@ from .sqlitewriter import SqliteIndexWriter
 __all__ = [
     "INDEX_SUFFIXES",
     "SQLITE_MAGIC",
+    "SQLITE_SUFFIXES",
     "create_index_writer",
     "is_sqlite_name",
     "open_index",
@@ -32,6 +33,8 @@ __all__ = [
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 """The first 16 bytes of every SQLite file."""
+SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
+"""File name endings that select the SQLite backend; ``.json`` selects JSON."""
 
 _WRITERS: tuple[tuple[tuple[str, ...], type[JsonIndexWriter] | type[SqliteIndexWriter]], ...] = (
     ((".json",), JsonIndexWriter),

@@ -1,42 +1,28 @@
 """Storage: URLs, one Source per file, range reads and streams, retries, redaction, I/O stats.
 
-The only part of wids that imports fsspec. Other parts import from this package, not its modules.
+The only part of wids that imports fsspec. Other parts import from this package, not its modules:
+
+- :mod:`.source`: :class:`Store` (storage options + retry policy + I/O counters, one object)
+  and :class:`Source` (one file: stat, checked range reads, streams, downloads);
+- :mod:`.batch`: :func:`read_ranges`, many ranges at once;
+- :mod:`.stats`: :class:`FileStat`, :class:`IOStats`, :func:`comparable_etag`;
+- :mod:`.urls`: local or remote, how an index records a shard, :func:`url_name`;
+- :mod:`.publish`: writing: :func:`check_writable`, :func:`put_file`, :func:`destination`;
+- :mod:`.redact`: what is safe to show: :func:`redact_url`, :func:`redact_text` ...;
+- inside: :mod:`.retry` (policy, failure kinds, retry loops), :mod:`.backends` (fsspec
+  backend specifics), :mod:`.conditional` (checked HTTP/S3 range GETs), :mod:`.streams`,
+  :mod:`.local` (``os.pread`` on local files).
 """
 
 from __future__ import annotations
 
-from .publish import (
-    SQLITE_SUFFIXES,
-    check_output,
-    check_writable,
-    index_destination,
-    is_remote,
-    local_path,
-    output_dir,
-    put_file,
-    stored_url,
-)
-from .redact import (
-    RedactingFilter,
-    _secret_values,
-    escape_controls,
-    redact_text,
-    redact_url,
-)
-from .retry import (
-    RetryPolicy,
-)
-from .source import (
-    Check,
-    FileStat,
-    IOStats,
-    Source,
-    Store,
-    _local_path,
-    comparable_etag,
-    is_local,
-    read_ranges,
-)
+from .batch import read_ranges
+from .publish import check_writable, destination, put_file, read_head, same_place
+from .redact import RedactingFilter, escape_controls, redact_text, redact_url
+from .retry import RetryPolicy
+from .source import Check, Source, Store
+from .stats import FileStat, IOStats, comparable_etag
+from .urls import is_local, is_remote, local_file, local_path, output_dir, stored_url, url_name
 
 __all__ = [
     "Check",
@@ -44,23 +30,23 @@ __all__ = [
     "IOStats",
     "RedactingFilter",
     "RetryPolicy",
-    "SQLITE_SUFFIXES",
     "Source",
     "Store",
-    "_local_path",
-    "_secret_values",
-    "check_output",
     "check_writable",
     "comparable_etag",
+    "destination",
     "escape_controls",
-    "index_destination",
     "is_local",
     "is_remote",
+    "local_file",
     "local_path",
     "output_dir",
     "put_file",
+    "read_head",
     "read_ranges",
     "redact_text",
     "redact_url",
+    "same_place",
     "stored_url",
+    "url_name",
 ]

@@ -17,6 +17,9 @@ is not a failure to retry: it propagates unchanged.
 Exceptions that are none of these (programming errors) propagate unchanged. Backend
 exceptions are recognised by class name and attributes (HTTP status, errno), so no storage
 backend, and not fsspec, is imported here; the I/O itself lives in :mod:`wids.storage.source`.
+
+Both retry loops are here: :func:`retry_sync` and :func:`retry_async` (which runs on fsspec's
+event loop, driven by the caller); :class:`Attempts` is the book-keeping they share.
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ import errno
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import Any, TypeVar
 
 from ..errors import (
     CorruptReadError,
@@ -40,11 +43,9 @@ from ..errors import (
     WidsError,
 )
 from .redact import _scrub, redact_url
+from .stats import IOStats
 
-if TYPE_CHECKING:
-    from .source import IOStats, Source
-
-__all__ = ["RetryPolicy"]
+__all__ = ["Attempts", "RetryPolicy", "classify", "retry_async", "retry_sync"]
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ def _classify_status(status: int) -> str:
     return _PERMANENT
 
 
-def _classify(exc: BaseException) -> str:
+def classify(exc: BaseException) -> str:
     """Sort a failure into not found / permanent / transient / unknown."""
     if isinstance(exc, (ShortReadError, CorruptReadError)):
         return _TRANSIENT
@@ -175,7 +176,7 @@ def _classify(exc: BaseException) -> str:
         # fsspec's HTTP info() turns *any* failure into FileNotFoundError; trust the cause.
         cause = exc.__cause__
         if cause is not None and not isinstance(cause, FileNotFoundError):
-            kind = _classify(cause)
+            kind = classify(cause)
             return _NOT_FOUND if kind == _UNKNOWN else kind
         return _NOT_FOUND
     if isinstance(exc, PermissionError):
@@ -204,17 +205,34 @@ def _jitter() -> float:
     return int.from_bytes(os.urandom(4), "little") / 2**32
 
 
-class _Attempts:
-    """Book-keeping for one request under a retry policy (shared by the sync and async loops)."""
+class Attempts:
+    """Book-keeping for one request under a retry policy (shared by the sync and async loops).
+
+    Args:
+        policy: The retry policy.
+        url: The file (redacted in errors and logs).
+        secrets: Values to mask in the description of a failure (the storage options' secrets).
+        what: What is being done, for messages (``"could not read bytes 0-512"``).
+        stats: Counters to add to, if any.
+        count_requests: Whether each attempt counts as a request (a stream counts its own).
+    """
 
     def __init__(
-        self, source: Source, what: str, stats: IOStats | None, *, count_requests: bool = True
+        self,
+        policy: RetryPolicy,
+        url: str,
+        secrets: Sequence[str],
+        what: str,
+        stats: IOStats | None,
+        *,
+        count_requests: bool = True,
     ) -> None:
-        self.source = source
+        self.policy = policy
+        self.url = url
+        self.secrets = secrets
         self.what = what
         self.stats = stats
         self.count_requests = count_requests
-        self.policy = source.retry
         self.start = time.monotonic()
         self.count = 0
 
@@ -227,21 +245,21 @@ class _Attempts:
         return max(0.001, min(self.policy.timeout, remaining))
 
     def done(self, nbytes: int) -> None:
+        """Count the bytes of a successful attempt."""
         if self.stats is not None:
             self.stats.bytes_read += nbytes
 
     def failed(self, exc: BaseException) -> float:
         """Raise the final error for ``exc``, or return the delay before the next attempt."""
-        kind = _classify(exc)
+        kind = classify(exc)
         if kind == _UNKNOWN:
             self._count_error()
             raise exc
-        src = self.source
         if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) and not str(exc):
             desc = f"TimeoutError: no answer within {self.policy.timeout:g}s"
         else:
-            desc = _describe(exc, src._secrets())
-        shard = redact_url(src.url)
+            desc = _describe(exc, self.secrets)
+        shard = redact_url(self.url)
         if kind == _NOT_FOUND:
             self._count_error()
             raise ShardNotFoundError(f"{self.what}: not found ({desc})", shard=shard) from None
@@ -275,13 +293,56 @@ class _Attempts:
             self.stats.errors += 1
 
 
-def _retry_sync(attempts: _Attempts, fn: Callable[[], T], size: Callable[[T], int]) -> T:
+def retry_sync(attempts: Attempts, fn: Callable[[], T], size: Callable[[T], int]) -> T:
+    """Call ``fn`` until it succeeds or ``attempts`` gives up; count ``size(result)`` bytes."""
     while True:
         attempts.begin()
         try:
             result = fn()
         except Exception as exc:
             time.sleep(attempts.failed(exc))
+            continue
+        attempts.done(size(result))
+        return result
+
+
+async def _start_session(fs: Any) -> None:
+    """Create the backend's client before the first timed attempt.
+
+    Creating it is mostly CPU work (botocore loads its service models: ~0.5 s, more on a busy
+    machine) that blocks the event loop, so a per-attempt timeout cannot cut it short anyway;
+    counted against the first attempt it would only cause spurious timeouts.
+    """
+    for name in ("set_session", "_set_session"):
+        setter = getattr(fs, name, None)
+        if setter is not None and asyncio.iscoroutinefunction(setter):
+            await setter()
+            return
+
+
+_timeout_cm = getattr(asyncio, "timeout", None)
+
+
+async def retry_async(
+    attempts: Attempts, fn: Callable[[], Awaitable[T]], size: Callable[[T], int], fs: Any
+) -> T:
+    """Await ``fn()`` until it succeeds or ``attempts`` gives up, each attempt under its timeout.
+
+    ``fs`` is the (asynchronous fsspec) filesystem whose client is created first.
+    """
+    while True:
+        timeout = attempts.begin()
+        try:
+            await _start_session(fs)
+            # asyncio.timeout (3.11+) bounds the attempt without wrapping it in a new task,
+            # which wait_for does: a measurable cost at thousands of ranges per second.
+            if _timeout_cm is not None:
+                async with _timeout_cm(timeout):
+                    result = await fn()
+            else:
+                result = await asyncio.wait_for(fn(), timeout)
+        except Exception as exc:
+            await asyncio.sleep(attempts.failed(exc))
             continue
         attempts.done(size(result))
         return result

@@ -74,13 +74,13 @@ def plan_paths(out_dir: str, index: str, names: list[str], tables: list[Any]) ->
 def check_destination(plan: Plan, index: str, shard_urls: list[str], force: bool) -> None:
     """Refuse a destination that holds the source or, without ``force``, files of our names."""
     from ..index import _members_dir
-    from ..storage import _local_path, is_local
+    from ..storage import is_local, local_file
 
     real = os.path.realpath
-    source = {real(_local_path(u)) for u in shard_urls if is_local(u)}
+    source = {real(local_file(u)) for u in shard_urls if is_local(u)}
     source_dirs = set()
     if is_local(index):
-        src_index = real(_local_path(index))
+        src_index = real(local_file(index))
         source.add(src_index)
         source_dirs.add(real(_members_dir(src_index)))
         if real(plan.out_dir) == os.path.dirname(src_index) and not force:

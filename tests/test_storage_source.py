@@ -1,8 +1,7 @@
-"""wids.storage.source: one contract, run against local files, memory://, S3, HTTP and GCS."""
+"""wids.storage.source: Store; one Source contract run on local files, memory://, S3, HTTP, GCS."""
 
 from __future__ import annotations
 
-import errno
 import multiprocessing
 import os
 import pickle
@@ -17,7 +16,6 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from wids import IOStats, RetryPolicy
 from wids.errors import (
-    CorruptReadError,
     IndexMismatchError,
     PermanentRemoteError,
     RemoteError,
@@ -26,41 +24,10 @@ from wids.errors import (
     ShortReadError,
     WidsError,
 )
-from wids.storage import FileStat, Source, Store, is_local, read_ranges, redact_url
-from wids.storage.retry import _classify
+from wids.storage import FileStat, Source, Store, read_ranges, redact_url
 
 DATA = bytes((i * 7 + i // 251) % 256 for i in range(300_000))
 FAST = RetryPolicy(attempts=4, max_time=10.0, backoff=0.01, max_backoff=0.05, timeout=5.0)
-
-
-# ---------------------------------------------------------------------------------------------
-# URLs, policy, classification
-
-
-@pytest.mark.parametrize(
-    ("url", "expected"),
-    [
-        ("https://u:pw@host/a.tar", "https://host/a.tar"),
-        ("https://host/a.tar?X-Amz-Signature=abc&X-Amz-Credential=k&v=1", "https://host/a.tar?v=1"),
-        (
-            "https://host/a.tar?token=t&sig=s&access_token=a&X-Goog-Signature=g",
-            "https://host/a.tar",
-        ),
-        ("https://host/a.tar?part=3#frag", "https://host/a.tar?part=3"),
-        ("s3://bucket/key.tar", "s3://bucket/key.tar"),
-        ("simplecache::https://u:p@h/x?sig=1", "simplecache::https://h/x"),
-        ("/data/shard-000.tar", "/data/shard-000.tar"),
-        ("relative/shard.tar", "relative/shard.tar"),
-    ],
-)
-def test_redact_url(url: str, expected: str) -> None:
-    assert redact_url(url) == expected
-
-
-def test_is_local() -> None:
-    assert is_local("/a/b.tar") and is_local("b.tar") and is_local("file:///a/b.tar")
-    for url in ("s3://b/k", "https://h/x", "memory://x", "simplecache::s3://b/k", "gs://b/k"):
-        assert not is_local(url), url
 
 
 def test_source_local_path() -> None:
@@ -115,139 +82,6 @@ def test_store_of() -> None:
     assert again.storage_options == store.storage_options
     other = store.with_stats()
     assert other.storage_options == store.storage_options and other.stats is not store.stats
-
-
-@pytest.mark.parametrize(
-    "kwargs", [{"attempts": 0}, {"max_time": 0}, {"timeout": -1}, {"backoff": -0.1}]
-)
-def test_retry_policy_validates(kwargs: dict[str, Any]) -> None:
-    with pytest.raises(ValueError):
-        RetryPolicy(**kwargs)
-
-
-def _http_error(status: int) -> Exception:
-    import aiohttp
-
-    info = aiohttp.RequestInfo(url=None, method="GET", headers=None, real_url=None)  # type: ignore[arg-type]
-    return aiohttp.ClientResponseError(info, (), status=status)
-
-
-@pytest.mark.parametrize(
-    ("exc", "kind"),
-    [
-        (FileNotFoundError("x"), "not found"),
-        (PermissionError("x"), "permanent"),
-        (ConnectionResetError(errno.ECONNRESET, "reset"), "transient"),
-        (ConnectionRefusedError(errno.ECONNREFUSED, "refused"), "transient"),
-        (TimeoutError(), "transient"),
-        (OSError(errno.EIO, "s3 unknown error"), "transient"),
-        (OSError(errno.EBUSY, "SlowDown"), "transient"),
-        (OSError(errno.EINVAL, "InvalidRange"), "permanent"),
-        (OSError("Forbidden: gcs"), "permanent"),
-        (ValueError("a bug"), "unknown"),
-        (ShortReadError("short"), "transient"),
-    ],
-)
-def test_classify_builtin(exc: BaseException, kind: str) -> None:
-    assert _classify(exc) == kind
-
-
-@pytest.mark.parametrize(
-    ("status", "kind"),
-    [(404, "not found"), (403, "permanent"), (416, "permanent"), (401, "permanent")]
-    + [(s, "transient") for s in (429, 500, 502, 503, 504, 408)],
-)
-def test_classify_http_status(status: int, kind: str) -> None:
-    assert _classify(_http_error(status)) == kind
-    # fsspec's HTTP info() wraps every failure in FileNotFoundError: the cause decides
-    wrapped = FileNotFoundError("url")
-    wrapped.__cause__ = _http_error(status)
-    assert _classify(wrapped) == kind
-
-
-# ---------------------------------------------------------------------------------------------
-# A flaky sync filesystem (a stand-in for a misbehaving backend, not for the code under test)
-
-
-class FlakyMemoryFileSystem(MemoryFileSystem):
-    """memory:// whose reads fail with ``failure`` the first ``fail_first`` times."""
-
-    protocol = "flakymem"
-    fail_first = 0
-    failure: BaseException = ConnectionResetError(errno.ECONNRESET, "reset by test")
-    calls = 0
-
-    @classmethod
-    def _strip_protocol(cls, path: str) -> str:
-        return super()._strip_protocol(path.removeprefix("flakymem://"))
-
-    def cat_file(self, path: str, start: int | None = None, end: int | None = None, **kw: Any):
-        type(self).calls += 1
-        if type(self).calls <= type(self).fail_first:
-            raise type(self).failure
-        return super().cat_file(path, start=start, end=end, **kw)
-
-
-@pytest.fixture
-def flaky() -> type[FlakyMemoryFileSystem]:
-    fsspec.register_implementation("flakymem", FlakyMemoryFileSystem, clobber=True)
-    FlakyMemoryFileSystem.calls = 0
-    FlakyMemoryFileSystem.fail_first = 0
-    fs = fsspec.filesystem("flakymem")
-    fs.pipe_file("/flaky/x.bin", DATA)
-    yield FlakyMemoryFileSystem
-    fs.rm_file("/flaky/x.bin")
-
-
-def test_transient_failures_are_retried(flaky: type[FlakyMemoryFileSystem]) -> None:
-    flaky.fail_first = 3
-    stats = IOStats()
-    data = Store(retry=FAST).source("flakymem://flaky/x.bin").read_range(10, 1000, stats)
-    assert data == DATA[10:1000]
-    assert stats == IOStats(requests=4, bytes_read=990, retries=3, errors=0)
-
-
-def test_retries_exhausted_after_attempts(flaky: type[FlakyMemoryFileSystem]) -> None:
-    flaky.fail_first = 100
-    stats = IOStats()
-    with pytest.raises(RetriesExhaustedError) as info:
-        Store(retry=FAST).source("flakymem://flaky/x.bin").read_range(10, 1000, stats)
-    assert info.value.attempts == FAST.attempts  # type: ignore[attr-defined]
-    assert stats.requests == FAST.attempts and stats.retries == FAST.attempts - 1
-    assert stats.errors == 1
-    assert "flakymem://flaky/x.bin" in str(info.value) and "ConnectionResetError" in str(info.value)
-
-
-def test_retries_bounded_by_max_time(flaky: type[FlakyMemoryFileSystem]) -> None:
-    flaky.fail_first = 10_000
-    policy = RetryPolicy(attempts=10_000, max_time=0.5, backoff=0.02, max_backoff=0.05)
-    t0 = time.monotonic()
-    with pytest.raises(RetriesExhaustedError):
-        Store(retry=policy).source("flakymem://flaky/x.bin").read_range(0, 10)
-    assert time.monotonic() - t0 < policy.max_time + 0.5
-
-
-def test_permanent_failure_is_not_retried(flaky: type[FlakyMemoryFileSystem]) -> None:
-    flaky.fail_first = 100
-    flaky.failure = PermissionError("denied")
-    stats = IOStats()
-    try:
-        with pytest.raises(PermanentRemoteError):
-            Store(retry=FAST).source("flakymem://flaky/x.bin").read_range(0, 10, stats)
-    finally:
-        flaky.failure = ConnectionResetError(errno.ECONNRESET, "reset by test")
-    assert stats.requests == 1 and stats.retries == 0 and stats.errors == 1
-
-
-def test_unknown_exceptions_propagate_unchanged(flaky: type[FlakyMemoryFileSystem]) -> None:
-    flaky.fail_first = 100
-    flaky.failure = KeyError("bug")
-    try:
-        with pytest.raises(KeyError):
-            Store(retry=FAST).source("flakymem://flaky/x.bin").read_range(0, 10)
-    finally:
-        flaky.failure = ConnectionResetError(errno.ECONNRESET, "reset by test")
-    assert flaky.calls == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,7 +203,8 @@ class RemoteContract:
         assert vars(src) == before
         assert clone.url == src.url and clone.storage_options == src.storage_options
         assert clone.retry == src.retry
-        assert clone._fs is None and clone._fd is None
+        assert clone._fs is None and (clone._local is None or clone._local.fd is None)
+        assert clone.store.stats == IOStats()  # the counters stay in this process
         assert clone.read_range(100, 200) == DATA[100:200]
 
     def test_pickled_after_use_reads_in_fresh_process(self, src: Source) -> None:
@@ -421,11 +256,12 @@ class TestLocal(RemoteContract):
     def test_descriptor_reused_and_closed(self, make: Any) -> None:
         src = Source(make("fd.bin", DATA))
         src.read_range(0, 1)
-        fd = src._fd
+        assert src._local is not None
+        fd = src._local.fd
         src.read_range(1, 2)
-        assert src._fd == fd is not None
+        assert src._local.fd == fd is not None
         src.close()
-        assert src._fd is None
+        assert src._local.fd is None
         assert src.read_range(2, 3) == DATA[2:3]
 
 
@@ -589,20 +425,3 @@ def test_download_refuses_a_file_changed_midway(tmp_path: Any) -> None:
     finally:
         ChangingMemoryFileSystem.replacement = b""
         fs.rm_file("/changing/x.bin")
-
-
-def test_answers_must_carry_the_range_asked_for_and_the_known_version() -> None:
-    """Content-Range and etag of an answer (HTTP and S3 expose them) are checked."""
-    src = Source("http://127.0.0.1:9/x.tar", size=1000)
-    src._check_answer(10, 20, "bytes 10-19/1000", None)
-    with pytest.raises(CorruptReadError, match="Content-Range is 'bytes 0-9/1000'"):
-        src._check_answer(10, 20, "bytes 0-9/1000", None)
-    with pytest.raises(CorruptReadError):
-        src._check_answer(10, 20, "garbage", None)
-    with pytest.raises(IndexMismatchError, match="its size is 1001, the index says 1000"):
-        src._check_answer(10, 20, "bytes 10-19/1001", None)
-    src._check_answer(10, 20, None, '"abc"')  # the first answer's etag is kept ...
-    assert src.etag == '"abc"' and src.pins_version
-    src._check_answer(10, 20, None, 'W/"abc"')
-    with pytest.raises(IndexMismatchError, match="changed while it was read"):
-        src._check_answer(10, 20, None, '"abd"')  # ... and a later one must match it

@@ -1,0 +1,108 @@
+"""Where an index is written: checks on the output, and publishing it with its sidecars.
+
+Index writers (:mod:`wids.index.jsonwriter`, :mod:`wids.index.sqlitewriter`) write local
+files. For an output such as ``s3://bucket/train.json``, :func:`index_destination` hands the
+writer a path in a temporary directory and, once the writer has closed, uploads the result
+(:func:`wids.storage.destination`): member-table sidecars first, the description (or SQLite
+file) last and whole, then sidecars of a previous build that the new description no longer
+names are removed.
+
+:func:`check_output` runs before any scanning: a name that selects no backend, a read-only
+scheme (``http://``), an output equal to one of the shards, or an existing file that is not an
+index is refused with one line, so nothing a user made is ever overwritten. Local outputs are
+guarded by :func:`wids.lock.writer_lock`, which leaves no lock file behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+
+from ..errors import DestinationError, OutputExistsError
+from ..storage import (
+    Store,
+    check_writable,
+    destination,
+    is_remote,
+    local_path,
+    read_head,
+    redact_url,
+    same_place,
+)
+from .jsonformat import SIDECAR_NAME, members_dir
+from .registry import INDEX_SUFFIXES, SQLITE_MAGIC, SQLITE_SUFFIXES, is_sqlite_name
+
+__all__ = ["check_output", "index_destination"]
+
+
+def _looks_like_index(head: bytes, sqlite: bool) -> bool:
+    """Whether the first bytes of a file are those of an index (ours or the reference's).
+
+    A damaged index still counts (``index create --full`` repairs it); a file of the user's
+    that merely has the same name does not.
+    """
+    if sqlite:
+        return head.startswith(SQLITE_MAGIC) and b"shards" in head and b"members" in head
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    return text.startswith(b"{") and any(
+        key in text for key in (b'"__kind__"', b'"wids_index"', b'"shardlist"')
+    )
+
+
+def check_output(output: str, shards: Sequence[str], store: Store | None = None) -> None:
+    """Refuse, before any work, an output that cannot or must not be written.
+
+    Args:
+        output: The index to write: a local path or a URL.
+        shards: The shards that will be read (none of them may be the output).
+        store: The storage options (and retry policy) for a remote output.
+
+    Raises:
+        DestinationError: Unknown suffix, read-only or chained scheme.
+        OutputExistsError: The output is one of the shards, a directory, or an existing file
+            that is not an index.
+    """
+    if not output.lower().split("?", 1)[0].endswith(INDEX_SUFFIXES):
+        raise DestinationError(
+            f"index file must end in .json or {'/'.join(SQLITE_SUFFIXES)}",
+            shard=redact_url(output),
+        )
+    check_writable(output)
+    where = redact_url(output)
+    for shard in shards:
+        if same_place(shard, output):
+            raise OutputExistsError(
+                "is one of the shards to index; not overwriting it", shard=where
+            )
+    if not is_remote(output) and os.path.isdir(local_path(output)):
+        raise OutputExistsError("is a directory; name the index file: train.json", shard=where)
+    head = read_head(output, store)
+    if head is not None and not _looks_like_index(head, is_sqlite_name(output)):
+        raise OutputExistsError(
+            "exists and is not a wids index; not overwriting it (remove it or choose another name)",
+            shard=where,
+        )
+
+
+@contextlib.contextmanager
+def index_destination(output: str, store: Store | None = None) -> Iterator[str]:
+    """The local path an index writer should write; published to ``output`` when done.
+
+    A local ``output`` is written in place (its writer publishes atomically) under an
+    exclusive :func:`~wids.lock.writer_lock`. A remote one is written to a temporary
+    directory and uploaded when the block exits without an error (see the module docstring).
+
+    Args:
+        output: Where the index goes (checked with :func:`check_output` first).
+        store: The storage options for a remote ``output``.
+
+    Yields:
+        A local path ending like ``output``.
+
+    Raises:
+        LockTimeoutError: Another writer of the same local index is running.
+    """
+    sidecars = None if is_sqlite_name(output) else members_dir
+    with destination(output, store, sidecar_dir=sidecars, sidecar_name=SIDECAR_NAME) as path:
+        yield path

@@ -1,0 +1,96 @@
+"""What wids knows of fsspec's backends: default options, stat answers, HTTP and S3 filesystems.
+
+- :func:`with_defaults`: storage options that make S3, HTTP and GCS honour the retry policy's
+  timeout and leave retries to wids (a user's own settings win).
+- :func:`file_stat`: a :class:`~wids.storage.stats.FileStat` from a backend's ``info()``
+  answer, whatever its keys for the etag and modification time.
+- :func:`is_http` / :func:`is_s3`: filesystems whose range requests wids makes itself,
+  conditional and checked (:mod:`wids.storage.conditional`).
+
+Nothing here imports a backend: filesystems are recognised by their protocol and methods.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from datetime import datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+from .retry import RetryPolicy
+from .stats import FileStat
+
+__all__ = ["file_stat", "is_http", "is_s3", "with_defaults"]
+
+
+def with_defaults(url: str, options: Mapping[str, Any], policy: RetryPolicy) -> dict[str, Any]:
+    """``options`` for ``url``'s backend, with timeouts from ``policy`` and no backend retries."""
+    if "::" in url:
+        return dict(options)
+    protocol = url.split("://", 1)[0].lower()
+    opts = dict(options)
+    if protocol in ("s3", "s3a"):
+        config = dict(opts.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", policy.timeout)
+        config.setdefault("read_timeout", policy.timeout)
+        config.setdefault("retries", {"total_max_attempts": 1})  # our loop retries, not botocore
+        config.setdefault("max_pool_connections", 32)  # botocore's 10 would queue read_ranges
+        opts["config_kwargs"] = config
+    elif protocol in ("http", "https"):
+        client = dict(opts.get("client_kwargs") or {})
+        if "timeout" not in client:
+            aiohttp = importlib.import_module("aiohttp")  # what fsspec's HTTP filesystem needs
+            client["timeout"] = aiohttp.ClientTimeout(
+                total=None, sock_connect=policy.timeout, sock_read=policy.timeout
+            )
+        opts["client_kwargs"] = client
+    elif protocol in ("gs", "gcs"):
+        opts.setdefault("requests_timeout", policy.timeout)
+    return opts
+
+
+def _mtime(info: Mapping[str, Any]) -> float | None:
+    for key in ("mtime", "LastModified", "Last-Modified", "updated", "last_modified", "created"):
+        value = info.get(key)
+        if value is None:
+            continue
+        try:
+            if isinstance(value, (int, float)):
+                return float(value)
+            if isinstance(value, datetime):
+                return value.timestamp()
+            if isinstance(value, str):
+                if value[:1].isdigit():
+                    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+                return parsedate_to_datetime(value).timestamp()
+        except (ValueError, TypeError, OverflowError):
+            continue
+    return None
+
+
+def _etag(info: Mapping[str, Any]) -> str | None:
+    for key in ("ETag", "etag", "Etag", "generation", "md5Hash"):
+        value = info.get(key)
+        if value:
+            text = str(value)
+            weak = text.startswith("W/")
+            return ("W/" if weak else "") + text[2 if weak else 0 :].strip('"')
+    return None
+
+
+def file_stat(info: Mapping[str, Any], size: int) -> FileStat:
+    """What a backend's ``info()`` answer says of a file of ``size`` bytes."""
+    return FileStat(size=size, etag=_etag(info), mtime=_mtime(info))
+
+
+def is_http(fs: Any) -> bool:
+    """Whether ``fs`` is fsspec's HTTP filesystem (with the session we make requests on)."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return "http" in protocols and hasattr(fs, "encode_url") and hasattr(fs, "set_session")
+
+
+def is_s3(fs: Any) -> bool:
+    """Whether ``fs`` is s3fs (with the botocore client we call ``get_object`` on)."""
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return "s3" in protocols and hasattr(fs, "_call_s3") and hasattr(fs, "split_path")

@@ -1,0 +1,167 @@
+"""Range reads that are checked end to end and tied to one version of the file (HTTP and S3).
+
+fsspec's ``_cat_file`` neither makes a request conditional nor shows the answer's headers, so
+for HTTP and S3 wids makes the request itself, as fsspec would, and checks the answer:
+
+- the request carries ``If-Match`` (HTTP) / ``IfMatch`` (S3) the etag the reader pins (the
+  index's, or else its first answer's); HTTP 412 / ``PreconditionFailed``, or an answer with
+  another etag, means the file was replaced while it was read:
+  :class:`~wids.errors.IndexMismatchError`, never bytes of two versions;
+- the answer's ``Content-Range`` must be the range asked for (else
+  :class:`~wids.errors.CorruptReadError`, retried) and its total the size the index records;
+- the body must be exactly as long as the range (a short one is
+  :class:`~wids.errors.ShortReadError`, retried; a longer one means the server ignores Range).
+
+The reader is anything with ``url``, ``size`` and ``etag`` (:class:`Pinned`): a
+:class:`~wids.storage.source.Source`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from ..errors import CorruptReadError, IndexMismatchError, PermanentRemoteError, ShortReadError
+from .redact import redact_url
+from .stats import comparable_etag
+
+__all__ = [
+    "Pinned",
+    "changed",
+    "check_answer",
+    "check_length",
+    "http_range",
+    "if_match",
+    "s3_range",
+]
+
+
+class Pinned(Protocol):
+    """A reader of one file: its URL, the size it expects and the etag it reads (or ``None``)."""
+
+    url: str
+    size: int | None
+    etag: str | None
+
+
+def check_length(url: str, data: bytes, start: int, end: int) -> bytes:
+    """``data`` if it is exactly the range ``[start, end)`` long, else the error it is."""
+    n = end - start
+    if len(data) < n:
+        raise ShortReadError(
+            f"range {start}-{end}: got {len(data)} of {n} bytes", shard=redact_url(url)
+        )
+    if len(data) > n:
+        raise PermanentRemoteError(
+            f"range {start}-{end}: got {len(data)} bytes for {n}; the server ignores Range",
+            shard=redact_url(url),
+        )
+    return data
+
+
+def changed(url: str, what: str) -> IndexMismatchError:
+    """The error for a file that changed while it was read (``what`` says how we know)."""
+    return IndexMismatchError(
+        f"the file changed while it was read ({what}); rebuild the index if the change is intended",
+        shard=redact_url(url),
+    )
+
+
+def if_match(etag: str | None) -> str | None:
+    """The ``If-Match`` value for a known etag; ``None`` for none or a weak one (never matches)."""
+    if etag is None or etag.strip().startswith("W/"):
+        return None
+    return f'"{comparable_etag(etag)}"'
+
+
+def _precondition_failed(exc: BaseException | None) -> bool:
+    """Whether a backend error (or its cause) is HTTP 412 / S3 ``PreconditionFailed``."""
+    while exc is not None:
+        response = getattr(exc, "response", None)
+        if isinstance(response, Mapping):
+            if response.get("Error", {}).get("Code") == "PreconditionFailed":
+                return True
+            if response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 412:
+                return True
+        if getattr(exc, "status", None) == 412:
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def check_answer(
+    pin: Pinned, start: int, end: int, content_range: str | None, etag: str | None
+) -> None:
+    """Check an answer's ``Content-Range`` and etag; keep the etag if none was known."""
+    if etag:
+        if pin.etag is None:
+            pin.etag = etag
+        elif comparable_etag(etag) != comparable_etag(pin.etag):
+            raise changed(pin.url, f"etag {etag!r} where it was {pin.etag!r}")
+    if content_range is None:
+        return
+    unit, _, rest = content_range.strip().partition(" ")
+    span, _, total = rest.partition("/")
+    first, _, last = span.partition("-")
+    try:
+        got = (int(first), int(last) + 1)
+    except ValueError:
+        got = None
+    if unit != "bytes" or got != (start, end):
+        raise CorruptReadError(
+            f"asked for bytes {start}-{end}, the answer's Content-Range is {content_range!r}",
+            shard=redact_url(pin.url),
+        )
+    if pin.size is not None and total.strip() not in ("*", str(pin.size)):
+        raise changed(pin.url, f"its size is {total.strip()}, the index says {pin.size}")
+
+
+async def http_range(pin: Pinned, fs: Any, path: str, start: int, end: int) -> bytes:
+    """One ranged GET as in fsspec's ``_cat_file``, but conditional and checked."""
+    session = await fs.set_session()
+    kwargs = dict(fs.kwargs)
+    headers = dict(kwargs.pop("headers", None) or {})
+    headers["Range"] = f"bytes={start}-{end - 1}"
+    condition = if_match(pin.etag)
+    if condition is not None:
+        headers["If-Match"] = condition
+    async with session.get(fs.encode_url(path), headers=headers, **kwargs) as resp:
+        if resp.status == 412:
+            raise changed(pin.url, f"HTTP 412 for If-Match {condition}")
+        if resp.status == 404:
+            raise FileNotFoundError(path)
+        resp.raise_for_status()
+        data: bytes = await resp.read()
+        if resp.status == 200 and start > 0 and len(data) == end - start:
+            raise CorruptReadError(
+                f"asked for bytes {start}-{end} and got a whole file (HTTP 200) of that length",
+                shard=redact_url(pin.url),
+            )
+        check_length(pin.url, data, start, end)  # a short answer is a short read
+        content_range = resp.headers.get("Content-Range") if resp.status == 206 else None
+        check_answer(pin, start, end, content_range, resp.headers.get("ETag"))
+    return data
+
+
+async def s3_range(pin: Pinned, fs: Any, path: str, start: int, end: int) -> bytes:
+    """One ``get_object`` as in s3fs's ``_cat_file``, but conditional and checked."""
+    bucket, key, version = fs.split_path(path)
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{end - 1}"}
+    if version:
+        kwargs["VersionId"] = version
+    condition = if_match(pin.etag)
+    if condition is not None:
+        kwargs["IfMatch"] = condition
+    try:
+        resp = await fs._call_s3("get_object", **kwargs)
+    except Exception as exc:
+        if _precondition_failed(exc):
+            raise changed(pin.url, f"precondition failed for IfMatch {condition}") from None
+        raise
+    try:
+        data: bytes = await resp["Body"].read()
+    finally:
+        resp["Body"].close()
+    check_length(pin.url, data, start, end)  # a short answer is a short read
+    check_answer(pin, start, end, resp.get("ContentRange"), resp.get("ETag"))
+    return data

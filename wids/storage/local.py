@@ -1,0 +1,126 @@
+"""Local files: one descriptor per process, read with ``os.pread``; stat with ``os.stat``.
+
+Reads go through fsspec only for remote files; a local path or ``file://`` URL is read here,
+with the same errors a remote read raises (:class:`~wids.errors.ShardNotFoundError`,
+:class:`~wids.errors.PermanentRemoteError`, :class:`~wids.errors.ShortReadError`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat as stat_mod
+from typing import Any
+
+from ..errors import PermanentRemoteError, ShardNotFoundError, ShortReadError
+from .stats import FileStat, IOStats
+
+__all__ = ["LocalFile", "no_such_file"]
+
+
+def no_such_file(path: str) -> str:
+    """Say "no such file", and why when the name holds a wildcard the shell did not expand."""
+    if any(c in path for c in "*?["):
+        return (
+            "no such file (wildcards like * are not expanded here: let the shell expand them, "
+            "list the files, or use a brace pattern such as train-{000000..000009}.tar)"
+        )
+    return "no such file"
+
+
+class LocalFile:
+    """One local file; its descriptor is opened lazily in each process and dropped when pickled.
+
+    Args:
+        path: The absolute path.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.fd: int | None = None
+        self.pid: int | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "fd": None, "pid": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def close(self) -> None:
+        """Close the descriptor, if this process opened one."""
+        fd, self.fd = self.fd, None
+        if fd is not None and self.pid == os.getpid():
+            os.close(fd)
+
+    def _local_fd(self) -> int:
+        pid = os.getpid()
+        if self.fd is None or self.pid != pid:
+            try:
+                fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                raise ShardNotFoundError(no_such_file(self.path), shard=self.path) from None
+            except PermissionError as exc:
+                raise PermanentRemoteError(str(exc), shard=self.path) from None
+            if self.fd is not None and self.pid == pid:  # another thread was quicker
+                os.close(fd)
+                return self.fd
+            self.fd, self.pid = fd, pid  # (a parent's descriptor is the parent's to close)
+        return self.fd
+
+    def _pread(self, start: int, end: int) -> bytes:
+        n = end - start
+        try:
+            fd = self._local_fd()
+        except OSError as exc:
+            if exc.errno != errno.EMFILE:
+                raise
+            with open(self.path, "rb") as f:  # out of descriptors: don't keep one
+                f.seek(start)
+                data = f.read(n)
+        else:
+            try:
+                data = os.pread(fd, n, start)
+            except IsADirectoryError:  # os.open() opens a directory; reading it fails
+                raise ShardNotFoundError("is a directory, not a file", shard=self.path) from None
+            while 0 < len(data) < n:
+                more = os.pread(fd, n - len(data), start + len(data))
+                if not more:
+                    break
+                data += more
+        if len(data) != n:
+            raise ShortReadError(
+                f"range {start}-{end}: file has only {len(data)} of {n} bytes there",
+                shard=self.path,
+            )
+        return data
+
+    def read(self, start: int, end: int, stats: IOStats | None) -> bytes:
+        """Bytes ``[start, end)``, exactly (one request in ``stats``)."""
+        if stats is not None:
+            stats.requests += 1
+        try:
+            data = self._pread(start, end)
+        except Exception:
+            if stats is not None:
+                stats.errors += 1
+            raise
+        if stats is not None:
+            stats.bytes_read += len(data)
+        return data
+
+    def stat(self, stats: IOStats | None) -> FileStat:
+        """Size and mtime (one request in ``stats``)."""
+        if stats is not None:
+            stats.requests += 1
+        try:
+            st = os.stat(self.path)
+            if stat_mod.S_ISDIR(st.st_mode):
+                raise FileNotFoundError(errno.EISDIR, "is a directory")
+        except (FileNotFoundError, PermissionError) as exc:
+            if stats is not None:
+                stats.errors += 1
+            if isinstance(exc, FileNotFoundError) and exc.errno == errno.ENOENT:
+                raise ShardNotFoundError(no_such_file(self.path), shard=self.path) from None
+            cls = ShardNotFoundError if isinstance(exc, FileNotFoundError) else PermanentRemoteError
+            raise cls(str(exc.strerror or exc), shard=self.path) from None
+        return FileStat(size=st.st_size, etag=None, mtime=st.st_mtime)
