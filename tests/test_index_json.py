@@ -120,6 +120,42 @@ class TestJsonIndex(IndexContract):
         assert len(os.listdir(members_dir)) == 3
         assert JsonIndex(str(path)).members(0) == entries[1][1]
 
+    def test_sidecars_are_named_by_the_one_url_to_name_rule(
+        self, tmp_path: Path, shards: list[Path]
+    ) -> None:
+        from wids.storage import url_name
+
+        path = self.index_path(tmp_path)
+        self.write(path, self.real_entries(shards))
+        doc = json.loads(path.read_text())
+        for entry in doc["shardlist"]:
+            assert entry["members"] == f"index.members/{url_name(entry['url'], '.json')}"
+
+    def test_an_index_with_old_sidecar_names_loads_and_is_cleaned_on_rewrite(
+        self, tmp_path: Path, shards: list[Path]
+    ) -> None:
+        """Sidecars were ``<16 hex of sha1(url)>-<name>.json`` before the one URL -> name rule."""
+        import hashlib
+
+        path = self.index_path(tmp_path)
+        entries = self.real_entries(shards)
+        self.write(path, entries)
+        doc = json.loads(path.read_text())
+        members = path.parent / "index.members"
+        for entry in doc["shardlist"]:
+            sha1 = hashlib.sha1(entry["url"].encode()).hexdigest()[:16]
+            old = f"index.members/{sha1}-{entry['url']}.json"
+            os.rename(path.parent / entry["members"], path.parent / old)
+            entry["members"] = old
+        path.write_text(json.dumps(doc))
+        assert len(os.listdir(members)) == 3
+        ix = open_index(str(path))
+        assert [ix.members(i) for i in range(3)] == [t for _, t in entries]
+        self.write(path, entries)  # rewritten: new names, the old ones are stale and go
+        names = sorted(os.listdir(members))
+        assert len(names) == 3 and all(len(n.split("-", 1)[0]) == 24 for n in names)
+        assert JsonIndex(str(path)).members(1) == entries[1][1]
+
     def test_source_url_sub_index_reads_its_own_sidecars(
         self, tmp_path: Path, shards: list[Path]
     ) -> None:

@@ -28,11 +28,6 @@ from .sqlitereader import SqliteIndex
 from .sqlitewriter import SqliteIndexWriter
 from .urls import check_url_map, expand_braces, map_url, resolve_url
 
-# Old private names, kept until their users (subset) switch.
-_SIDECAR_NAME = SIDECAR_NAME
-_members_dir = members_dir
-_sidecar_name = sidecar_name
-
 __all__ = [
     "INDEX_SUFFIXES",
     "REPAIR_HINT",
@@ -49,9 +44,6 @@ __all__ = [
     "Spec",
     "SqliteIndex",
     "SqliteIndexWriter",
-    "_SIDECAR_NAME",
-    "_members_dir",
-    "_sidecar_name",
     "build_index",
     "check_output",
     "check_url_map",

@@ -4,7 +4,7 @@ Layout, for an index ``train.json``::
 
     train.json                      the description; the reference wids loads it unchanged
     train.members/                  one sidecar per shard, read only when that shard is needed
-        3f2a9c0d1e4b5a67-train-000000.tar.json
+        3f2a9c0d1e4b5a67c8d9e0f1-train-000000.tar.json
         ...
 
 ``train.json`` is a reference description (``__kind__``, ``wids_version``, ``name``,
@@ -16,7 +16,7 @@ sub-datasets) with extra keys the reference ignores:
 - per shard: ``etag`` and ``mtime`` (what identified the shard's bytes when indexed) and
   ``members``, the sidecar's path relative to the description's directory.
 
-A sidecar (``<16 hex of sha1(url)>-<basename>.json``) holds ``format``
+A sidecar (:func:`sidecar_name`: ``<24 hex>-<basename>.json``) holds ``format``
 (``wids-index-json-members``), ``version``, the shard's ``url``/``nsamples``/``size``/
 ``etag``/``mtime`` as in the description and the columns of :meth:`ShardMembers.to_columns`.
 On load it must name the same file (the URL's last part) with the same size, etag and mtime
@@ -31,8 +31,9 @@ removed when the writer closes.
 
 from __future__ import annotations
 
-import hashlib
 import re
+
+from ..storage import url_name
 
 __all__ = [
     "FORMAT",
@@ -53,8 +54,12 @@ VERSION = 1
 
 SHARD_KEYS = frozenset(("url", "nsamples", "filesize", "md5sum", "etag", "mtime", "members"))
 """Keys of a shard entry with a meaning; the rest are extras kept for the caller."""
-SIDECAR_NAME = re.compile(r"^[0-9a-f]{16}-.*\.json$")
-"""What the name of a sidecar looks like (others in the members directory are not ours)."""
+SIDECAR_NAME = re.compile(r"^[0-9a-f]{16}(?:[0-9a-f]{8})?-.*\.json$")
+"""What the name of a sidecar looks like (others in the members directory are not ours).
+
+Sidecars are named by :func:`wids.storage.url_name` (24 hex digits); indexes written before
+that have 16 (sha1), which still load (the description points at each sidecar) and are
+removed as stale when their index is rewritten."""
 
 
 def members_dir(path: str) -> str:
@@ -64,8 +69,5 @@ def members_dir(path: str) -> str:
 
 
 def sidecar_name(url: str) -> str:
-    """The file name of the sidecar of the shard stored as ``url``."""
-    digest = hashlib.sha1(url.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    base = url.rstrip("/").rsplit("/", 1)[-1].split("?", 1)[0]
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in base)[:80]
-    return f"{digest}-{safe}.json"
+    """The file name of the sidecar of the shard stored as ``url``: ``url_name(url, ".json")``."""
+    return url_name(url, ".json")

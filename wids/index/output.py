@@ -31,7 +31,7 @@ from ..storage import (
     same_place,
 )
 from .jsonformat import SIDECAR_NAME, members_dir
-from .registry import INDEX_SUFFIXES, SQLITE_MAGIC, SQLITE_SUFFIXES, is_sqlite_name
+from .registry import SQLITE_MAGIC, SQLITE_SUFFIXES, is_sqlite_name, writer_for
 
 __all__ = ["check_output", "index_destination"]
 
@@ -63,11 +63,13 @@ def check_output(output: str, shards: Sequence[str], store: Store | None = None)
         OutputExistsError: The output is one of the shards, a directory, or an existing file
             that is not an index.
     """
-    if not output.lower().split("?", 1)[0].endswith(INDEX_SUFFIXES):
+    try:
+        writer_for(output)  # the registry's choice, made again when the writer is created
+    except ValueError:
         raise DestinationError(
             f"index file must end in .json or {'/'.join(SQLITE_SUFFIXES)}",
             shard=redact_url(output),
-        )
+        ) from None
     check_writable(output)
     where = redact_url(output)
     for shard in shards:

@@ -57,23 +57,23 @@ class Plan:
 
 def plan_paths(out_dir: str, index: str, names: list[str], tables: list[Any]) -> Plan:
     """The paths of the subset's index, member tables and shard copies ``names`` in ``out_dir``."""
-    from ..index import _members_dir, _sidecar_name
+    from ..index import members_dir, sidecar_name
 
     stem = os.path.basename(redact_url(index).split("?", 1)[0].rstrip("/")) or "index"
     stem = stem.rsplit(".", 1)[0] if "." in stem.lstrip(".") else stem
     out = os.path.join(out_dir, f"{stem}.json")
-    members_dir = _members_dir(out)
+    sidecar_dir = members_dir(out)
     sidecars = [
-        os.path.join(members_dir, _sidecar_name(n))
+        os.path.join(sidecar_dir, sidecar_name(n))
         for n, t in zip(names, tables, strict=True)
         if t is not None
     ]
-    return Plan(out_dir, out, members_dir, [os.path.join(out_dir, n) for n in names], sidecars)
+    return Plan(out_dir, out, sidecar_dir, [os.path.join(out_dir, n) for n in names], sidecars)
 
 
 def check_destination(plan: Plan, index: str, shard_urls: list[str], force: bool) -> None:
     """Refuse a destination that holds the source or, without ``force``, files of our names."""
-    from ..index import _members_dir
+    from ..index import members_dir
     from ..storage import is_local, local_file
 
     real = os.path.realpath
@@ -82,7 +82,7 @@ def check_destination(plan: Plan, index: str, shard_urls: list[str], force: bool
     if is_local(index):
         src_index = real(local_file(index))
         source.add(src_index)
-        source_dirs.add(real(_members_dir(src_index)))
+        source_dirs.add(real(members_dir(src_index)))
         if real(plan.out_dir) == os.path.dirname(src_index) and not force:
             raise OutputExistsError(
                 f"{plan.out_dir} is the source index's own directory; give --to a new or empty "
