@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from wids.cache import ShardCache, entry_key
-from wids.storage import Source
+from wids.cache import ShardCache
+from wids.storage import Source, url_name
 from wids.synth import write_dataset
 
 pytestmark = pytest.mark.servers
@@ -142,7 +142,7 @@ def test_tampered_cache_file_is_fetched_again(http_server, tmp_path, how):
     with cache.open(Source(url), size=len(data)) as shard:
         assert shard.read_range(0, 100) == data[:100]
     assert http_server.request_count(name) == first  # served from the cache
-    path = cache.files.data(entry_key(url))
+    path = cache.files.data(url_name(url))
     time.sleep(0.01)
     if how == "truncate":
         os.truncate(path, 1000)

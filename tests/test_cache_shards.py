@@ -11,7 +11,7 @@ import time
 import pytest
 
 import wids.cache.handle as handle_mod
-from wids.cache import ShardCache, entry_key
+from wids.cache import ShardCache
 from wids.cache.handle import CachedShard
 from wids.errors import (
     CacheBudgetError,
@@ -22,7 +22,7 @@ from wids.errors import (
     ShardNotFoundError,
 )
 from wids.lock import FileLock
-from wids.storage import FileStat, Source
+from wids.storage import FileStat, Source, url_name
 
 
 def blob(n: int, seed: int = 0) -> bytes:
@@ -78,12 +78,12 @@ def data_bytes(cache: ShardCache) -> int:
 # -- names --------------------------------------------------------------------------------------
 
 
-def test_entry_key_is_collision_free_and_readable():
-    a = entry_key("s3://bucket-a/train/train-000000.tar")
-    b = entry_key("s3://bucket-b/train/train-000000.tar")
+def test_entry_names_are_collision_free_and_readable():
+    a = url_name("s3://bucket-a/train/train-000000.tar")
+    b = url_name("s3://bucket-b/train/train-000000.tar")
     assert a != b
     assert a.endswith("-train-000000.tar") and b.endswith("-train-000000.tar")
-    assert entry_key("https://h/x.tar?v=1") != entry_key("https://h/x.tar?v=2")
+    assert url_name("https://h/x.tar?v=1") != url_name("https://h/x.tar?v=2")
 
 
 @pytest.mark.parametrize(
@@ -100,7 +100,7 @@ def test_entry_key_is_collision_free_and_readable():
     ],
 )
 def test_no_url_escapes_the_cache_dir(tmp_path, url):
-    key = entry_key(url)
+    key = url_name(url)
     assert "/" not in key and "\\" not in key and not key.startswith(".")
     assert len(key) < 120
     cache = ShardCache(tmp_path / "c")
@@ -121,7 +121,7 @@ def test_open_downloads_once_and_reads(tmp_path):
         assert shard.read_range(5, 5) == b""
         with pytest.raises(ValueError):
             shard.read_range(0, 10_001)
-        assert shard.path == os.path.join(str(tmp_path), "data", entry_key(url))
+        assert shard.path == os.path.join(str(tmp_path), "data", url_name(url))
     assert shard.closed
     with pytest.raises(CacheError):
         shard.read_range(0, 1)
@@ -140,7 +140,7 @@ def test_record_keeps_no_credentials(tmp_path):
     url = store.put("https://user:pw@h/x.tar?X-Amz-Signature=secret&v=1", blob(100))
     cache = ShardCache(tmp_path)
     store.open(cache, url).close()
-    text = open(cache.files.meta(entry_key(url))).read()
+    text = open(cache.files.meta(url_name(url))).read()
     assert "secret" not in text and "pw" not in text
     assert cache.entries()[0].url == "https://h/x.tar?v=1"
 
@@ -228,7 +228,7 @@ def test_lock_timeout_names_the_shard(tmp_path):
     url = store.put("s3://b/busy.tar", blob(100))
     cache = ShardCache(tmp_path, lock_timeout=0.2)
     cache._prepare()
-    with FileLock(cache.files.lockfile(entry_key(url))):
+    with FileLock(cache.files.lockfile(url_name(url))):
         with pytest.raises(LockTimeoutError, match="busy.tar"):
             store.open(cache, url)
 
@@ -242,7 +242,7 @@ def test_tampered_entry_is_fetched_again(tmp_path, how):
     url = store.put("s3://b/x.tar", blob(4096))
     cache = ShardCache(tmp_path)
     store.open(cache, url).close()
-    data, meta = cache.files.data(entry_key(url)), cache.files.meta(entry_key(url))
+    data, meta = cache.files.data(url_name(url)), cache.files.meta(url_name(url))
     time.sleep(0.01)  # so an in-place write changes the mtime
     if how == "truncate":
         os.truncate(data, 1000)
@@ -384,14 +384,14 @@ def test_killed_download_is_redone(tmp_path):
 def test_clean_removes_abandoned_temp_files(tmp_path):
     cache = ShardCache(tmp_path)
     cache._prepare()
-    stale = os.path.join(cache.cache_dir, "tmp", f".{entry_key('s3://b/x.tar')}.0123456789ab.tmp")
+    stale = os.path.join(cache.cache_dir, "tmp", f".{url_name('s3://b/x.tar')}.0123456789ab.tmp")
     with open(stale, "wb") as f:
         f.write(b"junk")
-    orphan = cache.files.data(entry_key("s3://b/y.tar"))  # data without a record: not ours
+    orphan = cache.files.data(url_name("s3://b/y.tar"))  # data without a record: not ours
     with open(orphan, "wb") as f:
         f.write(b"junk")
     assert cache.clean() == []
-    assert listing(cache, "tmp") == [] and listing(cache, "data") == [entry_key("s3://b/y.tar")]
+    assert listing(cache, "tmp") == [] and listing(cache, "data") == [url_name("s3://b/y.tar")]
 
 
 # -- offline, local, sources --------------------------------------------------------------------
@@ -487,7 +487,7 @@ def test_invalid_arguments(tmp_path):
     assert not (tmp_path / "not-created").exists()
 
 
-def test_entry_key_property(tmp_path):
+def test_entry_names_stay_in_the_data_directory(tmp_path):
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
@@ -496,8 +496,8 @@ def test_entry_key_property(tmp_path):
     @settings(max_examples=300, deadline=None)
     @given(st.text(min_size=1, max_size=300))
     def check(url):
-        key = entry_key(url)
-        assert key == entry_key(url)
+        key = url_name(url)
+        assert key == url_name(url)
         assert os.path.dirname(os.path.realpath(os.path.join(data_dir, key))) == data_dir
         assert key.isascii() and len(key) <= 24 + 1 + 80
 
@@ -543,7 +543,7 @@ def test_waiting_fetcher_takes_a_copy_fetched_meanwhile(tmp_path):
     url = store.put("s3://b/raced.tar", blob(2000))
     cache = ShardCache(tmp_path, lock_timeout=10)
     cache._prepare()
-    key = entry_key(url)
+    key = url_name(url)
     reader_hold = FileLock(cache.files.lockfile(key), shared=True)
     reader_hold.acquire()  # someone reading (or checking) the entry, for as long as it likes
     result = {}
@@ -582,7 +582,7 @@ def test_forked_child_closing_a_shard_keeps_the_parents_hold(tmp_path):
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert not cache.files.remove_if_free(entry_key(url))  # still held by the parent
+    assert not cache.files.remove_if_free(url_name(url))  # still held by the parent
     assert shard.read_range(0, 10) == store.objects[url][:10]
     shard.close()
-    assert cache.files.remove_if_free(entry_key(url))
+    assert cache.files.remove_if_free(url_name(url))

@@ -15,11 +15,11 @@ import time
 
 import pytest
 
-from wids.cache import ShardCache, entry_key
+from wids.cache import ShardCache
 from wids.cache.layout import MARKER, cache_state, cache_subdir, open_cache_dir
 from wids.cli import main
 from wids.errors import CacheDirError, CacheError
-from wids.storage import FileStat, Source
+from wids.storage import FileStat, Source, url_name
 
 SIGNATURE = "Signature: 8a477f597d28d172789f06886806bc55"
 HOUR_AGO = time.time() - 3600
@@ -229,7 +229,7 @@ def test_a_link_swapped_in_after_the_check_is_not_followed(tmp_path, caplog):
     with pytest.raises(CacheDirError):
         cache.open_with("s3://b/new.tar", writer(b"n" * 1000), size=1000)
     cache.max_bytes = 500
-    with caplog.at_level(logging.WARNING, logger="wids.cache.shards"):
+    with caplog.at_level(logging.WARNING, logger="wids.cache.budget"):
         cache._evict_quietly()  # the path a read takes: logged, not raised
     assert "symbolic link" in caplog.text
     assert contents(tmp_path / "user") == mine
@@ -241,7 +241,7 @@ def test_a_link_swapped_in_after_the_check_is_not_followed(tmp_path, caplog):
 def test_clean_removes_only_temporary_files_of_wids_naming(tmp_path):
     cache = ShardCache(tmp_path)
     fill(cache, 1)
-    key = entry_key("s3://b/gone.tar")
+    key = url_name("s3://b/gone.tar")
     ours = [
         tmp_path / "tmp" / f".{key}.0123456789ab.tmp",  # a killed download
         tmp_path / "meta" / f".{key}.json.0123456789ab.tmp",  # a killed record write
@@ -288,6 +288,41 @@ def test_scan_cache_and_snapshots_use_the_same_checks(tmp_path, caplog):
     assert save_snapshot(open_index(index), index, new) is not None
     assert cache_state(new) == "marked"
     assert os.listdir(new / "scans") and os.listdir(new / "indexes")
+
+
+@pytest.mark.servers
+def test_every_writer_names_its_files_by_url_name_and_keeps_no_credentials(http_server, tmp_path):
+    from wids import open_index
+    from wids.cache import save_snapshot, scan_cached, snapshot_path
+    from wids.index import build_index
+    from wids.synth import write_dataset
+
+    (path,) = write_dataset(str(tmp_path / "src"), shards=1, samples_per_shard=3, prefix="names")
+    url = http_server.put(path, "names/names-000000.tar")
+    index_url = http_server.put(_index(tmp_path, build_index, url), "names/names.json")
+    signed = url + "?X-Amz-Signature=SECRET"  # nginx ignores the query; wids must not keep it
+    cache_dir = tmp_path / "cache"
+    cache = ShardCache(cache_dir)
+    cache.open(Source(signed)).close()
+    scan_cached(Source(signed), cache_dir=str(cache_dir))
+    assert save_snapshot(open_index(index_url), index_url + "?token=SECRET", cache_dir)
+    assert os.listdir(cache_dir / "data") == [url_name(url)]
+    scans = [n for n in os.listdir(cache_dir / "scans") if not n.endswith(".lock")]
+    assert scans == [url_name(url, ".json")]  # was sha1[:16]-name
+    assert os.listdir(cache_dir / "indexes") == [url_name(index_url, ".json")]
+    assert snapshot_path(cache_dir, index_url) == str(
+        cache_dir / "indexes" / url_name(index_url, ".json")
+    )
+    for root, _, files in os.walk(cache_dir):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                assert b"SECRET" not in f.read(), name  # the scan record kept the signed URL
+
+
+def _index(tmp_path, build_index, url: str) -> str:
+    out = str(tmp_path / "names.json")
+    build_index([url], out)
+    return out
 
 
 def test_open_cache_dir_creates_nothing_when_asked_not_to(tmp_path):

@@ -118,6 +118,14 @@ def test_subset_by_samples_and_local_names(tmp_path, capsys):
     assert all("/" not in s["url"] for s in doc["shardlist"])  # relative: the dir can move
 
 
+def test_clashing_copies_are_named_by_the_one_url_name():
+    from wids.storage import url_name
+    from wids.subset.destination import local_names
+
+    urls = ["s3://a/x/train-0.tar", "s3://b/x/train-0.tar?X-Amz-Signature=S", "s3://a/x/t-1.tar"]
+    assert local_names(urls) == [url_name(urls[0]), url_name(urls[1]), "t-1.tar"]
+
+
 def test_select_shards():
     assert select_shards([10, 10, 10], shards=slice(1, None)) == [1, 2]
     assert select_shards([10, 10, 10], samples=1) == [0]

@@ -11,9 +11,6 @@ from __future__ import annotations
 from .download import (
     md5_file,
 )
-from .entries import (
-    entry_key,
-)
 from .layout import (
     MARKER,
     cache_state,
@@ -42,7 +39,6 @@ __all__ = [
     "cache_state",
     "cache_subdir",
     "count_files",
-    "entry_key",
     "md5_file",
     "open_snapshot",
     "save_snapshot",

@@ -40,7 +40,7 @@ def download_entry(
 
     Args:
         files: The cache's entries.
-        key: The entry's name (:func:`~wids.cache.entries.entry_key`).
+        key: The entry's name (:func:`wids.storage.url_name` of the URL).
         url: The shard.
         download: Writes the whole shard to the path it is given; may return an object with an
             ``etag`` attribute (a ``FileStat``), compared with ``etag`` and recorded.

@@ -1,9 +1,10 @@
 """Shard entries of the cache directory: their names, records and files.
 
 An entry is ``data/<key>`` (the verified copy), ``meta/<key>.json`` (its record) and
-``locks/<key>.lock`` (its flock); :mod:`wids.cache.layout` documents the whole directory.
-:class:`EntryFiles` reads, checks, lists and removes entries; it takes no decisions about
-budgets (:mod:`wids.cache.budget`), opening (:mod:`wids.cache.handle`) or fetching
+``locks/<key>.lock`` (its flock), ``<key>`` being :func:`wids.storage.url_name` of the shard
+URL; :mod:`wids.cache.layout` documents the whole directory. :class:`EntryFiles` reads,
+checks, lists and removes entries; it takes no decisions about budgets
+(:mod:`wids.cache.budget`), opening (:mod:`wids.cache.handle`) or fetching
 (:mod:`wids.cache.shards`).
 """
 
@@ -13,7 +14,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import stat
 import time
 from dataclasses import dataclass
@@ -29,7 +29,6 @@ __all__ = [
     "ENTRY_SUBDIRS",
     "CacheEntry",
     "EntryFiles",
-    "entry_key",
     "listdir",
     "new_record",
     "regular_size",
@@ -42,21 +41,8 @@ _VERSION = 1
 ENTRY_SUBDIRS = ("data", "meta", "locks", "tmp")  # the entries' part of the cachedir layout
 
 
-def entry_key(url: str) -> str:
-    """The file name of ``url``'s entry: a hash of the URL plus a readable basename.
-
-    Credentials are not part of a shard's identity: the hash is of the URL without
-    ``user:password@`` and signature/token query parameters (:func:`redact_url`), so a
-    re-signed presigned URL names the same entry, and so does the credential-free URL an
-    offline index snapshot stores.
-    """
-    digest = _url_hash(url)
-    base = re.split(r"[?#]", redact_url(url), maxsplit=1)[0].rstrip("/").rsplit("/", 1)[-1]
-    base = re.sub(r"[^A-Za-z0-9._-]", "_", base)[-80:].lstrip(".")
-    return f"{digest[:24]}-{base or 'shard'}"
-
-
 def _url_hash(url: str) -> str:
+    """The full SHA-256 of ``url`` without credentials: the record's proof of identity."""
     return hashlib.sha256(redact_url(url).encode("utf-8", "surrogatepass")).hexdigest()
 
 

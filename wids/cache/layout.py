@@ -25,12 +25,13 @@ The layout of ``cache_dir`` (created and marked on first use)::
     tmp/.<key>.<random>.tmp          downloads in progress (or left by a killed process)
     .evict.lock                      serialises eviction
     indexes/<key>.json               offline copies of remote indexes (``wids.cache.snapshots``)
-    scans/                           member tables of scanned shards (``wids.cache.scans``)
+    scans/<key>.json                 member tables of scanned shards (``wids.cache.scans``)
 
-``<key>`` is 24 hex digits of the SHA-256 of the full URL plus the URL's basename reduced to
-``[A-Za-z0-9._-]``: two ``train-000000.tar`` from different buckets never alias, and no URL
-can name a path outside ``cache_dir``. The record also keeps the full hash, so the key alone
-never decides identity.
+``<key>`` is :func:`wids.storage.url_name` of the URL (the one URL -> file name rule, also for
+``scans/`` and ``indexes/``): 24 hex digits of the SHA-256 of the URL without credentials plus
+its basename reduced to ``[A-Za-z0-9._-]``: two ``train-000000.tar`` from different buckets
+never alias, and no URL can name a path outside ``cache_dir``. An entry's record also keeps the
+full hash, so the key alone never decides identity.
 
 Read-only callers (``wids cache ls``/``du``) use :func:`cache_state`, which never creates or
 marks anything.

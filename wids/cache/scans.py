@@ -8,7 +8,6 @@ etag/mtime still match.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -16,7 +15,7 @@ import os
 from ..errors import IndexFormatError
 from ..index import Fingerprint, ShardInfo, ShardMembers, scan_shard
 from ..samples import DuplicatePolicy
-from ..storage import FileStat, IOStats, Source, redact_url
+from ..storage import FileStat, IOStats, Source, redact_url, url_name
 
 __all__ = ["scan_cached"]
 
@@ -24,10 +23,7 @@ logger = logging.getLogger(__name__)
 
 
 def _scan_path(cache_dir: str, url: str) -> str:
-    digest = hashlib.sha1(url.encode("utf-8", "surrogateescape")).hexdigest()[:16]
-    name = url.rsplit("/", 1)[-1].split("?", 1)[0]  # never a signature in a file name
-    base = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-    return os.path.join(cache_dir, "scans", f"{digest}-{base[:80]}.json")
+    return os.path.join(cache_dir, "scans", url_name(url, ".json"))
 
 
 def scan_cached(
@@ -84,7 +80,7 @@ def scan_cached(
         record = {
             "format": "wids-scan",
             "version": 1,
-            "url": source.url,
+            "url": redact_url(source.url),  # no credentials on disk
             "size": stat.size,
             "etag": stat.etag,
             "mtime": stat.mtime,

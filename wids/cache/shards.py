@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import CacheError, OfflineError
 from ..lock import FileLock
-from ..storage import redact_url
+from ..storage import redact_url, url_name
 from . import budget
 from . import layout as cachedir
 from .download import download_entry
-from .entries import ENTRY_SUBDIRS, CacheEntry, EntryFiles, entry_key
+from .entries import ENTRY_SUBDIRS, CacheEntry, EntryFiles
 from .handle import CachedShard, acquire, open_local, open_valid, try_upgrade
 from .promote import BackgroundFetches
 
@@ -200,7 +200,7 @@ class ShardCache:
         self._prepare()
         if size is not None:
             budget.check_fits(url, size, self.max_bytes)
-        key = entry_key(url)
+        key = url_name(url)
         deadline = time.monotonic() + self.lock_timeout
         lock = FileLock(self.files.lockfile(key), shared=True)
         fetches = 0
@@ -255,7 +255,7 @@ class ShardCache:
         Returns:
             The open shard, or ``None`` if it is not cached (or another process is writing it).
         """
-        key = entry_key(url)
+        key = url_name(url)
         if not os.path.exists(self.files.data(key)) or not self._prepare(create=False):
             return None
         lock = FileLock(self.files.lockfile(key), shared=True)
@@ -317,7 +317,7 @@ class ShardCache:
 
     def contains(self, url: str) -> bool:
         """Whether an intact copy of ``url`` is cached (no lock taken: a hint)."""
-        return self.files.is_valid(entry_key(url), url, None, None, None)
+        return self.files.is_valid(url_name(url), url, None, None, None)
 
     def entries(self) -> list[CacheEntry]:
         """The recorded entries that have their data, least recently used first.
@@ -351,7 +351,7 @@ class ShardCache:
 
     def remove(self, url: str) -> bool:
         """Remove ``url``'s entry now if nobody has it open; ``True`` if it is gone."""
-        key = entry_key(url)
+        key = url_name(url)
         if not self._prepare(create=False):
             return True
         return self.files.remove_if_free(key) or not os.path.exists(self.files.data(key))

@@ -17,8 +17,7 @@ from typing import Any
 
 from ..errors import OfflineError
 from ..index import IndexReader, JsonIndex, JsonIndexWriter
-from ..storage import Store, redact_url
-from .entries import entry_key
+from ..storage import Store, redact_url, url_name
 from .layout import cache_subdir
 
 __all__ = ["open_snapshot", "save_snapshot", "snapshot_path"]
@@ -34,7 +33,7 @@ def snapshot_path(cache_dir: str | os.PathLike[str], url: str) -> str:
 
     Named by the URL without credentials, so a re-signed URL of the same index finds it.
     """
-    return os.path.join(os.fspath(cache_dir), "indexes", entry_key(redact_url(url)) + ".json")
+    return os.path.join(os.fspath(cache_dir), "indexes", url_name(url, ".json"))
 
 
 def save_snapshot(
@@ -48,7 +47,7 @@ def save_snapshot(
     The copy holds no secrets: its URLs (the index's and every shard's) are stored without
     ``user:password@`` and without signature or token query parameters (see
     :func:`wids.storage.redact.redact_url`). Offline, a shard is found in the shard cache under the
-    same credential-free URL (:func:`wids.cache.entries.entry_key` ignores credentials).
+    same credential-free URL (:func:`wids.storage.url_name` ignores credentials).
 
     Rewritten only when the remote index changed (its size/etag/mtime, one stat). Failures
     are logged, not raised: the snapshot is a convenience for later offline runs.

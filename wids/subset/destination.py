@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import shutil
 import tempfile
@@ -20,7 +19,7 @@ from typing import Any
 
 from ..atomic import fsync_dir
 from ..errors import OutputExistsError
-from ..storage import redact_url
+from ..storage import redact_url, url_name
 
 __all__ = ["Plan", "Run", "check_destination", "local_names", "plan_paths"]
 
@@ -35,7 +34,7 @@ def local_names(urls: list[str]) -> list[str]:
     out = []
     for u, b in zip(urls, bases, strict=True):
         if seen[b] > 1:
-            b = f"{hashlib.sha256(redact_url(u).encode()).hexdigest()[:12]}-{b}"
+            b = url_name(u)
         out.append(b or "shard.tar")
     return out
 
