@@ -15,7 +15,7 @@ from wids import (
     create_index_writer,
     open_index,
 )
-from wids.index import INDEX_SUFFIXES, is_sqlite_name, writer_for
+from wids.index.registry import INDEX_SUFFIXES, is_sqlite_name, writer_for
 
 
 def test_open_index_detects_sqlite_by_content(tmp_path: Path) -> None:

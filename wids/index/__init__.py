@@ -8,7 +8,7 @@ from __future__ import annotations
 from .build import BuildReport, build_index
 from .convert import convert_index
 from .fingerprint import Fingerprint, header_mismatch_at_spot, unchanged
-from .jsonformat import SIDECAR_NAME, members_dir, sidecar_name
+from .jsonformat import members_dir, sidecar_name
 from .jsonreader import JsonIndex
 from .jsonwriter import JsonIndexWriter
 from .members import ShardMembers
@@ -21,7 +21,7 @@ from .model import (
     with_repair_hint,
 )
 from .output import check_output, index_destination
-from .registry import INDEX_SUFFIXES, create_index_writer, is_sqlite_name, open_index, writer_for
+from .registry import create_index_writer, is_sqlite_name, open_index
 from .scan import scan_shard
 from .spec import Spec, load_spec
 from .sqlitereader import SqliteIndex
@@ -29,9 +29,7 @@ from .sqlitewriter import SqliteIndexWriter
 from .urls import check_url_map, expand_braces, map_url, resolve_url
 
 __all__ = [
-    "INDEX_SUFFIXES",
     "REPAIR_HINT",
-    "SIDECAR_NAME",
     "BuildReport",
     "Component",
     "Fingerprint",
@@ -62,5 +60,4 @@ __all__ = [
     "sidecar_name",
     "unchanged",
     "with_repair_hint",
-    "writer_for",
 ]
