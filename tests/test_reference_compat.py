@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from indexcontract import shard_info, tar_table
 from tarfixtures import make_samples, write_shard
-from test_index_backends import shard_info, tar_table
 
 from wids import JsonIndexWriter, SqliteIndexWriter, convert_index
 
