@@ -33,6 +33,7 @@ EXPECTED = [
     "OfflineError",
     "OutputExistsError",
     "PermanentRemoteError",
+    "PipeCommandError",
     "RemoteError",
     "RetriesExhaustedError",
     "RetryPolicy",

@@ -9,7 +9,8 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     │   └── HeaderChecksumError               a header's checksum does not match
     ├── SampleLayoutError(ValueError)         members do not group into samples cleanly
     ├── IndexFormatError(ValueError)          an index or dataset description is malformed
-    │   └── UntrustedLocationError            a remote index names a local file (not allowed)
+    │   ├── UntrustedLocationError            a remote index names a local file (not allowed)
+    │   └── PipeCommandError                  a ``pipe:`` shard URL wids does not map (never run)
     ├── IndexMismatchError(ValueError)        a shard changed since it was indexed
     ├── ShardNotFoundError(FileNotFoundError) a shard (or index) does not exist
     ├── RemoteError(OSError)                  reading from storage failed
@@ -48,6 +49,7 @@ __all__ = [
     "OfflineError",
     "OutputExistsError",
     "PermanentRemoteError",
+    "PipeCommandError",
     "RemoteError",
     "RetriesExhaustedError",
     "SampleLayoutError",
@@ -123,6 +125,14 @@ class UntrustedLocationError(IndexFormatError):
 
     Refused unless the caller passes ``allow_local_shards=True`` (``--allow-local-shards``):
     a crafted index must not make wids serve or copy the user's files.
+    """
+
+
+class PipeCommandError(IndexFormatError):
+    """A ``pipe:`` shard URL (written for webdataset) that is not one of the known fetches.
+
+    wids never runs shell commands: only ``curl``, ``gsutil cat``, ``gcloud storage cat`` and
+    ``aws s3 cp URL -`` of one URL, in their plain forms, are read as the URL they fetch.
     """
 
 

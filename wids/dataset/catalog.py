@@ -172,6 +172,10 @@ class Catalog:
 
     def _load_description(self) -> Description:
         src = self.src
+        if isinstance(src, str):  # webdataset's pipe:curl URL (refused unless a known fetch)
+            from ..index import unpipe_url
+
+            src = unpipe_url(src)
         if _is_shard_pattern(src):
             return self._load_pattern(src)
         if isinstance(src, (str, os.PathLike)):

@@ -26,7 +26,7 @@ from .scan import scan_shard
 from .spec import Spec, load_spec
 from .sqlitereader import SqliteIndex
 from .sqlitewriter import SqliteIndexWriter
-from .urls import check_url_map, expand_braces, map_url, resolve_url
+from .urls import check_url_map, expand_braces, map_url, resolve_url, unpipe_url
 
 __all__ = [
     "REPAIR_HINT",
@@ -59,5 +59,6 @@ __all__ = [
     "scan_shard",
     "sidecar_name",
     "unchanged",
+    "unpipe_url",
     "with_repair_hint",
 ]

@@ -6,6 +6,9 @@
 - :func:`is_remote_url`, :func:`check_remote_ref` — an index read from a remote location may
   not name the user's local files.
 - :func:`expand_braces` — shell-style ``{000..099}`` and ``{a,b}`` patterns.
+- :func:`unpipe_url` — webdataset's ``pipe:curl -s URL`` (and ``gsutil cat``, ``gcloud storage
+  cat``, ``aws s3 cp URL -``) read as the URL they fetch; every other ``pipe:`` is refused.
+  :func:`resolve_url` and :func:`expand_braces` apply it, so every way shard URLs enter does.
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import shlex
+import warnings
 from collections.abc import Mapping
 from itertools import product
 
+from ..errors import PipeCommandError
 from ..storage import redact_url
 from .model import ShardInfo
 
@@ -29,6 +35,7 @@ __all__ = [
     "is_remote_url",
     "map_url",
     "resolve_url",
+    "unpipe_url",
     "url_dir",
 ]
 
@@ -50,7 +57,11 @@ def resolve_url(url: str, base: str | None) -> str:
     Example:
         >>> resolve_url("../b/x.tar", "s3://bucket/a")
         's3://bucket/b/x.tar'
+
+    Raises:
+        PipeCommandError: A ``pipe:`` URL that :func:`unpipe_url` does not map.
     """
+    url = unpipe_url(url)
     if "://" in url or "::" in url:
         return url
     if base and "::" in base:
@@ -230,7 +241,11 @@ def expand_braces(pattern: str) -> list[str]:
         ['train-000.tar', 'train-001.tar', 'train-002.tar']
         >>> expand_braces("{a,b}-{1..2}")
         ['a-1', 'a-2', 'b-1', 'b-2']
+
+    A ``pipe:`` pattern is first read by :func:`unpipe_url` (and refused if it is not a known
+    fetch).
     """
+    pattern = unpipe_url(pattern)
     pieces: list[list[str]] = []
     pos = 0
     for m in _BRACE.finditer(pattern):
@@ -242,3 +257,125 @@ def expand_braces(pattern: str) -> list[str]:
         pos = m.end()
     pieces.append([pattern[pos:]])
     return ["".join(parts) for parts in product(*pieces)]
+
+
+# -------------------------------------------------------------------------------------------
+# webdataset's pipe: URLs
+
+# curl's flags that change neither what is fetched nor where it goes.
+_CURL_FLAGS = frozenset(
+    ("-s", "-S", "-L", "-f", "--silent", "--show-error", "--location", "--fail")
+)
+_CURL_SHORT = re.compile(r"^-[sSLf]+$")
+# Commands that write one object to stdout: (words before the URL, words after, URL schemes).
+_FETCHES: tuple[tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]], ...] = (
+    (("gsutil", "cat"), (), ("gs",)),
+    (("gcloud", "storage", "cat"), (), ("gs",)),
+    (("aws", "s3", "cp"), ("-",), ("s3",)),
+)
+_PUNCTUATION = frozenset(";|&<>()")
+_SAFE_URL = re.compile(r"^[A-Za-z0-9]+://[^/\s]+(/[^\s]*)?$")
+_warned: set[str] = set()
+
+
+def _shown(tokens: list[str]) -> str:
+    """A refused command as errors show it: URLs redacted, any other argument elided."""
+    known = {"curl", "gsutil", "gcloud", "aws", "cat", "cp", "s3", "storage", "-", "||", "true"}
+    out = []
+    for t in tokens:
+        if "://" in t:
+            out.append(redact_url(t))
+        elif t in known or t in _CURL_FLAGS or _CURL_SHORT.match(t) or set(t) <= _PUNCTUATION:
+            out.append(t)
+        else:
+            out.append("…")
+    return "pipe:" + " ".join(out)
+
+
+def _url_of(tokens: list[str]) -> tuple[str, str] | None:
+    """The URL a known fetch command reads, and the command's shape, or ``None``."""
+    if tokens[-2:] == ["||", "true"]:
+        tokens = tokens[:-2]
+    if not tokens:
+        return None
+    if tokens[0] == "curl":
+        args = [t for t in tokens[1:] if t not in _CURL_FLAGS and not _CURL_SHORT.match(t)]
+        if len(args) != 1:
+            return None
+        url = args[0]
+        schemes: tuple[str, ...] = ("http", "https")
+        shape = " ".join("URL" if t == url else t for t in tokens)
+    else:
+        for before, after, fetch_schemes in _FETCHES:
+            n = len(before)
+            if tuple(tokens[:n]) == before and tuple(tokens[n + 1 :]) == after:
+                url, schemes = tokens[n], fetch_schemes
+                shape = " ".join((*before, "URL", *after))
+                break
+        else:
+            return None
+    if url.split("://", 1)[0].lower() not in schemes or not _SAFE_URL.match(url):
+        return None
+    return url, shape
+
+
+def unpipe_url(url: str) -> str:
+    """The URL a webdataset ``pipe:`` shard URL fetches; any other URL unchanged.
+
+    Shard lists written for webdataset say ``pipe:curl -s -L https://host/x.tar || true``,
+    ``pipe:gsutil cat gs://b/x.tar``, ``pipe:gcloud storage cat gs://b/x.tar`` or
+    ``pipe:aws s3 cp s3://b/x.tar -``. wids never runs a shell command: these exact shapes
+    (curl with only ``-s -S -L -f`` and their long forms, one ``http(s)`` URL; an optional
+    ``|| true``) are read as the URL, through fsspec, with a warning once per process per
+    shape. Anything else — other commands or flags, several URLs, ``;``, pipes, ``&&``,
+    ``$(...)``, backticks, redirections — is refused.
+
+    Args:
+        url: A shard URL or path, possibly ``pipe:...``.
+
+    Returns:
+        ``url``, or the URL its ``pipe:`` command fetches.
+
+    Raises:
+        PipeCommandError: A ``pipe:`` URL that is not one of the known fetches.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     unpipe_url("pipe:curl -s -L http://host/a.tar || true")
+        'http://host/a.tar'
+    """
+    if not url.startswith("pipe:"):
+        return url
+    command = url[len("pipe:") :]
+    try:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        lexer.commenters = ""
+        tokens = list(lexer)
+    except ValueError:  # an unclosed quote
+        raise PipeCommandError(
+            "a pipe: command wids cannot parse (unbalanced quotes): refused; wids never runs "
+            "shell commands, give the shard's URL instead",
+            shard="pipe:…",
+        ) from None
+    found = _url_of(tokens) if not any(c in command for c in "`$\\\n\r") else None
+    if found is None:
+        raise PipeCommandError(
+            "not a plain fetch of one URL (curl [-s -S -L -f] http(s)://..., gsutil cat gs://..., "
+            "gcloud storage cat gs://..., aws s3 cp s3://... -, optionally || true): refused; "
+            "wids never runs shell commands, give the shard's URL instead",
+            shard=_shown(tokens),
+        )
+    target, shape = found
+    if shape not in _warned:
+        _warned.add(shape)
+        warnings.warn(
+            f"wids reads 'pipe:{shape}' shard URLs as the URL itself through fsspec "
+            f"(pipe:{shape.replace('URL', redact_url(target), 1)} -> {redact_url(target)}); "
+            "wids never runs shell commands: write the URLs into the shard list to silence this",
+            UserWarning,
+            stacklevel=3,
+        )
+    return target
