@@ -9,6 +9,7 @@ import fsspec
 
 from wids.cache import Promoter, ShardCache
 from wids.cache.promote import BackgroundFetches
+from wids.index import Fingerprint
 from wids.storage import Source
 
 
@@ -51,16 +52,18 @@ def test_promoter_share_wait_failure_and_backoff(tmp_path):
     src = Source("memory://wids-promote/a.tar")
     cache = ShardCache(tmp_path)
     promoter = Promoter(cache, share=0.1)
-    promoter.requested(src, 500, shard_bytes=10_000, size=10_000)
+    promoter.requested(src, 500, shard_bytes=10_000, expected=Fingerprint(10_000))
     assert promoter.open_if_ready(src.url) is None  # below the share: nothing started
-    promoter.requested(src, 500, shard_bytes=10_000, size=10_000)  # 10 %: promote
-    with promoter.open_if_ready(src.url, size=10_000) as shard:  # waits for the fetch
+    promoter.requested(src, 500, shard_bytes=10_000, expected=Fingerprint(10_000))  # 10 %: promote
+    with promoter.open_if_ready(
+        src.url, expected=Fingerprint(10_000)
+    ) as shard:  # waits for the fetch
         assert shard.read_range(0, 10_000) == data
     # Evicted later: promoting again needs twice the share.
     assert cache.remove(src.url)
-    promoter.requested(src, 1500, shard_bytes=10_000, size=10_000)
+    promoter.requested(src, 1500, shard_bytes=10_000, expected=Fingerprint(10_000))
     assert promoter.open_if_ready(src.url) is None
-    promoter.requested(src, 500, shard_bytes=10_000, size=10_000)
+    promoter.requested(src, 500, shard_bytes=10_000, expected=Fingerprint(10_000))
     again = promoter.open_if_ready(src.url)
     assert again is not None
     again.close()
@@ -72,7 +75,7 @@ def test_promoter_share_wait_failure_and_backoff(tmp_path):
     assert missing.url not in promoter._futures
     # Larger than the budget: never promoted.
     small = Promoter(ShardCache(tmp_path / "small", max_bytes=100), share=0.0)
-    small.requested(src, 1, shard_bytes=10_000, size=10_000)
+    small.requested(src, 1, shard_bytes=10_000, expected=Fingerprint(10_000))
     assert src.url not in small._futures
     promoter.close()
     fs.rm("/wids-promote", recursive=True)

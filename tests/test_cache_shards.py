@@ -21,6 +21,7 @@ from wids.errors import (
     OfflineError,
     ShardNotFoundError,
 )
+from wids.index import Fingerprint
 from wids.lock import FileLock
 from wids.storage import FileStat, Source, url_name
 
@@ -191,6 +192,29 @@ def test_md5_verified(tmp_path):
     assert cache.entries()[0].md5sum == good
     store.open(cache, url, md5sum=good).close()
     assert store.calls[url] == 2
+
+
+def test_expected_fingerprint_is_the_keywords_in_one(tmp_path):
+    # ``expected=`` (what the dataset passes: ShardInfo.fingerprint, mtime included) checks
+    # the same as size=/etag=/md5sum=; giving both ways at once is refused.
+    store = Store()
+    url = store.put("s3://b/x.tar", blob(1000), etag="v1")
+    good = hashlib.md5(store.objects[url]).hexdigest()
+    cache = ShardCache(tmp_path)
+    wrong = [Fingerprint(999), Fingerprint(1000, '"v0"'), Fingerprint(1000, md5="0" * 32)]
+    for fp, what in zip(wrong, ["size", "etag", "md5"], strict=True):
+        with pytest.raises(IndexMismatchError, match=what):
+            cache.open_with(url, store.download(url), expected=fp)
+    assert listing(cache, "data") == []
+    expected = Fingerprint(1000, "v1", mtime=12345.0, md5=good)
+    cache.open_with(url, store.download(url), expected=expected).close()
+    assert cache.entries()[0].md5sum == good
+    with cache.open_cached(url, expected=expected) as shard:
+        assert shard.read_range(0, 1000) == store.objects[url]
+    assert cache.open_cached(url, expected=Fingerprint(1000, "v2")) is None
+    assert store.calls[url] == 4
+    with pytest.raises(ValueError, match="not both"):
+        cache.open_with(url, store.download(url), expected=expected, size=1000)
 
 
 def test_etag_checked_on_download_and_on_open(tmp_path):
@@ -557,7 +581,7 @@ def test_waiting_fetcher_takes_a_copy_fetched_meanwhile(tmp_path):
     t = threading.Thread(target=opener)
     t.start()
     time.sleep(0.3)  # the opener found nothing cached and waits to become the fetcher
-    cache._fetch(key, url, store.download(url), 2000, None, None)  # "another process"
+    cache._fetch(key, url, store.download(url), Fingerprint(2000))  # "another process"
     t.join(10)
     reader_hold.release()
     assert result["data"] == store.objects[url]

@@ -31,9 +31,7 @@ def download_entry(
     key: str,
     url: str,
     download: Callable[[str], Any],
-    size: int | None,
-    etag: str | None,
-    md5sum: str | None,
+    expected: Fingerprint,
     max_bytes: int | None,
 ) -> None:
     """Download ``url`` with ``download(dest)``, verify it, record it and publish it as ``key``.
@@ -43,10 +41,8 @@ def download_entry(
         key: The entry's name (:func:`wids.storage.url_name` of the URL).
         url: The shard.
         download: Writes the whole shard to the path it is given; may return an object with an
-            ``etag`` attribute (a ``FileStat``), compared with ``etag`` and recorded.
-        size: Expected size, if known.
-        etag: Expected etag, if known.
-        md5sum: Expected hex MD5, if known.
+            ``etag`` attribute (a ``FileStat``), compared with the expected etag and recorded.
+        expected: What the index says the shard is (size, etag and MD5 where known).
         max_bytes: The cache's budget, if any: a larger copy is refused.
 
     Raises:
@@ -58,10 +54,10 @@ def download_entry(
         result = download(tmp.path)
         got = os.stat(tmp.path).st_size
         got_etag = getattr(result, "etag", None)
-        _check(url, Fingerprint(size, etag), Fingerprint(got, got_etag))
+        _check(url, expected, Fingerprint(got, got_etag))
         check_fits(url, got, max_bytes)
-        if md5sum is not None:
-            _check(url, Fingerprint(md5=md5sum), Fingerprint(md5=md5_file(tmp.path)))
+        if expected.md5 is not None:
+            _check(url, expected, Fingerprint(md5=md5_file(tmp.path)))
         if tmp.fd is None:  # an invariant, kept under python -O
             raise RuntimeError("internal error: tmp.fd is not set")
         os.fsync(tmp.fd)
@@ -70,7 +66,8 @@ def download_entry(
         # recorded entries. Neither the record nor the rename is fsynced (two fsyncs per
         # download doubled the cost of small entries): after a crash, losing either only
         # makes the entry invalid, refetched and replaced on its next open.
-        rec = new_record(url, os.fstat(tmp.fd), etag if got_etag is None else got_etag, md5sum)
+        etag = expected.etag if got_etag is None else got_etag
+        rec = new_record(url, os.fstat(tmp.fd), etag, expected.md5)
         files.write_record(key, rec, fsync=False)
         cachedir.check_layout(files.cache_dir, ENTRY_SUBDIRS)  # never publish through a link
         tmp.publish(files.data(key), fsync=False)

@@ -120,11 +120,9 @@ class EntryFiles:
         key: str,
         url: str,
         st: os.stat_result,
-        size: int | None,
-        etag: str | None,
-        md5sum: str | None,
+        expected: Fingerprint,
     ) -> dict[str, Any] | None:
-        """The record if the data file ``st`` is the intact, expected copy of ``url``."""
+        """The record if the data file ``st`` is the intact copy of ``url`` that is ``expected``."""
         rec = self.read_record(key)
         if rec is None or rec.get("url_sha256") != _url_hash(url):
             return None
@@ -136,19 +134,19 @@ class EntryFiles:
             log.info("cache entry %s changed behind the cache's back; refetching", key)
             return None
         have = Fingerprint(st.st_size, rec.get("etag"), md5=rec.get("md5sum"))
-        if Fingerprint(size, etag, md5=md5sum).mismatch(have) is not None:
+        if expected.mismatch(have) is not None:
             return None
-        if md5sum is not None and have.md5 is None:
+        if expected.md5 is not None and have.md5 is None:
             return None  # never checked against an md5: not served as checked
         return rec
 
-    def is_valid(self, key: str, url: str, *expected: Any) -> bool:
-        """Whether the entry is the intact, expected copy of ``url`` (no lock taken)."""
+    def is_valid(self, key: str, url: str, expected: Fingerprint) -> bool:
+        """Whether the entry is the intact copy of ``url`` that is ``expected`` (no lock taken)."""
         try:
             st = os.stat(self.data(key))
         except FileNotFoundError:
             return False
-        return self.check(key, url, st, *expected) is not None
+        return self.check(key, url, st, expected) is not None
 
     # -- listing ----------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CacheError, LockTimeoutError, ShardNotFoundError
+from ..index import Fingerprint
 from ..lock import FileLock
 from ..storage import redact_url
 from .entries import EntryFiles
@@ -124,9 +125,7 @@ def open_valid(
     files: EntryFiles,
     key: str,
     url: str,
-    size: int | None,
-    etag: str | None,
-    md5sum: str | None,
+    expected: Fingerprint,
     lock: FileLock,
     on_close: Callable[[], None] | None = None,
 ) -> CachedShard | None:
@@ -139,7 +138,7 @@ def open_valid(
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    rec = files.check(key, url, os.fstat(fd), size, etag, md5sum)
+    rec = files.check(key, url, os.fstat(fd), expected)
     if rec is None:
         os.close(fd)
         return None

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol
 from ..storage import redact_url
 
 if TYPE_CHECKING:
+    from ..index import Fingerprint
     from ..storage import IOStats, Source
     from .handle import CachedShard
 
@@ -72,9 +73,7 @@ class PromotionCache(Protocol):
         self,
         source: Source,
         *,
-        size: int | None = None,
-        etag: str | None = None,
-        md5sum: str | None = None,
+        expected: Fingerprint | None = None,
         stats: IOStats | None = None,
         verify: Callable[[str], None] | None = None,
     ) -> Future[None]:
@@ -85,9 +84,7 @@ class PromotionCache(Protocol):
         self,
         url: str,
         *,
-        size: int | None = None,
-        etag: str | None = None,
-        md5sum: str | None = None,
+        expected: Fingerprint | None = None,
     ) -> CachedShard | None:
         """The cached copy of ``url`` if it is cached now, else ``None``."""
         ...
@@ -143,9 +140,7 @@ class Promoter:
         nbytes: int,
         *,
         shard_bytes: int,
-        size: int | None = None,
-        etag: str | None = None,
-        md5sum: str | None = None,
+        expected: Fingerprint | None = None,
         stats: IOStats | None = None,
         verify: Callable[[str], None] | None = None,
     ) -> None:
@@ -155,9 +150,8 @@ class Promoter:
             source: The remote shard.
             nbytes: Bytes just requested.
             shard_bytes: The shard's size, or an estimate (the end of its last member).
-            size: The exact size from the index, if known (verified after the fetch).
-            etag: Expected etag, if known.
-            md5sum: Expected MD5, if known.
+            expected: What the index says the shard is (``ShardInfo.fingerprint``), verified
+                after the fetch.
             stats: I/O counters for the fetch.
             verify: Checks the downloaded copy before the cache publishes it (raises if
                 it is wrong); see :meth:`ShardCache.open`.
@@ -175,18 +169,18 @@ class Promoter:
                 return
             log.debug("promoting %s into the cache", redact_url(url))
             self._futures[url] = self.cache.prefetch(
-                source, size=size, etag=etag, md5sum=md5sum, stats=stats, verify=verify
+                source, expected=expected, stats=stats, verify=verify
             )
 
     def open_if_ready(
         self,
         url: str,
         *,
-        size: int | None = None,
-        etag: str | None = None,
-        md5sum: str | None = None,
+        expected: Fingerprint | None = None,
     ) -> CachedShard | None:
         """The cached copy of a shard being promoted, once its fetch has finished.
+
+        ``expected`` as for :meth:`requested`.
 
         Returns:
             The open cached shard; ``None`` if the shard is not being promoted, its fetch is
@@ -216,7 +210,7 @@ class Promoter:
                 return None
             self._requested.pop(url, None)
             self._promotions[url] = self._promotions.get(url, 0) + 1
-        return self.cache.open_cached(url, size=size, etag=etag, md5sum=md5sum)
+        return self.cache.open_cached(url, expected=expected)
 
     def close(self) -> None:
         """Stop background fetches."""

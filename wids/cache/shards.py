@@ -3,19 +3,20 @@
 API (what ``ShardListDataset`` and the ``wids cache`` command use)::
 
     cache = ShardCache(cache_dir, max_bytes=None, keep=False, lock_timeout=600.0, offline=False)
-    with cache.open(source, size=..., etag=..., md5sum=..., stats=...) as shard:
+    with cache.open(source, expected=info.fingerprint, stats=...) as shard:
         shard.path, shard.size, shard.read_range(start, end)     # os.pread on the cached file
-    cache.open_with(url, download, size=..., etag=..., md5sum=...)  # core: download(dest) -> any
-    cache.open_cached(url, ...) -> CachedShard | None             # only if cached now
-    cache.prefetch(source, ...) -> Future                         # background fetch
+    cache.open_with(url, download, expected=...)                # core: download(dest) -> any
+    cache.open_cached(url, expected=...) -> CachedShard | None  # only if cached now
+    cache.prefetch(source, expected=..., ...) -> Future         # background fetch
     cache.contains(url); cache.entries(); cache.total_bytes()
     cache.evict_to(max_bytes); cache.clean(older_than=None, max_bytes=None); cache.remove(url)
 
+``expected`` is a :class:`wids.index.Fingerprint` (or give ``size=``, ``etag=``, ``md5sum=``).
 The directory's layout is documented (and owned) by :mod:`wids.cache.layout`; entries'
 records and files by :mod:`wids.cache.entries`; an open entry by :mod:`wids.cache.handle`.
 
 Protocol: an open takes the entry's lock shared and checks the entry (record present, data
-file's size, inode and mtime as recorded, and the caller's size/etag/md5 when given). If the
+file's size, inode and mtime as recorded, and the expected size/etag/md5 when known). If the
 check fails it upgrades to exclusive (waiting a quarter second at a time, then checking again:
 a copy another process fetched meanwhile may be held shared by its readers indefinitely),
 checks again, removes temporary files left by killed downloads of this entry, downloads into
@@ -34,9 +35,11 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import CacheError, OfflineError
+from ..index import Fingerprint
 from ..lock import FileLock
 from ..storage import redact_url, url_name
 from . import budget
@@ -138,6 +141,7 @@ class ShardCache:
         self,
         source: Source,
         *,
+        expected: Fingerprint | None = None,
         size: int | None = None,
         etag: str | None = None,
         md5sum: str | None = None,
@@ -150,9 +154,11 @@ class ShardCache:
 
         Args:
             source: The shard.
-            size: Expected size (from the index); checked, and used for the budget up front.
-            etag: Expected etag; a cached copy with another etag is fetched again.
-            md5sum: Expected hex MD5, verified after download.
+            expected: What the index says (``ShardInfo.fingerprint``): the size is checked
+                (and budgeted up front), another etag is fetched again, the MD5 verified.
+            size: Expected size, instead of ``expected``.
+            etag: Expected etag, instead of ``expected``.
+            md5sum: Expected hex MD5, instead of ``expected``.
             stats: I/O counters for the download.
             verify: Called with the downloaded file's path before it is published; raises if
                 the copy is wrong (e.g. ``wids.dataset.readers.download_check``: member
@@ -170,24 +176,26 @@ class ShardCache:
             CacheDirError: ``cache_dir`` is not one wids may use (not empty and not a wids
                 cache, or a subdirectory is a symbolic link).
         """
+        expect = _expectation(expected, size, etag, md5sum)
         if source.is_local:
             return open_local(source.url, source.local_path or source.url)
-        if size is None and self.max_bytes is not None and not self.offline:
-            size = source.info(stats).size
+        if expect.size is None and self.max_bytes is not None and not self.offline:
+            expect = replace(expect, size=source.info(stats).size)
 
         def download(dest: str) -> Any:
-            stat = source.download(dest, stats=stats, expected_size=size)
+            stat = source.download(dest, stats=stats, expected_size=expect.size)
             if verify is not None:
                 verify(dest)
             return stat
 
-        return self.open_with(source.url, download, size=size, etag=etag, md5sum=md5sum)
+        return self.open_with(source.url, download, expected=expect)
 
     def open_with(
         self,
         url: str,
         download: Callable[[str], Any],
         *,
+        expected: Fingerprint | None = None,
         size: int | None = None,
         etag: str | None = None,
         md5sum: str | None = None,
@@ -195,11 +203,12 @@ class ShardCache:
         """The core of :meth:`open`: ``download(dest_path)`` writes the whole shard to a path.
 
         ``download`` may return an object with an ``etag`` attribute (a ``FileStat``), which
-        is then compared with ``etag`` and recorded.
+        is then compared with the expected etag and recorded. Expectations as for :meth:`open`.
         """
+        expect = _expectation(expected, size, etag, md5sum)
         self._prepare()
-        if size is not None:
-            budget.check_fits(url, size, self.max_bytes)
+        if expect.size is not None:
+            budget.check_fits(url, expect.size, self.max_bytes)
         key = url_name(url)
         deadline = time.monotonic() + self.lock_timeout
         lock = FileLock(self.files.lockfile(key), shared=True)
@@ -207,7 +216,7 @@ class ShardCache:
         while True:
             acquire(lock, url, deadline, self.lock_timeout)
             try:
-                shard = self._open_valid(key, url, size, etag, md5sum, lock)
+                shard = self._open_valid(key, url, expect, lock)
                 if shard is not None:
                     return shard
                 if self.offline:
@@ -229,11 +238,11 @@ class ShardCache:
             if not try_upgrade(lock, url, deadline, self.lock_timeout):
                 continue
             try:
-                if not self.files.is_valid(key, url, size, etag, md5sum):
+                if not self.files.is_valid(key, url, expect):
                     fetches += 1
-                    self._fetch(key, url, download, size, etag, md5sum)
+                    self._fetch(key, url, download, expect)
                 lock.downgrade(timeout=self.lock_timeout)  # the fetch may have used the deadline
-                shard = self._open_valid(key, url, size, etag, md5sum, lock)
+                shard = self._open_valid(key, url, expect, lock)
             except BaseException:
                 if lock.locked:
                     lock.release()
@@ -246,15 +255,17 @@ class ShardCache:
         self,
         url: str,
         *,
+        expected: Fingerprint | None = None,
         size: int | None = None,
         etag: str | None = None,
         md5sum: str | None = None,
     ) -> CachedShard | None:
-        """Open ``url``'s entry if an intact copy is cached now; never downloads or waits long.
+        """Open ``url``'s entry if an intact copy is cached now (as expected, see :meth:`open`).
 
         Returns:
             The open shard, or ``None`` if it is not cached (or another process is writing it).
         """
+        expect = _expectation(expected, size, etag, md5sum)
         key = url_name(url)
         if not os.path.exists(self.files.data(key)) or not self._prepare(create=False):
             return None
@@ -262,7 +273,7 @@ class ShardCache:
         if not lock.acquire(blocking=False):
             return None
         try:
-            shard = self._open_valid(key, url, size, etag, md5sum, lock)
+            shard = self._open_valid(key, url, expect, lock)
         except BaseException:
             lock.release()
             raise
@@ -274,15 +285,13 @@ class ShardCache:
         self,
         key: str,
         url: str,
-        size: int | None,
-        etag: str | None,
-        md5sum: str | None,
+        expected: Fingerprint,
         lock: FileLock,
     ) -> CachedShard | None:
         """With ``lock`` held shared: an open shard if the entry is valid, else ``None``."""
         budgeted = self.max_bytes is not None and not self.keep
         on_close = self._evict_quietly if budgeted else None
-        shard = open_valid(self.files, key, url, size, etag, md5sum, lock, on_close)
+        shard = open_valid(self.files, key, url, expected, lock, on_close)
         if shard is not None and budgeted:
             with self._mutex:
                 self._open_shards.add(shard)
@@ -295,16 +304,14 @@ class ShardCache:
         key: str,
         url: str,
         download: Callable[[str], Any],
-        size: int | None,
-        etag: str | None,
-        md5sum: str | None,
+        expected: Fingerprint,
     ) -> None:
         self.files.remove_files(key)
         if self.max_bytes is not None:
             budget.make_room(
-                self.files, size or 0, url, self.max_bytes, self.keep, self.lock_timeout
+                self.files, expected.size or 0, url, self.max_bytes, self.keep, self.lock_timeout
             )
-        download_entry(self.files, key, url, download, size, etag, md5sum, self.max_bytes)
+        download_entry(self.files, key, url, download, expected, self.max_bytes)
         if self.max_bytes is not None and not self.keep:
             self._evict_quietly()
 
@@ -317,7 +324,7 @@ class ShardCache:
 
     def contains(self, url: str) -> bool:
         """Whether an intact copy of ``url`` is cached (no lock taken: a hint)."""
-        return self.files.is_valid(url_name(url), url, None, None, None)
+        return self.files.is_valid(url_name(url), url, Fingerprint())
 
     def entries(self) -> list[CacheEntry]:
         """The recorded entries that have their data, least recently used first.
@@ -379,6 +386,7 @@ class ShardCache:
         self,
         source: Source,
         *,
+        expected: Fingerprint | None = None,
         size: int | None = None,
         etag: str | None = None,
         md5sum: str | None = None,
@@ -389,15 +397,24 @@ class ShardCache:
 
         The future's result is ``None``; its exception is what :meth:`open` would raise.
         """
+        expect = _expectation(expected, size, etag, md5sum)
 
         def job() -> None:
-            shard = self.open(
-                source, size=size, etag=etag, md5sum=md5sum, stats=stats, verify=verify
-            )
-            shard.close()
+            self.open(source, expected=expect, stats=stats, verify=verify).close()
 
         return self._background.submit(source.url, job)
 
     def close(self) -> None:
         """Stop background fetches (waiting for those running)."""
         self._background.close()
+
+
+def _expectation(
+    expected: Fingerprint | None, size: int | None, etag: str | None, md5sum: str | None
+) -> Fingerprint:
+    """The one :class:`Fingerprint` a public method was given (ValueError if given twice)."""
+    if expected is None:
+        return Fingerprint(size, etag, md5=md5sum)
+    if (size, etag, md5sum) != (None, None, None):
+        raise ValueError("give expected or size/etag/md5sum, not both")
+    return expected

@@ -291,17 +291,18 @@ class ReaderPool:
         source = self.catalog.source(info.url, info)
         if source.etag is None:
             source.etag = pin
-        expect: dict[str, Any] = {"size": info.size, "etag": info.etag, "md5sum": info.md5sum}
+        expected = info.fingerprint  # what a cached copy must be
         local = self.local
         uses_cache = local.cache_dir is not None and self.access != "range"
         if uses_cache and not source.is_local:
             if self.access == "shard" or local.offline:
                 verify = download_check(members, info.url)
                 shard = local.shard_cache().open(
-                    source, stats=self.catalog.store.stats, verify=verify, **expect
+                    source, expected=expected, stats=self.catalog.store.stats, verify=verify
                 )
                 return CachedReader(shard)
-            cached = local.shard_cache().open_cached(info.url, **expect)  # promoted earlier
+            # promoted earlier
+            cached = local.shard_cache().open_cached(info.url, expected=expected)
             if cached is not None:
                 return CachedReader(cached)
         local.check_online(info.url)
@@ -326,9 +327,7 @@ class ReaderPool:
             reader.source,
             nbytes,
             shard_bytes=shard_bytes,
-            size=info.size,
-            etag=info.etag,
-            md5sum=info.md5sum,
+            expected=info.fingerprint,
             stats=self.catalog.store.stats,
             verify=download_check(members, info.url),
         )
@@ -339,9 +338,7 @@ class ReaderPool:
         promoter = self._promoter
         if promoter is None:  # closed meanwhile by another thread
             return reader
-        cached = promoter.open_if_ready(
-            info.url, size=info.size, etag=info.etag, md5sum=info.md5sum
-        )
+        cached = promoter.open_if_ready(info.url, expected=info.fingerprint)
         if cached is None:
             return reader
         with self._lock:
