@@ -8,7 +8,10 @@ import os
 import pickle
 import random
 import shutil
+import subprocess
+import sys
 import time
+import typing
 import warnings
 
 import fsspec
@@ -612,3 +615,92 @@ def test_scanned_shard_from_the_scan_cache_is_checked_on_first_touch(tmp_path):
     ds = ShardListDataset(shards, transformations=[], cache_dir=cache)
     with pytest.raises(IndexMismatchError, match="the header names 'a0002.cls'"):
         ds[0]
+
+
+# -- a torch Dataset when torch is installed, and a light ``import wids`` --------------------
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run_python(code: str, *args: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter that imports this checkout's ``wids``."""
+    env = {**os.environ, "PYTHONPATH": REPO}
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=REPO
+    )
+
+
+def _annotated(a: ShardListDataset[dict], b: ShardListDataset[list[dict]]) -> None:
+    """Annotations as the reference's users write them (evaluated by ``get_type_hints``)."""
+
+
+def test_is_a_generic_torch_dataset(json_index, oracle):
+    torch = pytest.importorskip("torch")
+    ds = ShardListDataset(json_index, transformations=[])
+    assert isinstance(ds, torch.utils.data.Dataset)
+    hints = typing.get_type_hints(_annotated)
+    assert typing.get_origin(hints["a"]) is ShardListDataset
+    assert typing.get_args(hints["b"]) == (list[dict],)
+    typed = ShardListDataset[dict](json_index, transformations=[])
+    assert type(typed) is ShardListDataset and isinstance(typed, torch.utils.data.Dataset)
+    again = pickle.loads(pickle.dumps(typed))
+    assert strip_meta(again[3]) == oracle[3]
+
+
+def test_add_gives_a_concat_dataset_read_by_spawned_workers(json_index, shards, oracle):
+    torch = pytest.importorskip("torch")
+    first = ShardListDataset(json_index, transformations=[])
+    second = ShardListDataset(shards[:1], transformations=[])
+    both = first + second
+    assert isinstance(both, torch.utils.data.ConcatDataset)
+    assert len(both) == len(oracle) + NSAMPLES
+    assert isinstance(both + first, torch.utils.data.ConcatDataset)
+    loader = torch.utils.data.DataLoader(
+        both,
+        batch_size=16,
+        num_workers=2,
+        multiprocessing_context="spawn",
+        collate_fn=list,
+    )
+    got = [strip_meta(s) for batch in loader for s in batch]
+    assert got == oracle + oracle[:NSAMPLES]
+
+
+def test_import_wids_imports_torch_only_when_the_dataset_is_used():
+    code = (
+        "import sys, wids\n"
+        "names = dir(wids)\n"
+        "assert 'torch' not in sys.modules and 'PIL' not in sys.modules\n"
+        "assert 'ShardListDataset' in names and 'DatasetStats' in names, names\n"
+        "import torch.utils.data as tud\n"
+        "assert issubclass(wids.ShardListDataset, tud.Dataset)\n"
+        "assert wids.ShardListDataset is wids.dataset.ShardListDataset\n"
+        "assert dir(wids) == names\n"
+    )
+    r = _run_python(code)
+    assert r.returncode == 0, r.stderr
+
+
+def test_works_without_torch(shards, oracle, tmp_path):
+    """The core and the dataset with torch unimportable; only ``+`` needs it."""
+    code = (
+        "import json, pickle, sys\n"
+        "sys.modules['torch'] = None\n"
+        "import wids\n"
+        "import wids.index, wids.tar\n"
+        "shards, out = json.loads(sys.argv[1]), sys.argv[2]\n"
+        "wids.build_index(shards, out)\n"
+        "ds = wids.ShardListDataset[dict](out, transformations=[])\n"
+        "ds = pickle.loads(pickle.dumps(ds))\n"
+        "assert wids.ShardListDataset[list[dict]] is not None\n"
+        "try:\n"
+        "    ds + ds\n"
+        "except ImportError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('+ without torch')\n"
+        "print(json.dumps([ds[i]['__key__'] for i in range(len(ds))]))\n"
+    )
+    r = _run_python(code, json.dumps(shards), str(tmp_path / "i.json"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == [s["__key__"] for s in oracle]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .cache import ShardCache
-from .dataset import DatasetStats, ShardListDataset
 from .decode import Decoder, default_decoders
 from .encode import Encoder
 from .errors import (
@@ -55,6 +56,13 @@ from .sampler import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
 from .shardwriter import ShardWriter
 from .storage import IOStats, RetryPolicy
 from .writer import TarWriter
+
+if TYPE_CHECKING:
+    from .dataset import DatasetStats, ShardListDataset
+
+# Imported on first use: the dataset subclasses ``torch.utils.data.Dataset`` when torch is
+# installed, and ``import wids`` must not import torch.
+_FROM_DATASET = ("DatasetStats", "ShardListDataset")
 
 __all__ = [
     "BuildReport",
@@ -114,12 +122,19 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> str:
-    """``wids.__version__``, read from the installed package's metadata on first use.
+def __getattr__(name: str) -> Any:
+    """Names resolved on first use: the dataset's (importing torch if installed), ``__version__``.
 
-    The version lives in one place, ``pyproject.toml``; looking it up lazily keeps
-    ``import wids`` free of file-system work.
+    ``wids.__version__`` is read from the installed package's metadata: the version lives in one
+    place, ``pyproject.toml``, and looking it up lazily keeps ``import wids`` free of file-system
+    work.
     """
+    if name in _FROM_DATASET or name == "dataset":
+        # ``from .dataset import`` imports the submodule, which binds ``wids.dataset`` too.
+        from .dataset import DatasetStats, ShardListDataset
+
+        globals().update(DatasetStats=DatasetStats, ShardListDataset=ShardListDataset)
+        return globals()[name]
     if name != "__version__":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from importlib.metadata import PackageNotFoundError, version
@@ -130,3 +145,9 @@ def __getattr__(name: str) -> str:
         found = "0+unknown"
     globals()["__version__"] = found
     return found
+
+
+def __dir__() -> list[str]:
+    """As if the dataset were imported eagerly, without this module's own helpers."""
+    helpers = {"Any", "TYPE_CHECKING", "_FROM_DATASET", "__dir__"}
+    return sorted({*globals(), *_FROM_DATASET, "dataset"} - helpers)

@@ -20,7 +20,7 @@ import operator
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic
 
 import numpy as np
 
@@ -36,6 +36,26 @@ from .pool import ACCESS_MODES, DatasetStats, ReaderPool
 __all__ = ["ShardListDataset"]
 
 Transform = Callable[[dict[str, Any]], Any]
+
+if TYPE_CHECKING:
+    from torch.utils.data import ConcatDataset
+    from torch.utils.data import Dataset as _DatasetBase
+    from typing_extensions import TypeVar
+
+    # What ``ds[i]`` returns; unannotated datasets read as ``ShardListDataset[Any]``.
+    T_co = TypeVar("T_co", covariant=True, default=Any)
+else:
+    from typing import TypeVar
+
+    T_co = TypeVar("T_co", covariant=True)
+    try:
+        from torch.utils.data import Dataset as _DatasetBase
+    except ImportError:  # the core works without torch: a generic base of our own
+
+        class _DatasetBase(Generic[T_co]):
+            """What ``torch.utils.data.Dataset`` gives a subclass, for when torch is absent."""
+
+            __slots__ = ()
 
 
 class _Setting:
@@ -57,8 +77,12 @@ class _Setting:
         setattr(getattr(obj, self.part), self.name, value)
 
 
-class ShardListDataset:
+class ShardListDataset(_DatasetBase[T_co]):
     """A map-style dataset over WebDataset tar shards, reading only the samples asked for.
+
+    With torch installed it is a ``torch.utils.data.Dataset`` (generic: annotate
+    ``ShardListDataset[dict]``), and ``ds1 + ds2`` is a ``ConcatDataset``; without torch it is
+    still generic, and ``+`` needs torch.
 
     A drop-in for the reference ``wids.ShardListDataset`` (see ``docs/compat.md``), with member
     offsets: ``ds[i]`` is one range request for that sample's bytes, wherever the shards are.
@@ -245,7 +269,7 @@ class ShardListDataset:
             self._check_process()
         return self._pool.read(*self._catalog.locate(index))
 
-    def __getitem__(self, index: Any) -> Any:
+    def __getitem__(self, index: Any) -> T_co:
         """The sample at ``index`` (negative counts from the end), transformed.
 
         Raises:
@@ -307,11 +331,19 @@ class ShardListDataset:
     def __len__(self) -> int:
         return self.total_length
 
-    def __add__(self, other: Any) -> Any:
-        """``ds1 + ds2`` as with a torch ``Dataset``: a ``torch.utils.data.ConcatDataset``."""
+    def __add__(self, other: Any) -> ConcatDataset[Any]:
+        """``ds1 + ds2`` as with a torch ``Dataset``: a ``torch.utils.data.ConcatDataset``.
+
+        Its indices run through ``ds1`` then ``ds2``. The samplers need per-shard ``lengths``,
+        which a ``ConcatDataset`` lacks: for a shard-aware order over several datasets, list
+        them under ``"datasets"`` in one description and open that instead.
+
+        Raises:
+            ImportError: torch is not installed.
+        """
         from torch.utils.data import ConcatDataset
 
-        return ConcatDataset([self, other])  # type: ignore[list-item]  # duck-typed
+        return ConcatDataset([self, other])
 
     def add_transform(self, transform: Transform) -> ShardListDataset:
         """Append a transformation (applied after the others). Returns ``self``."""
