@@ -339,20 +339,17 @@ class Catalog:
             raise _changed(problem, info.url)
 
     def check_header(self, shard: int, members: ShardMembers, reader: Any) -> None:
-        """First open in this process: one recorded member's tar header must be where it was."""
+        """First open in this process: one recorded member's tar header must be where it was.
 
-        def read(start: int, end: int) -> bytes:
-            if not reader.verifies:
-                return bytes(reader.read_span(start, end, self.store.stats))
-            # over a network a wrong answer is retried, and reported as one if it persists
-            return bytes(reader.read_span(start, end, self.store.stats, check))
-
-        def check(got: bytes) -> str | None:
-            return header_mismatch_at_spot(members, lambda *_: got)
-
-        problem = header_mismatch_at_spot(members, read)
-        if problem is not None:
-            raise _changed(problem, self.load().infos[shard].url)
+        A reader that checks the headers of every read itself (remote range reads) needs no
+        separate spot read: its first read is the check, with retries.
+        """
+        if not reader.verifies:
+            problem = header_mismatch_at_spot(
+                members, lambda start, end: bytes(reader.read_span(start, end, self.store.stats))
+            )
+            if problem is not None:
+                raise _changed(problem, self.load().infos[shard].url)
         self._verified.add(shard)
 
 
