@@ -1,0 +1,167 @@
+"""tools/latencyproxy.py: the delay and the bandwidth cap are real, and clients work through it.
+
+The timing assertions are lower bounds of physics (a response cannot arrive before the delay
+plus its size over the cap), not speed goals: a loaded machine only makes them easier to meet.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import time
+
+import fsspec
+import pytest
+from latencyproxy import LatencyProxy, ProxyProcess
+
+pytestmark = pytest.mark.servers
+
+MB = 1_000_000
+
+
+@pytest.fixture(scope="module")
+def big(http_server):
+    """A 4 MB object on nginx: its name and bytes."""
+    data = os.urandom(4 * MB)
+    http_server.put_bytes(data, "latency/big.bin")
+    return "latency/big.bin", data
+
+
+def _get(conn: http.client.HTTPConnection, path: str, headers: dict | None = None) -> bytes:
+    conn.request("GET", "/" + path, headers=headers or {})
+    resp = conn.getresponse()
+    body = resp.read()
+    assert resp.status in (200, 206), resp.status
+    return body
+
+
+def test_delay_and_cap_are_lower_bounds(http_server, big):
+    name, data = big
+    delay, mbps = 0.1, 20.0
+    with LatencyProxy(http_server.base, delay=delay, mbps=mbps) as proxy:
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=60)
+        t = time.perf_counter()
+        body = _get(conn, name)
+        whole = time.perf_counter() - t
+        t = time.perf_counter()
+        part = _get(conn, name, {"Range": "bytes=1000-1999"})
+        small = time.perf_counter() - t
+        conn.close()
+        counts = proxy.counts()
+    assert body == data and part == data[1000:2000]
+    assert whole >= delay + len(data) / (mbps * MB)  # 0.1 s + 0.2 s
+    assert small >= delay
+    assert counts["requests"] == counts["GET"] == 2
+    assert counts["bytes_out"] == len(data) + 1000
+    assert counts["connections"] == 1  # kept alive
+
+
+def test_cap_is_per_connection(http_server, big):
+    """Two connections at once each get the full cap (not a shared one)."""
+    import threading
+
+    name, data = big
+    mbps = 20.0
+    with LatencyProxy(http_server.base, delay=0.0, mbps=mbps) as proxy:
+        times: list[float] = []
+
+        def fetch() -> None:
+            conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=60)
+            t = time.perf_counter()
+            assert _get(conn, name) == data
+            times.append(time.perf_counter() - t)
+            conn.close()
+
+        threads = [threading.Thread(target=fetch) for _ in range(2)]
+        t = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        both = time.perf_counter() - t
+        assert proxy.counts()["connections"] == 2
+    assert len(times) == 2
+    assert min(times) >= len(data) / (mbps * MB)
+    # a shared cap would need 2 x 0.2 s for both; per connection they overlap (generous slack)
+    assert both < 2 * len(data) / (mbps * MB) + 1.5
+
+
+def test_keepalive_pays_the_delay_per_request(http_server, big):
+    name, data = big
+    delay = 0.05
+    with LatencyProxy(http_server.base, delay=delay, mbps=0) as proxy:
+        fs = fsspec.filesystem("http", skip_instance_cache=True)
+        t = time.perf_counter()
+        for k in range(5):
+            assert (
+                fs.cat_file(proxy.url(name), start=k * 100, end=k * 100 + 10)
+                == data[k * 100 : k * 100 + 10]
+            )
+        spent = time.perf_counter() - t
+        counts = proxy.counts()
+    assert spent >= 5 * delay
+    assert counts["requests"] >= 5
+    assert counts["connections"] < counts["requests"]  # connections were reused
+
+
+def test_s3fs_through_the_proxy(s3_server):
+    import s3fs
+
+    payload = os.urandom(300_000)
+    with LatencyProxy(s3_server.endpoint, delay=0.01, mbps=0) as proxy:
+        fs = s3fs.S3FileSystem(
+            key="testing",
+            secret="testing",
+            client_kwargs={"endpoint_url": proxy.base, "region_name": "us-east-1"},
+            skip_instance_cache=True,
+        )
+        path = f"{s3_server.bucket}/latency/obj.bin"
+        fs.pipe_file(path, payload)  # a signed PUT with a body, through the proxy
+        fs.invalidate_cache()
+        assert fs.info(path)["size"] == len(payload)
+        assert fs.cat_file(path) == payload
+        assert fs.cat_file(path, start=1000, end=5000) == payload[1000:5000]
+        counts = proxy.counts()
+    assert counts.get("PUT", 0) >= 1 and counts["bytes_in"] >= len(payload)
+    assert counts["bytes_out"] >= len(payload) + 4000
+    # and the object is really on the server behind it
+    assert s3_server.fs.cat_file(path) == payload
+
+
+def test_gcsfs_through_the_proxy(gcs_server):
+    import gcsfs
+
+    payload = os.urandom(100_000)
+    gcs_server.put_bytes(payload, "latency/obj.bin")
+    with LatencyProxy(gcs_server.endpoint, delay=0.01, mbps=0) as proxy:
+        fs = gcsfs.GCSFileSystem(
+            endpoint_url=proxy.base, token="anon", project="test", skip_instance_cache=True
+        )
+        path = f"{gcs_server.bucket}/latency/obj.bin"
+        assert fs.cat_file(path, start=10, end=2010) == payload[10:2010]
+        assert proxy.counts()["requests"] >= 1
+
+
+def test_command_line_process_and_control_path(http_server, big):
+    name, data = big
+    with ProxyProcess(http_server.base, delay=0.02, mbps=100, lifetime=120) as proxy:
+        fs = fsspec.filesystem("http", skip_instance_cache=True)
+        assert fs.cat_file(proxy.url(name), start=0, end=100) == data[:100]
+        counts = proxy.counts()
+        assert counts["requests"] >= 1 and counts["bytes_out"] >= 100
+        proxy.reset_counts()
+        assert proxy.counts()["requests"] == 0  # control requests are not counted
+    assert proxy.proc is not None and proxy.proc.returncode == 0
+
+
+def test_lifetime_bounds_the_run(http_server):
+    proxy = LatencyProxy(http_server.base, lifetime=0.3).start()
+    try:
+        assert proxy.stopped.wait(10)
+    finally:
+        proxy.stop()
+
+
+def test_upstream_must_be_loopback():
+    with pytest.raises(ValueError):
+        LatencyProxy("http://example.com:80")

@@ -1,0 +1,476 @@
+#!/usr/bin/env python
+"""An HTTP reverse proxy on 127.0.0.1 that makes a local server behave like a distant one.
+
+Every request waits ``delay`` seconds (from the moment its headers arrived) before the first
+byte of its answer goes back, and every connection's response bodies are paced to at most
+``mbps`` megabytes (10^6 bytes) per second: what an object store looks like from a machine in
+the same region (tens of ms to the first byte, tens of MB/s per connection). Connections are
+kept alive on both sides (one upstream connection per client connection), so a client that
+reuses its connections pays the delay per request, not per connection, as against a real store.
+
+It forwards requests byte for byte, ``Host`` included, so S3 SigV4 signatures made for the
+proxy's address still verify (point s3fs's ``endpoint_url`` at the proxy), and the GCS
+emulator's self-links point back at the proxy. It works in front of nginx, moto_server and
+the GCS emulator. It never listens on or connects to anything but 127.0.0.1, and stops by
+itself after ``lifetime`` seconds.
+
+Counters: requests (by method), response body bytes sent, request body bytes received,
+connections. In a subprocess they are read from ``GET /__latencyproxy__/stats`` (JSON) and
+reset by ``POST /__latencyproxy__/reset``; neither is delayed or counted.
+
+Library use::
+
+    from latencyproxy import LatencyProxy
+    with LatencyProxy("http://127.0.0.1:8080", delay=0.025, mbps=50) as proxy:  # a thread
+        fs.cat_file(proxy.url("shard-000.tar"))
+        print(proxy.counts())          # {"requests": 1, "bytes_out": ..., ...}
+
+    with ProxyProcess("http://127.0.0.1:8080") as proxy:  # its own process (no shared GIL)
+        ...
+
+Command line::
+
+    python tools/latencyproxy.py --upstream http://127.0.0.1:PORT --delay-ms 25 --mbps 50
+
+prints ``listening on http://127.0.0.1:PORT`` (then serves until ``--lifetime`` seconds pass or
+it is interrupted) and, at the end, its counters as one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections import Counter
+from typing import Any
+
+__all__ = ["LatencyProxy", "ProxyProcess", "main"]
+
+CONTROL = "/__latencyproxy__/"
+_CHUNK = 64 * 1024
+_HEAD_LIMIT = 1 << 20
+_HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"expect"}
+
+
+class _Message:
+    """A request's or response's head: start line and headers (raw, order kept)."""
+
+    def __init__(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        self.start = lines[0]
+        self.headers: list[tuple[bytes, bytes]] = []
+        for line in lines[1:]:
+            if line:
+                name, _, value = line.partition(b":")
+                self.headers.append((name.strip(), value.strip()))
+
+    def get(self, name: bytes) -> bytes | None:
+        name = name.lower()
+        return next((v for k, v in self.headers if k.lower() == name), None)
+
+    def encode(self, extra: list[tuple[bytes, bytes]] | None = None) -> bytes:
+        """The head with hop-by-hop headers replaced by ``extra``."""
+        kept = [(k, v) for k, v in self.headers if k.lower() not in _HOP_BY_HOP]
+        lines = [self.start] + [k + b": " + v for k, v in kept + (extra or [])]
+        return b"\r\n".join(lines) + b"\r\n\r\n"
+
+    def closes(self) -> bool:
+        """The sender asked to close the connection after this message."""
+        value = (self.get(b"connection") or b"").lower()
+        return b"close" in value or self.start.endswith(b"HTTP/1.0") and b"keep-alive" not in value
+
+
+class _Pacer:
+    """Releases a body at ``rate`` bytes/s: byte ``n`` no earlier than ``t0 + n / rate``."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.t0 = time.monotonic()
+        self.sent = 0
+
+    async def wait(self, nbytes: int) -> None:
+        """Wait until a chunk of ``nbytes`` may be complete at the client."""
+        self.sent += nbytes
+        if self.rate > 0:
+            due = self.t0 + self.sent / self.rate - time.monotonic()
+            if due > 0:
+                await asyncio.sleep(due)
+
+
+class LatencyProxy:
+    """The proxy, run in a daemon thread with its own event loop.
+
+    Args:
+        upstream: Base URL of the server behind it (``http://127.0.0.1:PORT``).
+        delay: Seconds from a request's arrival to the first byte of its answer.
+        mbps: Cap on each connection's response bodies, in 10^6 bytes/s (``0``: none).
+        port: Port to listen on (``0``: a free one).
+        lifetime: Seconds after which the proxy stops by itself.
+        idle: Seconds an idle client connection is kept open.
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        delay: float = 0.025,
+        mbps: float = 50.0,
+        port: int = 0,
+        lifetime: float = 3600.0,
+        idle: float = 60.0,
+    ) -> None:
+        parsed = urllib.parse.urlsplit(upstream)
+        if parsed.scheme != "http" or parsed.hostname not in ("127.0.0.1", "localhost"):
+            raise ValueError(f"upstream must be http://127.0.0.1:PORT, not {upstream!r}")
+        if delay < 0 or mbps < 0 or lifetime <= 0:
+            raise ValueError("delay and mbps must be >= 0, lifetime > 0")
+        self.upstream = ("127.0.0.1", parsed.port or 80)
+        self.delay, self.rate = delay, mbps * 1e6
+        self.port, self.lifetime, self.idle = port, lifetime, idle
+        self._lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.stopped = threading.Event()
+
+    # -- control, from any thread ---------------------------------------------------------------
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, path: str = "") -> str:
+        """The proxy's URL for ``path`` on the upstream server."""
+        return f"{self.base}/{path.lstrip('/')}"
+
+    def counts(self) -> dict[str, int]:
+        """``requests``, ``GET``/``HEAD``/..., ``bytes_out``, ``bytes_in``, ``connections``."""
+        with self._lock:
+            out = {"requests": 0, "bytes_out": 0, "bytes_in": 0, "connections": 0}
+            out.update(self._counts)
+            return out
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self._counts.clear()
+
+    def _count(self, **kw: int) -> None:
+        with self._lock:
+            self._counts.update(kw)
+
+    def start(self) -> LatencyProxy:
+        """Start serving in a daemon thread; returns once the port is bound."""
+        ready = threading.Event()
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self._open())
+            except BaseException as exc:  # handed to start()
+                errors.append(exc)
+                ready.set()
+                loop.close()
+                self.stopped.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._close())
+            loop.close()
+            self.stopped.set()
+
+        self._thread = threading.Thread(target=run, name="latencyproxy", daemon=True)
+        self._thread.start()
+        ready.wait(30)
+        if errors:
+            raise errors[0]
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close every connection."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        with contextlib.suppress(RuntimeError):  # loop already closed (lifetime over)
+            loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        self._loop = self._thread = None
+
+    def __enter__(self) -> LatencyProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- the server ---------------------------------------------------------------------------
+
+    async def _open(self) -> None:
+        self._server = await asyncio.start_server(
+            self._client, "127.0.0.1", self.port, limit=_HEAD_LIMIT
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+        loop = asyncio.get_running_loop()
+        loop.call_later(self.lifetime, loop.stop)
+
+    async def _close(self) -> None:
+        assert self._server is not None
+        self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._server.wait_closed()
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        counted = False
+        up: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        try:
+            while True:
+                try:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.idle)
+                except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
+                    return
+                arrived = time.monotonic()
+                request = _Message(head)
+                if b" " + CONTROL.encode() in request.start:
+                    await self._control(request, writer)
+                    continue
+                if not counted:  # (control requests are not counted)
+                    self._count(connections=1)
+                    counted = True
+                if up is None:
+                    up = await asyncio.open_connection(*self.upstream, limit=_HEAD_LIMIT)
+                keep_client, keep_up = await self._exchange(request, arrived, reader, writer, up)
+                if not keep_up:
+                    up[1].close()
+                    up = None
+                if not keep_client:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            return
+        except asyncio.CancelledError:  # the proxy is stopping
+            return
+        finally:
+            self._tasks.discard(task)
+            if up is not None:
+                up[1].close()
+            writer.close()
+
+    async def _exchange(
+        self,
+        request: _Message,
+        arrived: float,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        up: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    ) -> tuple[bool, bool]:
+        """Forward one request and its answer; whether the client and upstream connections
+        stay open."""
+        method = request.start.split(b" ", 1)[0].decode("ascii", "replace")
+        self._count(requests=1, **{method: 1})
+        if (request.get(b"expect") or b"").lower() == b"100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # we take the body ourselves
+        up_reader, up_writer = up
+        up_writer.write(request.encode())
+        sent = await _relay_body(request, reader, up_writer, None)
+        self._count(bytes_in=sent)
+        while True:
+            response = _Message(await up_reader.readuntil(b"\r\n\r\n"))
+            status = int(response.start.split(b" ", 2)[1])
+            if status >= 200 or status == 101:
+                break
+        wait = arrived + self.delay - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        no_body = method == "HEAD" or status in (204, 304) or 100 <= status < 200
+        framed = no_body or response.get(b"content-length") is not None or _chunked(response)
+        # upstream closing is upstream's business (we reconnect); a body that ends only when
+        # upstream closes ends the client's connection too
+        keep_client = framed and not request.closes()
+        keep_up = framed and not response.closes()
+        writer.write(response.encode([] if keep_client else [(b"Connection", b"close")]))
+        pacer = _Pacer(self.rate)
+        body = 0 if no_body else await _relay_body(response, up_reader, writer, pacer)
+        self._count(bytes_out=body)
+        await writer.drain()
+        return keep_client, keep_up
+
+    async def _control(self, request: _Message, writer: asyncio.StreamWriter) -> None:
+        if b"/reset" in request.start:
+            self.reset_counts()
+        body = json.dumps(self.counts()).encode()
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        await writer.drain()
+
+
+def _chunked(message: _Message) -> bool:
+    return b"chunked" in (message.get(b"transfer-encoding") or b"").lower()
+
+
+async def _relay_body(
+    message: _Message,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    pacer: _Pacer | None,
+) -> int:
+    """Copy ``message``'s body (by its framing) from ``reader`` to ``writer``; bytes copied."""
+
+    async def put(data: bytes) -> None:
+        if pacer is not None:
+            await pacer.wait(len(data))
+        writer.write(data)
+        await writer.drain()
+
+    length = message.get(b"content-length")
+    total = 0
+    if length is not None:
+        left = int(length)
+        while left > 0:
+            data = await reader.read(min(_CHUNK, left))
+            if not data:
+                raise ConnectionError("body ended early")
+            left -= len(data)
+            total += len(data)
+            await put(data)
+        return total
+    if _chunked(message):
+        while True:  # relay the chunked encoding as it is, counting payload bytes
+            line = await reader.readuntil(b"\r\n")
+            size = int(line.split(b";", 1)[0].strip(), 16)
+            await put(line)
+            if size == 0:
+                while True:  # trailers, up to the empty line
+                    line = await reader.readuntil(b"\r\n")
+                    await put(line)
+                    if line == b"\r\n":
+                        return total
+            left = size + 2
+            while left > 0:
+                data = await reader.readexactly(min(_CHUNK, left))
+                left -= len(data)
+                await put(data)
+            total += size
+    if message.start.startswith(b"HTTP/"):  # a response without framing: until EOF
+        while data := await reader.read(_CHUNK):
+            total += len(data)
+            await put(data)
+    return total
+
+
+class ProxyProcess:
+    """The proxy in a subprocess (``python tools/latencyproxy.py``), same interface.
+
+    Its counters come over HTTP from the control path, so benchmarks in other processes (or
+    the parent) can read and reset them.
+    """
+
+    def __init__(
+        self,
+        upstream: str,
+        delay: float = 0.025,
+        mbps: float = 50.0,
+        lifetime: float = 3600.0,
+    ) -> None:
+        self.args = [
+            sys.executable,
+            __file__,
+            "--upstream",
+            upstream,
+            "--delay-ms",
+            str(delay * 1000),
+            "--mbps",
+            str(mbps),
+            "--lifetime",
+            str(lifetime),
+        ]
+        self.proc: subprocess.Popen[str] | None = None
+        self.base = ""
+
+    def start(self) -> ProxyProcess:
+        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening on "):
+            self.stop()
+            raise RuntimeError(f"latencyproxy did not start: {line!r}")
+        self.base = line.split()[-1]
+        return self
+
+    def url(self, path: str = "") -> str:
+        return f"{self.base}/{path.lstrip('/')}"
+
+    def _call(self, what: str, method: str = "GET") -> dict[str, int]:
+        req = urllib.request.Request(self.base + CONTROL + what, method=method, data=None)
+        with urllib.request.urlopen(req, timeout=30) as r:  # noqa: S310 - 127.0.0.1 only
+            return json.loads(r.read())
+
+    def counts(self) -> dict[str, int]:
+        return self._call("stats")
+
+    def reset_counts(self) -> None:
+        self._call("reset", "POST")
+
+    def stop(self) -> None:
+        """Stop the process (by its pid)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.communicate(timeout=10)
+
+    def __enter__(self) -> ProxyProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--upstream", required=True, help="http://127.0.0.1:PORT of the server")
+    p.add_argument("--delay-ms", type=float, default=25.0, help="to each answer's first byte")
+    p.add_argument(
+        "--mbps", type=float, default=50.0, help="per-connection cap, 10^6 bytes/s (0: none)"
+    )
+    p.add_argument("--port", type=int, default=0, help="port to listen on (0: a free one)")
+    p.add_argument("--lifetime", type=float, default=3600.0, help="stop after this many seconds")
+    args = p.parse_args(argv)
+    proxy = LatencyProxy(
+        args.upstream,
+        delay=args.delay_ms / 1000,
+        mbps=args.mbps,
+        port=args.port,
+        lifetime=args.lifetime,
+    ).start()
+    print(f"listening on {proxy.base}", flush=True)
+    try:
+        proxy.stopped.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        proxy.stop()
+        print(json.dumps(proxy.counts()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
