@@ -161,9 +161,10 @@ def _msgpack(value: Any) -> bytes:
     except ImportError:
         raise EncodeError("encoding msgpack needs the msgpack package") from None
     try:
-        return msgpack.packb(value, use_bin_type=True)
+        packed: bytes = msgpack.packb(value, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as e:
         raise EncodeError(f"msgpack cannot pack it: {e}") from None
+    return packed
 
 
 def _pickle(value: Any) -> bytes:

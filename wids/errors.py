@@ -34,6 +34,8 @@ Errors that concern one shard carry its URL (with credentials removed) in ``.sha
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
     "CacheBudgetError",
     "CacheDirError",
@@ -76,11 +78,13 @@ class WidsError(Exception):
         self.message = message
         super().__init__(f"{shard}: {message}" if shard else message)
 
-    def __reduce__(self):  # keep errors picklable across DataLoader workers
+    def __reduce__(self) -> tuple[Any, ...]:  # keep errors picklable across DataLoader workers
         return (_rebuild, (type(self), self.message, self.shard, self.__dict__))
 
 
-def _rebuild(cls: type[WidsError], message: str, shard: str | None, state: dict) -> WidsError:
+def _rebuild(
+    cls: type[WidsError], message: str, shard: str | None, state: dict[str, Any]
+) -> WidsError:
     err = cls.__new__(cls)
     WidsError.__init__(err, message, shard=shard)
     err.__dict__.update(state)

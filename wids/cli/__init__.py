@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _version() -> str:
     from .. import __version__
 
-    return __version__
+    return str(__version__)
 
 
 # Libraries whose loggers --debug turns on; their records carry URLs, headers and signatures.

@@ -13,7 +13,7 @@ from .options import EPILOG_ENV, default_cache_dir, human, parse_duration, parse
 __all__ = ["register"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``wids cache`` (ls, du, clean) to the subcommands."""
     p = sub.add_parser(
         "cache",

@@ -20,7 +20,7 @@ from .options import (
 __all__ = ["register"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``wids index`` (create, info, verify, convert) to the subcommands."""
     p = sub.add_parser("index", help="build, inspect, verify and convert member-offset indexes")
     isub = p.add_subparsers(dest="index_command", required=True, metavar="COMMAND")
@@ -210,7 +210,7 @@ def _verify_shard(src: Any, info: Any, members: Any, *, deep: bool) -> str | Non
     try:
         stat = src.info()
         end = None if members is None else int(members.spans()[1].max(initial=0))
-        problem = info.fingerprint.mismatch(stat, data_end=end)
+        problem: str | None = info.fingerprint.mismatch(stat, data_end=end)
         if problem is None and members is not None:
             problem = header_mismatch_at_spot(members, src.read_range)
         if problem is None and deep:

@@ -16,7 +16,7 @@ from .options import (
 __all__ = ["register"]
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``wids show`` to the subcommands."""
     p = sub.add_parser(
         "show",

@@ -23,7 +23,7 @@ def _parse_slice(text: str) -> slice:
     return slice(*parts)
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``wids subset`` to the subcommands."""
     p = sub.add_parser(
         "subset",

@@ -20,7 +20,7 @@ import operator
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic
+from typing import TYPE_CHECKING, Any, Generic, cast
 
 import numpy as np
 
@@ -279,7 +279,7 @@ class ShardListDataset(_DatasetBase[T_co]):
         sample: Any = self._raw(index)
         for t in self.transformations:
             sample = t(sample)
-        return sample
+        return cast("T_co", sample)
 
     def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
         """Many samples at once (torch's DataLoader calls this for a batch).

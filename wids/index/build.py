@@ -319,7 +319,9 @@ def _write(
     writer.close()
 
 
-def _progress(progress: bool | Callable[[int, int], None], total: int, done: int):
+def _progress(
+    progress: bool | Callable[[int, int], None], total: int, done: int
+) -> Callable[[int], None]:
     """A ``step(nsamples)`` callback driving a tqdm bar or the caller's callback."""
     if callable(progress):
         state = [done]

@@ -143,7 +143,9 @@ class ShardMembers:
             )
 
     @classmethod
-    def from_samples(cls, samples: Sequence[tuple[str, Sequence[tuple[str, int, int]]]]):
+    def from_samples(
+        cls, samples: Sequence[tuple[str, Sequence[tuple[str, int, int]]]]
+    ) -> ShardMembers:
         """Build from ``[(key, [(field, offset, size), ...]), ...]`` in tar order."""
         field_ids: dict[str, int] = {}
         keys = [k.encode("utf-8", "surrogateescape") for k, _ in samples]

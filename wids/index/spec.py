@@ -381,7 +381,7 @@ def load_spec(
         desc = loader.load_file(url)
         where, origin, default_base = _Where(redact_url(url)), url, url_dir(url)
     elif hasattr(src, "read"):
-        desc = _parse_json(src.read(), _Where("<stream>"))  # type: ignore[union-attr]
+        desc = _parse_json(src.read(), _Where("<stream>"))
         where, origin, default_base = _Where("<stream>"), None, None
     elif isinstance(src, Mapping):
         desc = dict(src)

@@ -60,7 +60,8 @@ class SqliteIndexWriter:
 
     def _open(self) -> sqlite3.Connection:
         if self._db is not None:
-            return self._db.conn
+            conn: sqlite3.Connection = self._db.conn
+            return conn
         import sqlite_utils
 
         from ..atomic import TempFile

@@ -269,7 +269,7 @@ class Attempts:
             vars(err).update(attempts=self.count, status=_status_of(exc))
             raise err from None
         elapsed = time.monotonic() - self.start
-        delay = _jitter() * min(
+        delay: float = _jitter() * min(
             self.policy.max_backoff, self.policy.backoff * 2 ** (self.count - 1)
         )
         if self.count >= self.policy.attempts or elapsed + delay >= self.policy.max_time:

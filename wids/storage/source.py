@@ -265,9 +265,10 @@ class Source:
         if fs.async_impl:
 
             async def op() -> dict[str, Any]:
-                return await fs._info(path)
+                found: dict[str, Any] = await fs._info(path)
+                return found
 
-            info = fsspec.asyn.sync(fs.loop, retry_async, attempts, op, _zero, fs)
+            info: dict[str, Any] = fsspec.asyn.sync(fs.loop, retry_async, attempts, op, _zero, fs)
         else:
             info = retry_sync(attempts, lambda: fs.info(path), _zero)
         if info.get("type") == "directory":
@@ -309,7 +310,8 @@ class Source:
         attempts = self.attempts(f"could not read bytes {start}-{end}", stats)
         if fs.async_impl:
             op = self._aread_op(fs, path, start, end, check)
-            return fsspec.asyn.sync(fs.loop, retry_async, attempts, op, _nbytes, fs)
+            data: bytes = fsspec.asyn.sync(fs.loop, retry_async, attempts, op, _nbytes, fs)
+            return data
 
         def sync_op() -> bytes:
             data = check_length(self.url, fs.cat_file(path, start=start, end=end), start, end)
@@ -377,7 +379,7 @@ class Source:
                 raw = HttpStream(self, stat, stats, fs, path)
             else:
                 raw = BlockStream(self, stat, stats, REMOTE_BLOCK)
-        return Stream(raw)  # type: ignore[return-value]
+        return Stream(raw)
 
     def download(
         self, dest: str, stats: IOStats | None = None, expected_size: int | None = None

@@ -144,14 +144,15 @@ class HttpStream(BlockStream):
         what = f"could not read on from byte {self.pos}"
         attempts = self.source.attempts(what, self.stats, count_requests=False)
         op = self._chunk_op(n)
-        return fsspec.asyn.sync(self.fs.loop, retry_async, attempts, op, _nbytes, self.fs)
+        data: bytes = fsspec.asyn.sync(self.fs.loop, retry_async, attempts, op, _nbytes, self.fs)
+        return data
 
     def _chunk_op(self, n: int) -> Callable[[], Awaitable[bytes]]:
         async def op() -> bytes:
             try:
                 if self.resp is None or self.resp_pos != self.pos:
                     await self._open()
-                data = await self.resp.content.readexactly(n)
+                data: bytes = await self.resp.content.readexactly(n)
             except BaseException:
                 self._drop()
                 raise
