@@ -47,13 +47,16 @@ def test_delay_and_cap_are_lower_bounds(http_server, big):
         part = _get(conn, name, {"Range": "bytes=1000-1999"})
         small = time.perf_counter() - t
         conn.close()
-        counts = proxy.counts()
+        counts = proxy.settled()
     assert body == data and part == data[1000:2000]
     assert whole >= delay + len(data) / (mbps * MB)  # 0.1 s + 0.2 s
     assert small >= delay
     assert counts["requests"] == counts["GET"] == 2
     assert counts["bytes_out"] == len(data) + 1000
     assert counts["connections"] == 1  # kept alive
+    assert counts["in_flight_peak"] == 1
+    assert counts["request_us"] >= 1e6 * (2 * delay + len(data) / (mbps * MB))
+    assert counts["active_us"] >= 1e6 * 2 * delay
 
 
 def test_cap_is_per_connection(http_server, big):
@@ -79,7 +82,11 @@ def test_cap_is_per_connection(http_server, big):
         for th in threads:
             th.join()
         both = time.perf_counter() - t
-        assert proxy.counts()["connections"] == 2
+        counts = proxy.settled()
+        assert counts["connections"] == 2
+        assert counts["in_flight_peak"] == 2  # both requests were open at once
+        # Little's law: the mean number in flight while busy is between 1 and 2
+        assert 1.0 <= counts["in_flight_us"] / counts["active_us"] <= 2.0
     assert len(times) == 2
     assert min(times) >= len(data) / (mbps * MB)
     # a shared cap would need 2 x 0.2 s for both; per connection they overlap (generous slack)
@@ -165,3 +172,49 @@ def test_lifetime_bounds_the_run(http_server):
 def test_upstream_must_be_loopback():
     with pytest.raises(ValueError):
         LatencyProxy("http://example.com:80")
+
+
+def test_chunked_and_unframed_answers_pass_through():
+    """Bodies framed by chunks or by closing the connection arrive whole and are counted."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    pieces = [b"a" * 70_000, b"b" * 10, b"c" * 5]
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:  # noqa: N802 - the http.server API
+            self.send_response(200)
+            if self.path == "/chunked":
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for p in pieces:
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(p), p))
+                self.wfile.write(b"0\r\n\r\n")
+            else:  # no length: the body ends when the connection does
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.wfile.write(b"".join(pieces))
+                self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        upstream = f"http://127.0.0.1:{server.server_address[1]}"
+        with LatencyProxy(upstream, delay=0.0, mbps=10) as proxy:
+            conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+            assert _get(conn, "chunked") == b"".join(pieces)
+            assert _get(conn, "chunked") == b"".join(pieces)  # the connection stayed usable
+            assert _get(conn, "plain") == b"".join(pieces)
+            conn.close()
+            counts = proxy.settled()
+        assert counts["requests"] == 3
+        assert counts["bytes_out"] == 3 * sum(map(len, pieces))
+    finally:
+        server.shutdown()
+        server.server_close()

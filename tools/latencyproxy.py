@@ -50,6 +50,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["LatencyProxy", "ProxyProcess", "main"]
@@ -57,6 +58,16 @@ __all__ = ["LatencyProxy", "ProxyProcess", "main"]
 CONTROL = "/__latencyproxy__/"
 _CHUNK = 64 * 1024
 _HEAD_LIMIT = 1 << 20
+_ZEROS = (
+    "requests",
+    "bytes_out",
+    "bytes_in",
+    "connections",
+    "in_flight_peak",
+    "request_us",
+    "in_flight_us",
+    "active_us",
+)
 _HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"expect"}
 
 
@@ -136,6 +147,8 @@ class LatencyProxy:
         self.port, self.lifetime, self.idle = port, lifetime, idle
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
+        self._in_flight = 0
+        self._changed = time.monotonic()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -153,15 +166,48 @@ class LatencyProxy:
         return f"{self.base}/{path.lstrip('/')}"
 
     def counts(self) -> dict[str, int]:
-        """``requests``, ``GET``/``HEAD``/..., ``bytes_out``, ``bytes_in``, ``connections``."""
+        """The counters since the last reset.
+
+        ``requests`` and per method (``GET``, ``HEAD``, ...); ``bytes_out`` (response bodies),
+        ``bytes_in`` (request bodies); ``connections`` (client connections that sent a
+        request); ``in_flight_peak`` (most requests open at once); ``request_us`` (their
+        durations, arrival to last byte, summed); ``in_flight_us`` (requests in flight
+        integrated over time) and ``active_us`` (time with at least one in flight), so that
+        ``in_flight_us / active_us`` is the mean number in flight while busy.
+        """
         with self._lock:
-            out = {"requests": 0, "bytes_out": 0, "bytes_in": 0, "connections": 0}
+            self._tick(time.monotonic())
+            out = dict.fromkeys(_ZEROS, 0)
             out.update(self._counts)
+            out["in_flight"] = self._in_flight
             return out
+
+    def settled(self, timeout: float = 10.0) -> dict[str, int]:
+        """The counters once no request is in flight (or ``timeout`` seconds passed)."""
+        return _settled(self.counts, timeout)
 
     def reset_counts(self) -> None:
         with self._lock:
             self._counts.clear()
+            self._counts["in_flight_peak"] = self._in_flight
+
+    def _tick(self, now: float) -> None:
+        """Integrate the in-flight count up to ``now`` (under the lock)."""
+        dt = int((now - self._changed) * 1e6)
+        if self._in_flight:
+            self._counts["in_flight_us"] += self._in_flight * dt
+            self._counts["active_us"] += dt
+        self._changed = now
+
+    def _flight(self, change: int, started: float | None = None) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._tick(now)
+            self._in_flight += change
+            peak = self._counts["in_flight_peak"]
+            self._counts["in_flight_peak"] = max(peak, self._in_flight)
+            if started is not None:
+                self._counts["request_us"] += int((now - started) * 1e6)
 
     def _count(self, **kw: int) -> None:
         with self._lock:
@@ -252,7 +298,13 @@ class LatencyProxy:
                     counted = True
                 if up is None:
                     up = await asyncio.open_connection(*self.upstream, limit=_HEAD_LIMIT)
-                keep_client, keep_up = await self._exchange(request, arrived, reader, writer, up)
+                self._flight(+1)
+                try:
+                    keep_client, keep_up = await self._exchange(
+                        request, arrived, reader, writer, up
+                    )
+                finally:
+                    self._flight(-1, arrived)
                 if not keep_up:
                     up[1].close()
                     up = None
@@ -284,8 +336,7 @@ class LatencyProxy:
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # we take the body ourselves
         up_reader, up_writer = up
         up_writer.write(request.encode())
-        sent = await _relay_body(request, reader, up_writer, None)
-        self._count(bytes_in=sent)
+        await _relay_body(request, reader, up_writer, None, lambda n: self._count(bytes_in=n))
         while True:
             response = _Message(await up_reader.readuntil(b"\r\n\r\n"))
             status = int(response.start.split(b" ", 2)[1])
@@ -302,8 +353,9 @@ class LatencyProxy:
         keep_up = framed and not response.closes()
         writer.write(response.encode([] if keep_client else [(b"Connection", b"close")]))
         pacer = _Pacer(self.rate)
-        body = 0 if no_body else await _relay_body(response, up_reader, writer, pacer)
-        self._count(bytes_out=body)
+        if not no_body:
+            count = lambda n: self._count(bytes_out=n)  # noqa: E731
+            await _relay_body(response, up_reader, writer, pacer, count)
         await writer.drain()
         return keep_client, keep_up
 
@@ -329,17 +381,22 @@ async def _relay_body(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
     pacer: _Pacer | None,
-) -> int:
-    """Copy ``message``'s body (by its framing) from ``reader`` to ``writer``; bytes copied."""
+    count: Callable[[int], None],
+) -> None:
+    """Copy ``message``'s body (by its framing) from ``reader`` to ``writer``.
 
-    async def put(data: bytes) -> None:
+    ``count`` gets each piece's payload bytes before the piece is written (so the counters
+    are up to date by the time the client has the bytes).
+    """
+
+    async def put(data: bytes, payload: int) -> None:
         if pacer is not None:
             await pacer.wait(len(data))
+        count(payload)
         writer.write(data)
         await writer.drain()
 
     length = message.get(b"content-length")
-    total = 0
     if length is not None:
         left = int(length)
         while left > 0:
@@ -347,31 +404,37 @@ async def _relay_body(
             if not data:
                 raise ConnectionError("body ended early")
             left -= len(data)
-            total += len(data)
-            await put(data)
-        return total
+            await put(data, len(data))
+        return
     if _chunked(message):
         while True:  # relay the chunked encoding as it is, counting payload bytes
             line = await reader.readuntil(b"\r\n")
             size = int(line.split(b";", 1)[0].strip(), 16)
-            await put(line)
+            await put(line, 0)
             if size == 0:
                 while True:  # trailers, up to the empty line
                     line = await reader.readuntil(b"\r\n")
-                    await put(line)
+                    await put(line, 0)
                     if line == b"\r\n":
-                        return total
-            left = size + 2
-            while left > 0:
-                data = await reader.readexactly(min(_CHUNK, left))
-                left -= len(data)
-                await put(data)
-            total += size
+                        return
+            got = 0
+            while got < size + 2:  # the chunk and its CRLF
+                data = await reader.readexactly(min(_CHUNK, size + 2 - got))
+                payload = max(0, min(got + len(data), size) - got)
+                got += len(data)
+                await put(data, payload)
     if message.start.startswith(b"HTTP/"):  # a response without framing: until EOF
         while data := await reader.read(_CHUNK):
-            total += len(data)
-            await put(data)
-    return total
+            await put(data, len(data))
+
+
+def _settled(counts: Callable[[], dict[str, int]], timeout: float) -> dict[str, int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        now = counts()
+        if now["in_flight"] == 0 or time.monotonic() > deadline:
+            return now
+        time.sleep(0.005)
 
 
 class ProxyProcess:
@@ -423,6 +486,9 @@ class ProxyProcess:
 
     def counts(self) -> dict[str, int]:
         return self._call("stats")
+
+    def settled(self, timeout: float = 10.0) -> dict[str, int]:
+        return _settled(self.counts, timeout)
 
     def reset_counts(self) -> None:
         self._call("reset", "POST")
