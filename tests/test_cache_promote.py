@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import random
 import threading
+import time
 
 import fsspec
 
@@ -51,7 +53,7 @@ def test_promoter_share_wait_failure_and_backoff(tmp_path):
     fs.pipe_file("/wids-promote/a.tar", data)
     src = Source("memory://wids-promote/a.tar")
     cache = ShardCache(tmp_path)
-    promoter = Promoter(cache, share=0.1)
+    promoter = Promoter(cache, share=0.1, wait=True, focus=0.0)
     promoter.requested(src, 500, shard_bytes=10_000, expected=Fingerprint(10_000))
     assert promoter.open_if_ready(src.url) is None  # below the share: nothing started
     promoter.requested(src, 500, shard_bytes=10_000, expected=Fingerprint(10_000))  # 10 %: promote
@@ -79,3 +81,50 @@ def test_promoter_share_wait_failure_and_backoff(tmp_path):
     assert src.url not in small._futures
     promoter.close()
     fs.rm("/wids-promote", recursive=True)
+
+
+def _sources(fs, n, size):
+    out = []
+    for k in range(n):
+        fs.pipe_file(f"/wids-focus/s{k}.tar", blob(size, k))
+        out.append(Source(f"memory://wids-focus/s{k}.tar"))
+    return out
+
+
+def test_promoter_random_traffic_over_many_shards_is_never_promoted(tmp_path):
+    fs = fsspec.filesystem("memory")
+    srcs = _sources(fs, 16, 10_000)
+    promoter = Promoter(ShardCache(tmp_path), share=0.05)
+    rng = random.Random(0)
+    for _ in range(2000):  # each shard gets far more than its 5 % share, but spread out
+        promoter.requested(rng.choice(srcs), 200, shard_bytes=10_000)
+    assert promoter._futures == {}
+    # one shard read in a row (a chunked order): promoted after its share
+    for _ in range(100):
+        promoter.requested(srcs[3], 200, shard_bytes=10_000)
+    assert list(promoter._futures) == [srcs[3].url]
+    promoter.close()
+    fs.rm("/wids-focus", recursive=True)
+
+
+def test_promoter_planned_starts_at_once_and_reads_do_not_wait(tmp_path):
+    fs = fsspec.filesystem("memory")
+    (src,) = _sources(fs, 1, 10_000)
+    cache = ShardCache(tmp_path)
+    promoter = Promoter(cache, share=0.05)
+    assert not promoter.planned(src, 0.3, shard_bytes=10_000)  # a plan reading 30 %: no
+    assert not promoter.fetching(src.url)
+    gate = threading.Event()
+    cache._background.submit("blocker-1", lambda: gate.wait(10))
+    cache._background.submit("blocker-2", lambda: gate.wait(10))  # both fetch threads busy
+    assert promoter.planned(src, 0.9, shard_bytes=10_000, expected=Fingerprint(10_000))
+    assert promoter.fetching(src.url)
+    t0 = time.monotonic()
+    assert promoter.open_if_ready(src.url) is None  # not done: the read goes on by range
+    assert time.monotonic() - t0 < 1.0
+    gate.set()
+    promoter._futures[src.url].result(10)
+    with promoter.open_if_ready(src.url, expected=Fingerprint(10_000)) as shard:
+        assert shard.read_range(0, 10) == blob(10_000, 0)[:10]
+    promoter.close()
+    fs.rm("/wids-focus", recursive=True)

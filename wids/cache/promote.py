@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -97,37 +98,63 @@ class PromotionCache(Protocol):
 class Promoter:
     """Moves remote shards that are read by range requests into the cache (``access="auto"``).
 
-    The dataset reports the bytes it requests from each remote shard; once they reach
-    ``share`` of the shard's size, the shard is fetched into the cache in a background thread
-    (:meth:`ShardCache.prefetch`), and :meth:`open_if_ready` hands out the cached copy (with
-    ``wait``, waiting for the fetch rather than requesting more of the shard by range, so
-    about ``1 + share`` of the shard is downloaded). A chunked sampler reads most of a shard in
-    a row, so the first samples come fast by range requests and the rest from local disk;
-    other shards are read meanwhile. A failed fetch is logged and the shard stays on range
-    requests. A shard that must be promoted again (its copy was evicted:
-    the access is random, or the budget small) needs twice the share each time, so a cache
-    too small for the access pattern does not turn into repeated whole-shard downloads. One
-    per process (holds threads and futures).
+    A whole-shard download pays only when most of the shard is read while the copy is cached,
+    so a shard is promoted on evidence that it will be:
+
+    - :meth:`planned`: the sampler's plan (:mod:`wids.dataset.lookahead`) says that at least
+      ``plan_share`` of the shard's samples come soon; the download starts at once, before
+      the first of them is read, so it overlaps with reading the shard before;
+    - :meth:`requested`: without a plan, the bytes requested by range from the shard reach
+      ``share`` of its size *and* the shard drew at least ``focus`` of this process's last
+      ``window`` range requests. A chunked order reads one shard at a time
+      (nearly all of the traffic); a random order over many shards spreads it, and is never
+      promoted (it would download whole shards for a few samples each).
+
+    Reads never wait for a download: until it is done they go on by range
+    (:meth:`open_if_ready` returns ``None``), so the first samples come as fast as with
+    ``access="range"``. With ``wait=True`` a read of a shard being fetched waits for the
+    fetch (up to the cache's ``lock_timeout``) instead. A failed fetch is logged and the
+    shard stays on range requests. A shard that must be promoted again by :meth:`requested`
+    (its copy was evicted) needs twice the share each time, so a cache too small for the
+    access pattern does not turn into repeated whole-shard downloads. One per process (holds
+    threads and futures).
 
     Args:
         cache: Where promoted shards go.
-        share: Fraction (0 to 1) of a shard's bytes requested before it is fetched whole;
-            ``0`` fetches on first use.
-        wait: Once a shard's fetch has started, :meth:`open_if_ready` waits for it (up to the
-            cache's ``lock_timeout``); ``False`` returns ``None`` until it is done, so range
-            reads go on meanwhile (faster when requests are cheap, but more bytes).
+        share: Fraction (0 to 1) of a shard's bytes requested by range before it is fetched
+            whole; ``0`` fetches on first use (regardless of ``focus``).
+        wait: Reads of a shard being fetched wait for the fetch instead of going on by range.
+        focus: Least share of the recent range traffic a shard must draw to be promoted
+            without a plan.
+        window: Range requests that make up the recent traffic.
+        plan_share: Share of a shard's samples a plan must announce to promote it at once.
 
     Raises:
-        ValueError: ``share`` is outside ``[0, 1]``.
+        ValueError: ``share``, ``focus`` or ``plan_share`` is outside ``[0, 1]``.
     """
 
-    def __init__(self, cache: PromotionCache, share: float = 0.05, *, wait: bool = True) -> None:
-        if not 0.0 <= share <= 1.0:
-            raise ValueError(f"share must be between 0 and 1, got {share!r}")
+    def __init__(
+        self,
+        cache: PromotionCache,
+        share: float = 0.05,
+        *,
+        wait: bool = False,
+        focus: float = 0.25,
+        window: int = 64,
+        plan_share: float = 0.5,
+    ) -> None:
+        for name, value in (("share", share), ("focus", focus), ("plan_share", plan_share)):
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name} must be between 0 and 1, got {value!r}")
         self.cache = cache
         self.share = float(share)
         self.wait = bool(wait)
+        self.focus = float(focus)
+        self.plan_share = float(plan_share)
         self._requested: dict[str, int] = {}
+        self._recent: deque[str] = deque()
+        self._recent_count: dict[str, int] = {}
+        self._window = max(1, int(window))
         self._futures: dict[str, Future[None]] = {}
         self._failed: set[str] = set()
         self._promotions: dict[str, int] = {}
@@ -158,19 +185,82 @@ class Promoter:
         """
         url = source.url
         with self._mutex:
+            focused = self._count_recent(url)
             if url in self._futures or url in self._failed:
                 return
             total = self._requested.get(url, 0) + nbytes
             self._requested[url] = total
             if total < self.share * 2 ** self._promotions.get(url, 0) * shard_bytes:
                 return
-            if self.cache.max_bytes is not None and shard_bytes > self.cache.max_bytes:
-                self._failed.add(url)  # would never fit: stay on range requests
+            if self.share > 0 and not focused:  # spread over many shards: range reads win
                 return
-            log.debug("promoting %s into the cache", redact_url(url))
-            self._futures[url] = self.cache.prefetch(
-                source, expected=expected, stats=stats, verify=verify
-            )
+            self._start(source, shard_bytes, expected, stats, verify)
+
+    def planned(
+        self,
+        source: Source,
+        share: float,
+        *,
+        shard_bytes: int,
+        expected: Fingerprint | None = None,
+        stats: IOStats | None = None,
+        verify: Callable[[str], None] | None = None,
+    ) -> bool:
+        """A plan says ``share`` of the shard's samples come soon: promote it now if enough.
+
+        Arguments as for :meth:`requested`.
+
+        Returns:
+            Whether the shard is being promoted (now or already).
+        """
+        url = source.url
+        with self._mutex:
+            if url in self._futures:
+                return True
+            if url in self._failed or share < self.plan_share:
+                return False
+            return self._start(source, shard_bytes, expected, stats, verify)
+
+    def fetching(self, url: str) -> bool:
+        """Whether a promotion of ``url`` was started and not yet handed out."""
+        with self._mutex:
+            return url in self._futures
+
+    def _count_recent(self, url: str) -> bool:
+        """Add a request to the recent traffic; whether ``url`` drew ``focus`` of it.
+
+        Counted in requests over a full window (a window not yet full counts its empty
+        places as other shards), so the first requests of a process are no evidence.
+        """
+        self._recent.append(url)
+        self._recent_count[url] = self._recent_count.get(url, 0) + 1
+        while len(self._recent) > self._window:
+            old = self._recent.popleft()
+            left = self._recent_count[old] - 1
+            if left:
+                self._recent_count[old] = left
+            else:
+                del self._recent_count[old]
+        return self._recent_count[url] >= self.focus * self._window
+
+    def _start(
+        self,
+        source: Source,
+        shard_bytes: int,
+        expected: Fingerprint | None,
+        stats: IOStats | None,
+        verify: Callable[[str], None] | None,
+    ) -> bool:
+        """Start the fetch (under the mutex); ``False`` if the shard would never fit."""
+        url = source.url
+        if self.cache.max_bytes is not None and shard_bytes > self.cache.max_bytes:
+            self._failed.add(url)  # would never fit: stay on range requests
+            return False
+        log.debug("promoting %s into the cache", redact_url(url))
+        self._futures[url] = self.cache.prefetch(
+            source, expected=expected, stats=stats, verify=verify
+        )
+        return True
 
     def open_if_ready(
         self,

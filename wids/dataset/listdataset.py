@@ -114,10 +114,10 @@ class ShardListDataset(_DatasetBase[T_co]):
         dataset_name: Name of the dataset when ``shards`` is a list (reference parameter).
         storage_options: fsspec options for every URL (index and shards).
         access: ``"auto"`` (local files read in place, remote shards by range requests and,
-            with ``cache_dir``, fetched whole into the cache in the background once
-            ``promote_share`` of a shard's bytes were requested),
-            ``"range"`` (range requests always) or ``"shard"`` (whole shards into ``cache_dir``,
-            then local reads).
+            with ``cache_dir``, fetched whole into the cache in the background when the
+            sampler's plan or the recent reads show most of a shard will be read; a random
+            order is never promoted; see ``wids.cache.Promoter``), ``"range"`` (range
+            requests always) or ``"shard"`` (whole shards into ``cache_dir``, local reads).
         verify: On first touch of a shard in a process, check that it is the shard the index
             describes: its fingerprint (size, plus etag, or mtime where the store gives no
             etag; one ``info()``) and the tar header of one recorded member (one 512-byte
@@ -129,8 +129,8 @@ class ShardListDataset(_DatasetBase[T_co]):
         duplicates: Policy for repeated keys or fields when a shard must be scanned
             (``"error"``, ``"split"``, ``"keep_first"``).
         allow_pickle: Let the decoders unpickle ``.pyd/.pickle/.pkl/.pt/.pth`` fields.
-        promote_share: With ``access="auto"`` and ``cache_dir``: the share (0 to 1) of a remote
-            shard's bytes requested by range before the whole shard is cached.
+        promote_share: With ``access="auto"``, ``cache_dir`` and no plan: the share (0 to 1)
+            of a remote shard's bytes requested by range (in a row) before it is cached whole.
         url_map: Read shards from a mirror or proxy holding the same bytes:
             ``{"https://old/": "s3://new/"}`` replaces the longest matching prefix of each
             resolved shard URL. A mapped shard is checked by size and member headers (the
@@ -361,6 +361,10 @@ class ShardListDataset(_DatasetBase[T_co]):
         _, shard, local = self._catalog.locate(index)
         self._pool.reader(shard)
         return _ShardView(self, shard), local, self.shards[shard]
+
+    def _attach_sampler(self, sampler: Any) -> None:
+        """A sampler built on this dataset offers its order: the lookahead prefetch's plan."""
+        self._pool.attach_plan(sampler)
 
     def get_stats(self) -> tuple[int, int]:
         """``(accesses, misses)`` of shard look-ups in this process, as the reference."""

@@ -3,7 +3,7 @@
 :class:`ReaderPool` holds at most ``lru_size`` readers per process (least recently used closed
 first, never during a read) and decides, per the ``access`` mode, how a shard is read: in place
 (local files), by range requests, or from the local shard cache (``access="shard"``, offline,
-or a shard promoted by ``access="auto"`` once ``promote_share`` of it was requested). A shard
+or a shard promoted by ``access="auto"``: see :class:`~wids.cache.Promoter`). A shard
 is checked against the index by the catalog when its reader opens first in a process. Reads
 end in :meth:`~wids.dataset.tables.MemberTable.sample`, one sample or a batch at a time.
 
@@ -95,7 +95,12 @@ class ReaderPool:
         # range reads are counted towards promotion only in this configuration
         self._promotable = access == "auto" and self.local.cache_dir is not None
         self.counts = {"samples": 0, "accesses": 0, "misses": 0, "cache_hits": 0}
+        self.plan: Any = None  # the sampler that offered its order (wids.dataset.lookahead)
         self.reset_process()
+
+    def attach_plan(self, sampler: Any) -> None:
+        """Keep the sampler whose order the lookahead predicts (the last one built wins)."""
+        self.plan = sampler
 
     def reset_process(self) -> None:
         """Drop the readers of another process (after a fork or unpickling), never using them."""

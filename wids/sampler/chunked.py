@@ -173,6 +173,25 @@ class ChunkedSampler:
         self._epoch_set = False
         self._completed_epoch: int | None = None
         self._warned = False
+        self._offer_plan(dataset)
+
+    def _offer_plan(self, dataset: Any) -> None:
+        """Let the dataset predict this sampler's order in its workers (lookahead prefetch).
+
+        A dataset with ``_attach_sampler`` (``ShardListDataset``) keeps a reference to the
+        sampler; DataLoader workers get the sampler's state (epoch, seed, resume position) as
+        it is when they start, and check every prediction against the batches they are given.
+        """
+        attach = getattr(dataset, "_attach_sampler", None)
+        if callable(attach):
+            attach(self)
+
+    def _planned_order(self, start: int | None = None) -> Iterator[int]:
+        """The indices the next iteration yields (from ``start``, default its resume position).
+
+        Read-only: the sampler's state is not changed (a worker calls this on its copy).
+        """
+        return itertools.islice(self._indices(), self._resume if start is None else start, None)
 
     def _chunk(self, lo: int, hi: int) -> _Chunks:
         return _chunks(lo, hi, self._cuts, self.chunksize)
