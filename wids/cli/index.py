@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from ..storage import escape_controls, redact_url
+from .cluster import dask_flag
 from .options import (
     allow_local_flag,
     human,
@@ -54,6 +55,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     c.add_argument("--full", action="store_true", help="rescan every shard (not incremental)")
     c.add_argument("--name", help="dataset name stored in the index")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    dask_flag(c)
     storage_flag(c)
     c.set_defaults(func=_cmd_index_create)
 
@@ -80,6 +82,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     v.add_argument("index")
     v.add_argument("--deep", action="store_true", help="rescan shards and compare offsets")
     url_map_flag(v)
+    dask_flag(v)
     allow_local_flag(v)
     storage_flag(v)
     v.set_defaults(func=_cmd_index_verify)
@@ -97,19 +100,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _cmd_index_create(args: argparse.Namespace) -> int:
-    from ..index import build_index
+    from .cluster import dask_executor
 
-    report = build_index(
-        args.shards,
-        args.output,
-        storage_options=parse_storage_options(args.storage_option),
-        jobs=args.jobs,
-        skip_bad=args.skip_bad,
-        duplicates=args.duplicates,
-        incremental=not args.full,
-        name=args.name,
-        progress=not args.quiet and sys.stderr.isatty(),
-    )
+    with dask_executor(args.dask) as executor:
+        report = _create(args, executor)
     rate = report.samples / report.seconds if report.seconds else 0.0
     print(
         f"{redact_url(report.output)}: {report.shards} shards, {report.samples} samples, "
@@ -119,6 +113,23 @@ def _cmd_index_create(args: argparse.Namespace) -> int:
     for url, err in report.bad:
         print(f"  skipped bad shard {url}: {err}")
     return 1 if report.bad else 0
+
+
+def _create(args: argparse.Namespace, executor: Any) -> Any:
+    from ..index import build_index
+
+    return build_index(
+        args.shards,
+        args.output,
+        storage_options=parse_storage_options(args.storage_option),
+        jobs=args.jobs,
+        skip_bad=args.skip_bad,
+        duplicates=args.duplicates,
+        incremental=not args.full,
+        name=args.name,
+        progress=not args.quiet and sys.stderr.isatty(),
+        executor=executor,
+    )
 
 
 def _cmd_index_info(args: argparse.Namespace) -> int:
@@ -169,61 +180,25 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_index_verify(args: argparse.Namespace) -> int:
-    from ..errors import WidsError
-    from ..index import REPAIR_HINT, open_index
-    from ..storage import Store, redact_url
+    from ..index import REPAIR_HINT, verify_index
+    from ..storage import Store
+    from .cluster import dask_executor
 
-    store = Store(parse_storage_options(args.storage_option))
-    idx = open_index(
-        args.index,
-        store,
-        url_map=parse_url_map(args.url_map),
-        allow_local_shards=args.allow_local_shards,
-    )
-    bad = 0
-    try:
-        shards = idx.shards
-        for k, info in enumerate(shards):
-            try:
-                members = idx.members(k)  # every member table: a damaged one is reported
-            except WidsError as e:
-                bad += 1
-                print(f"DAMAGED {redact_url(info.url)}: its member table: {e}")
-                continue
-            problem = _verify_shard(store.source(info.url), info, members, deep=args.deep)
-            if problem:
-                bad += 1
-                print(f"CHANGED {redact_url(info.url)}: {problem}")
-    finally:
-        idx.close()
-    print(f"{len(shards) - bad} of {len(shards)} shards match the index")
-    if bad:
+    with dask_executor(args.dask) as executor:
+        total, problems = verify_index(
+            args.index,
+            Store(parse_storage_options(args.storage_option)),
+            deep=args.deep,
+            url_map=parse_url_map(args.url_map),
+            allow_local_shards=args.allow_local_shards,
+            executor=executor,
+        )
+    for p in problems:
+        print(f"{p.kind} {p.url}: {p.message}")
+    print(f"{total - len(problems)} of {total} shards match the index")
+    if problems:
         print(f"to repair, {REPAIR_HINT}")
-    return 1 if bad else 0
-
-
-def _verify_shard(src: Any, info: Any, members: Any, *, deep: bool) -> str | None:
-    """What is wrong with one shard against its index entry and member table, if anything."""
-    from ..errors import WidsError
-    from ..index import header_mismatch_at_spot, scan_shard
-
-    try:
-        stat = src.info()
-        end = None if members is None else int(members.spans()[1].max(initial=0))
-        problem: str | None = info.fingerprint.mismatch(stat, data_end=end)
-        if problem is None and members is not None:
-            problem = header_mismatch_at_spot(members, src.read_range)
-        if problem is None and deep:
-            _, now, _ = scan_shard(src)
-            if members is not None and now != members:
-                problem = "its member offsets differ from the index (found by rescanning)"
-            elif len(now) != info.nsamples:
-                problem = f"it has {len(now)} samples where the index says {info.nsamples}"
-    except WidsError as e:
-        return e.message
-    finally:
-        src.close()
-    return problem
+    return 1 if problems else 0
 
 
 def _cmd_index_convert(args: argparse.Namespace) -> int:

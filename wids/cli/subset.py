@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from ..storage import redact_url
+from .cluster import dask_flag
 from .options import allow_local_flag, human, parse_storage_options, storage_flag
 
 __all__ = ["register"]
@@ -52,6 +54,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("-j", "--jobs", type=int, default=8, help="shards copied at once (8)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    dask_flag(p)
     allow_local_flag(p)
     storage_flag(p)
     p.set_defaults(func=_cmd_subset)
@@ -59,8 +62,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _cmd_subset(args: argparse.Namespace) -> int:
     from ..subset import make_subset
+    from .cluster import dask_executor
 
-    report = make_subset(
+    with dask_executor(args.dask) as executor:
+        report = _subset(args, executor, make_subset)
+    print(
+        f"{redact_url(report.index)}: {report.shards} shards, {report.samples} samples, "
+        f"{human(report.bytes)} ({report.copied} copied) in {report.seconds:.2f} s"
+    )
+    return 0
+
+
+def _subset(args: argparse.Namespace, executor: Any, make_subset: Any) -> Any:
+    return make_subset(
         args.index,
         args.to,
         shards=args.shards,
@@ -70,9 +84,5 @@ def _cmd_subset(args: argparse.Namespace) -> int:
         progress=not args.quiet and sys.stderr.isatty(),
         force=args.force,
         allow_local_shards=args.allow_local_shards,
+        executor=executor,
     )
-    print(
-        f"{redact_url(report.index)}: {report.shards} shards, {report.samples} samples, "
-        f"{human(report.bytes)} ({report.copied} copied) in {report.seconds:.2f} s"
-    )
-    return 0

@@ -27,6 +27,7 @@ from .spec import Spec, load_spec
 from .sqlitereader import SqliteIndex
 from .sqlitewriter import SqliteIndexWriter
 from .urls import check_url_map, expand_braces, map_url, resolve_url, unpipe_url
+from .verify import ShardProblem, verify_index, verify_shard
 
 __all__ = [
     "REPAIR_HINT",
@@ -39,6 +40,7 @@ __all__ = [
     "JsonIndexWriter",
     "ShardInfo",
     "ShardMembers",
+    "ShardProblem",
     "Spec",
     "SqliteIndex",
     "SqliteIndexWriter",
@@ -60,5 +62,7 @@ __all__ = [
     "sidecar_name",
     "unchanged",
     "unpipe_url",
+    "verify_index",
+    "verify_shard",
     "with_repair_hint",
 ]

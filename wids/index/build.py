@@ -6,6 +6,9 @@ Each shard is scanned by :func:`wids.index.scan.scan_shard`:
   shards are scanned at once in worker processes.
 - Remote shards: one sequential streaming pass each (``Source.open_stream``), never a request
   per member and nothing written to local disk; shards are scanned in threads.
+- On a given executor (``executor=``, e.g. a Dask cluster's): the jobs of :mod:`.jobs`; for a
+  JSON index each writes its shard's sidecar at its final place and keeps one that still
+  matches, so a rerun after a crash scans only the shards that were lost.
 - Incremental: an existing index at the output path is reused for shards whose fingerprint
   (size and etag, or mtime) is unchanged and whose recorded member header is still in place
   (:func:`wids.index.fingerprint.unchanged`).
@@ -19,18 +22,21 @@ import multiprocessing
 import os
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import ShardNotFoundError, WidsError
 from ..samples import DuplicatePolicy
-from ..storage import FileStat, IOStats, Source, Store, redact_url
+from ..storage import Source, Store, redact_url
 from .fingerprint import unchanged
+from .jobs import JobResult, ShardJob, run_job
+from .jsonformat import members_dir, sidecar_name
+from .jsonwriter import JsonIndexWriter
 from .members import ShardMembers
 from .model import IndexReader, ShardInfo
-from .registry import create_index_writer, open_index
-from .scan import scan_shard
+from .registry import create_index_writer, is_sqlite_name, open_index
 
 __all__ = ["BuildReport", "build_index", "expand_shard_args"]
 
@@ -98,14 +104,6 @@ def expand_shard_args(args: Iterable[str]) -> list[str]:
     return out
 
 
-def _scan_job(
-    url: str, store: Store, duplicates: DuplicatePolicy
-) -> tuple[FileStat, ShardMembers, int, int, int]:
-    stats = IOStats()
-    stat, members, skipped = scan_shard(store.source(url), duplicates=duplicates, stats=stats)
-    return stat, members, skipped, stats.bytes_read, stats.requests
-
-
 def _open_existing(output: str, store: Store) -> IndexReader | None:
     from ..storage import is_remote
 
@@ -139,6 +137,7 @@ def build_index(
     incremental: bool = True,
     name: str | None = None,
     progress: bool | Callable[[int, int], None] = False,
+    executor: cf.Executor | None = None,
 ) -> BuildReport:
     """Scan shards and write a member-offset index (JSON or SQLite, by ``output``'s suffix).
 
@@ -155,6 +154,15 @@ def build_index(
         incremental: Reuse entries of an existing ``output`` whose shard is unchanged.
         name: Dataset name stored in the index.
         progress: ``True`` for a progress bar on stderr, or a callback ``(done, total)``.
+        executor: Where shards are scanned, e.g. a Dask cluster's
+            ``distributed.Client.get_executor()``; by default processes (local shards) or
+            threads (remote) of this machine, ``jobs`` at once. With an executor, each job of
+            a JSON index writes its shard's member sidecar straight to its final place (which
+            the executor's workers must be able to write: a shared path or a URL), so a crash
+            loses at most the shards in flight, and an incremental rerun keeps every sidecar
+            whose shard is unchanged; the description is written last, here. A SQLite index
+            is written whole here (the jobs return member tables). What jobs carry must
+            pickle: shard URLs and the storage options.
 
     Returns:
         What was done.
@@ -178,22 +186,30 @@ def build_index(
         raise ValueError("no shards given")
     store = Store.of(storage_options)
     check_output(output, urls, store)
+    placed: set[str] = set()  # sidecars written at their remote place by the jobs
     # Locked: two builders of one index would each publish, and delete the other's sidecars.
-    with index_destination(output, store) as path:
+    with index_destination(output, store, placed) as path:
         report = _build_locked(
             urls,
             path,
             output,
             store,
-            jobs,
-            skip_bad,
-            duplicates,
-            incremental,
-            name,
-            progress,
+            _Options(jobs, skip_bad, duplicates, incremental, name, progress, executor),
+            placed,
         )
     report.seconds = time.monotonic() - t0
     return report
+
+
+@dataclass(frozen=True)
+class _Options:
+    jobs: int | None
+    skip_bad: bool
+    duplicates: DuplicatePolicy
+    incremental: bool
+    name: str | None
+    progress: bool | Callable[[int, int], None]
+    executor: cf.Executor | None
 
 
 def _build_locked(
@@ -201,20 +217,32 @@ def _build_locked(
     output: str,
     dest: str,
     store: Store,
-    jobs: int | None,
-    skip_bad: bool,
-    duplicates: DuplicatePolicy,
-    incremental: bool,
-    name: str | None,
-    progress: bool | Callable[[int, int], None],
+    opts: _Options,
+    placed: set[str],
 ) -> BuildReport:
-    from ..storage import output_dir
+    from ..storage import is_remote, output_dir, stored_url
 
     out_dir = output_dir(dest)  # ``output`` is where the writer writes, ``dest`` where it goes
     report = BuildReport(output=dest)
+    # Jobs on a given executor write JSON sidecars where they finally go, and check them.
+    sidecars = opts.executor is not None and not is_sqlite_name(output)
+    stored = [stored_url(u, out_dir) for u in urls]
+    build = uuid.uuid4().hex
+    where = members_dir(dest if is_remote(dest) else output)
+    job_list = [
+        ShardJob(
+            url,
+            st,
+            f"{where}/{sidecar_name(st)}" if sidecars else None,
+            opts.duplicates,
+            opts.incremental,
+            build,
+        )
+        for url, st in zip(urls, stored, strict=True)
+    ]
 
     previous: dict[str, tuple[ShardInfo, ShardMembers]] = {}
-    old = _open_existing(dest, store) if incremental else None
+    old = _open_existing(dest, store) if opts.incremental and not sidecars else None
     local = all(Source(u).local_path is not None for u in urls)
     if old is not None:
         try:
@@ -225,44 +253,71 @@ def _build_locked(
         finally:
             old.close()
 
-    results: list[tuple[FileStat, ShardMembers] | None] = [None] * len(urls)
+    results: list[JobResult | None] = [None] * len(urls)
     todo = list(range(len(urls)))
     if previous:
-        todo = _reuse(urls, store, previous, results, report)
+        todo = _reuse(urls, stored, store, previous, results, report)
 
-    bar = _progress(progress, len(urls), done=len(urls) - len(todo))
-    njobs = jobs or (os.cpu_count() or 1 if local else 16)
-    with _executor(local, min(njobs, max(1, len(todo)))) as pool:
-        futures = {pool.submit(_scan_job, urls[i], store, duplicates): i for i in todo}
+    bar = _progress(opts.progress, len(urls), done=len(urls) - len(todo))
+    if opts.executor is not None:
+        _run(opts.executor, job_list, todo, store, results, report, opts.skip_bad, bar)
+    else:
+        njobs = opts.jobs or (os.cpu_count() or 1 if local else 16)
+        with _executor(local, min(njobs, max(1, len(todo)))) as pool:
+            _run(pool, job_list, todo, store, results, report, opts.skip_bad, bar)
+    if sidecars:
+        placed.update(sidecar_name(r.info.url) for r in results if r is not None)
+    _write(output, results, opts.name, report)
+    return report
+
+
+def _run(
+    pool: cf.Executor,
+    jobs: Sequence[ShardJob],
+    todo: Sequence[int],
+    store: Store,
+    results: list[JobResult | None],
+    report: BuildReport,
+    skip_bad: bool,
+    bar: Callable[[int], None],
+) -> None:
+    """Run the jobs ``todo`` on ``pool``, filling ``results`` and ``report`` as they finish."""
+    futures = {pool.submit(run_job, jobs[i], store): i for i in todo}
+    try:
         for fut in cf.as_completed(futures):
             i = futures[fut]
             try:
-                stat, members, skipped, nread, nreq = fut.result()
+                result = fut.result()
             except WidsError as e:
                 if not skip_bad:
-                    for f in futures:
-                        f.cancel()
                     raise
                 logger.warning("skipping bad shard: %s", e)
-                report.bad.append((redact_url(urls[i]), str(e)))
+                report.bad.append((redact_url(jobs[i].url), str(e)))
                 bar(0)
-            else:
-                results[i] = (stat, members)
+                continue
+            results[i] = result
+            if result.scanned:
                 report.scanned += 1
-                report.skipped_members += skipped
-                report.bytes_read += nread
-                report.requests += nreq
-                bar(len(members))
-
-    _write(output, urls, results, out_dir, name, report)
-    return report
+            else:
+                report.reused += 1
+            report.skipped_members += result.skipped
+            report.bytes_read += result.bytes_read
+            report.requests += result.requests
+            bar(result.info.nsamples)
+    except BaseException:
+        # Jobs already running finish (their sidecars are kept for a rerun); wait for them,
+        # so that nothing is still writing once this raises. (A Dask executor's futures
+        # always cancel: its workers may finish a running job after this.)
+        cf.wait([f for f in futures if not f.cancel()])
+        raise
 
 
 def _reuse(
     urls: Sequence[str],
+    stored: Sequence[str],
     store: Store,
     previous: Mapping[str, tuple[ShardInfo, ShardMembers]],
-    results: list[tuple[FileStat, ShardMembers] | None],
+    results: list[JobResult | None],
     report: BuildReport,
 ) -> list[int]:
     """Fill ``results`` from the old index where the shard is unchanged; return the rest."""
@@ -278,7 +333,10 @@ def _reuse(
             finally:
                 src.close()
             if same:
-                results[i] = (stat, prev[1])
+                info = ShardInfo(
+                    stored[i], len(prev[1]), size=stat.size, etag=stat.etag, mtime=stat.mtime
+                )
+                results[i] = JobResult(info, prev[1], False)
                 report.reused += 1
                 continue
         todo.append(i)
@@ -287,31 +345,25 @@ def _reuse(
 
 def _write(
     output: str,
-    urls: Sequence[str],
-    results: Sequence[tuple[FileStat, ShardMembers] | None],
-    out_dir: str,
+    results: Sequence[JobResult | None],
     name: str | None,
     report: BuildReport,
 ) -> None:
-    from ..storage import stored_url
-
     writer = create_index_writer(output, name=name)
     try:
-        for url, result in zip(urls, results, strict=True):
+        for result in results:
             if result is None:
                 continue
-            stat, members = result
-            info = ShardInfo(
-                url=stored_url(url, out_dir),
-                nsamples=len(members),
-                size=stat.size,
-                etag=stat.etag,
-                mtime=stat.mtime,
-            )
-            writer.add(info, members)
+            info = result.info
+            if result.members is None:  # a JSON sidecar the job wrote at its final place
+                if not isinstance(writer, JsonIndexWriter):
+                    raise TypeError(f"{type(writer).__name__} cannot take a written sidecar")
+                writer.add_written(info)
+            else:
+                writer.add(info, result.members)
             report.shards += 1
-            report.samples += len(members)
-            report.bytes += stat.size
+            report.samples += info.nsamples
+            report.bytes += info.size or 0
         writer.set_report(report.as_dict())
     except BaseException:
         writer.abort()

@@ -23,7 +23,27 @@ from .members import ShardMembers
 from .model import ShardInfo
 from .spec import KIND
 
-__all__ = ["JsonIndexWriter"]
+__all__ = ["JsonIndexWriter", "render_sidecar"]
+
+
+def render_sidecar(info: ShardInfo, members: ShardMembers) -> bytes:
+    """The bytes of a shard's member sidecar (the same wherever it is written).
+
+    Args:
+        info: The shard as the index records it (``url`` as stored).
+        members: Its member table.
+    """
+    doc: dict[str, Any] = {
+        "format": MEMBERS_FORMAT,
+        "version": VERSION,
+        "url": info.url,
+        "nsamples": info.nsamples,
+        "size": info.size,
+        "etag": info.etag,
+        "mtime": info.mtime,
+    }
+    doc.update(members.to_columns())
+    return json.dumps(doc, separators=(",", ":")).encode("ascii")
 
 
 def _render_list(entries: list[dict[str, Any]], indent: str) -> str:
@@ -118,23 +138,29 @@ class JsonIndexWriter:
         from ..atomic import atomic_write_bytes
 
         name = sidecar_name(info.url)
-        doc: dict[str, Any] = {
-            "format": MEMBERS_FORMAT,
-            "version": VERSION,
-            "url": info.url,
-            "nsamples": info.nsamples,
-            "size": info.size,
-            "etag": info.etag,
-            "mtime": info.mtime,
-        }
-        doc.update(members.to_columns())
         os.makedirs(self.members_dir, exist_ok=True)
-        data = json.dumps(doc, separators=(",", ":")).encode("ascii")
         # No fsync per sidecar (a 100k-shard index would take minutes): a sidecar lost in a
         # crash fails its checks on load instead of giving wrong offsets.
+        data = render_sidecar(info, members)
         atomic_write_bytes(os.path.join(self.members_dir, name), data, fsync=False)
+        return self._record(name)
+
+    def _record(self, name: str) -> str:
         self._written.add(name)
         return f"{os.path.basename(self.members_dir)}/{name}"
+
+    def add_written(self, info: ShardInfo) -> None:
+        """Record one shard whose sidecar is already in place (written by a build's worker).
+
+        The sidecar is ``members_dir/sidecar_name(info.url)`` beside the final description;
+        it is not read or checked here (its writer rendered it with :func:`render_sidecar`).
+
+        Args:
+            info: The shard, as :meth:`add` takes it.
+        """
+        self._check_open()
+        self.add(info, None)
+        self._current[-1]["members"] = self._record(sidecar_name(info.url))
 
     def set_report(self, report: Mapping[str, Any]) -> None:
         """Store the builder's report (JSON-serialisable) in the index."""

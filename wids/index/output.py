@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 from ..errors import DestinationError, OutputExistsError
 from ..storage import (
@@ -88,7 +88,9 @@ def check_output(output: str, shards: Sequence[str], store: Store | None = None)
 
 
 @contextlib.contextmanager
-def index_destination(output: str, store: Store | None = None) -> Iterator[str]:
+def index_destination(
+    output: str, store: Store | None = None, placed: Collection[str] = ()
+) -> Iterator[str]:
     """The local path an index writer should write; published to ``output`` when done.
 
     A local ``output`` is written in place (its writer publishes atomically) under an
@@ -98,6 +100,8 @@ def index_destination(output: str, store: Store | None = None) -> Iterator[str]:
     Args:
         output: Where the index goes (checked with :func:`check_output` first).
         store: The storage options for a remote ``output``.
+        placed: Sidecar names already written at the remote place (by a build's workers), kept
+            when stale sidecars are removed; read when the block exits.
 
     Yields:
         A local path ending like ``output``.
@@ -106,5 +110,7 @@ def index_destination(output: str, store: Store | None = None) -> Iterator[str]:
         LockTimeoutError: Another writer of the same local index is running.
     """
     sidecars = None if is_sqlite_name(output) else members_dir
-    with destination(output, store, sidecar_dir=sidecars, sidecar_name=SIDECAR_NAME) as path:
+    with destination(
+        output, store, sidecar_dir=sidecars, sidecar_name=SIDECAR_NAME, placed=placed
+    ) as path:
         yield path

@@ -24,7 +24,7 @@ import os
 import re
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from ..errors import DestinationError, ShardNotFoundError
@@ -118,6 +118,7 @@ def destination(
     *,
     sidecar_dir: Callable[[str], str] | None = None,
     sidecar_name: re.Pattern[str] | None = None,
+    placed: Collection[str] = (),
 ) -> Iterator[str]:
     """The local path a writer should write; published to ``output`` when the block exits.
 
@@ -132,6 +133,9 @@ def destination(
             file's path (local or remote); ``None`` when it has none.
         sidecar_name: What a sidecar's file name looks like; others in that directory are
             never removed.
+        placed: Names of sidecars already written at their remote place by someone else (a
+            build's workers); kept, not removed as stale. Read when the block exits, so the
+            caller may fill a set while writing.
 
     Yields:
         A local path ending like ``output``.
@@ -148,7 +152,7 @@ def destination(
     with tempfile.TemporaryDirectory(prefix="wids-index-") as tmp:
         path = os.path.join(tmp, output.rstrip("/").rsplit("/", 1)[-1])
         yield path
-        _publish(path, output, store, sidecar_dir, sidecar_name)
+        _publish(path, output, store, sidecar_dir, sidecar_name, placed)
 
 
 def _publish(
@@ -157,6 +161,7 @@ def _publish(
     store: Store | None,
     sidecar_dir: Callable[[str], str] | None,
     sidecar_name: re.Pattern[str] | None,
+    placed: Collection[str] = (),
 ) -> None:
     import fsspec
 
@@ -173,7 +178,7 @@ def _publish(
     _put_whole(fs, local, path, atomic_put)
     logger.debug("published %s (%d sidecars)", redact_url(url), len(names))
     if sidecar_dir is not None and sidecar_name is not None:
-        _remove_stale(fs, sidecar_dir(path), set(names), sidecar_name)
+        _remove_stale(fs, sidecar_dir(path), set(names) | set(placed), sidecar_name)
     fs.invalidate_cache()
 
 

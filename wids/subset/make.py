@@ -19,15 +19,14 @@ Offline snapshots of a remote index (``offline=True`` with the index's URL) live
 
 from __future__ import annotations
 
+import contextlib
 import os
-import threading
 import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass
 from typing import Any
 
-from ..atomic import TempFile
 from ..errors import IndexMismatchError
 from ..index import IndexReader, ShardInfo
 from ..storage import Store, redact_url
@@ -119,24 +118,23 @@ def _check_copy(path: str, info: ShardInfo, stat: Any, members: Any) -> None:
                     )
 
 
-def _copy(
-    info: ShardInfo,
-    members: Any,
-    dest: str,
-    store: Store,
-    run: Run,
-    progress: Callable[[int], None],
-) -> None:
-    """Copy one shard to ``dest``: download to a temporary file, verify, then publish."""
+def _fetch(info: ShardInfo, members: Any, path: str, store: Store) -> int:
+    """Download one shard to ``path`` (a staging file), verify it and flush it; its size.
+
+    Runs on the executor: the staging directory must be one the executor's workers share.
+    """
     src = store.source(info.url)
     try:
-        with TempFile(os.path.dirname(dest), os.path.basename(dest)) as tmp:
-            stat = src.download(tmp.path, expected_size=info.size)
-            _check_copy(tmp.path, info, stat, members)
-            if tmp.fd is not None:
-                os.fsync(tmp.fd)
-            run.place(tmp.path, dest)
-            progress(stat.size)
+        stat = src.download(path, expected_size=info.size)
+        try:
+            _check_copy(path, info, stat, members)
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            raise
+        return stat.size
     finally:
         src.close()
 
@@ -152,6 +150,7 @@ def make_subset(
     progress: bool = False,
     force: bool = False,
     allow_local_shards: bool = False,
+    executor: Executor | None = None,
 ) -> SubsetReport:
     """Copy some shards of ``index`` into directory ``to`` and write a matching index there.
 
@@ -176,6 +175,10 @@ def make_subset(
         allow_local_shards: Let an index read from a remote location name local files (by
             default refused with ``IndexFormatError``: a crafted index must not make the
             subset copy the user's files).
+        executor: Where shards are downloaded and verified (e.g. a Dask cluster's
+            ``distributed.Client.get_executor()``); its workers must share ``to``'s
+            filesystem (each writes into a staging directory there). Default: ``jobs``
+            threads here.
 
     Returns:
         What was done; ``index`` is the JSON index written into ``to``.
@@ -206,7 +209,12 @@ def make_subset(
         try:
             run.makedirs(out_dir)
             picked = [(infos[k], t, d) for k, t, d in zip(chosen, tables, plan.shards, strict=True)]
-            _copy_all(picked, store, run, jobs, progress)
+            pool = executor or ThreadPoolExecutor(max(1, jobs))
+            try:
+                _copy_all(picked, store, run, progress, pool)
+            finally:
+                if executor is None:
+                    pool.shutdown(wait=True)
             _write_index(plan, idx, chosen, names, tables, run)
         except BaseException:
             run.undo()
@@ -266,8 +274,8 @@ def _copy_all(
     picked: list[tuple[ShardInfo, Any, str]],
     store: Store,
     run: Run,
-    jobs: int,
     progress: bool,
+    pool: Executor,
 ) -> None:
     bar: Any = None
     if progress:
@@ -275,19 +283,19 @@ def _copy_all(
 
         total = sum(info.size or 0 for info, _, _ in picked) or None
         bar = tqdm(total=total, unit="B", unit_scale=True, desc="copying", leave=True)
-    mutex = threading.Lock()
-
-    def step(n: int) -> None:
-        if bar is not None:
-            with mutex:
-                bar.update(n)
-
-    pool = ThreadPoolExecutor(max(1, jobs))
+    staging = run.staging(os.path.dirname(picked[0][2]))
+    futures: dict[Future[int], tuple[str, str]] = {}
     try:
-        futures = [pool.submit(_copy, i, t, d, store, run, step) for i, t, d in picked]
-        for f in futures:
-            f.result()  # the first failure: stop the rest, then undo what was published
+        for k, (info, table, dest) in enumerate(picked):
+            staged = os.path.join(staging, f"{k}-{os.path.basename(dest)}")
+            futures[pool.submit(_fetch, info, table, staged, store)] = (staged, dest)
+        for fut in as_completed(futures):
+            size = fut.result()  # the first failure: stop the rest, then undo what was published
+            run.place(*futures[fut])
+            if bar is not None:
+                bar.update(size)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        pending = [f for f in futures if not f.cancel()]
+        wait(pending)  # nothing still writing into the staging directory once this returns
         if bar is not None:
             bar.close()

@@ -1,0 +1,125 @@
+"""Verifying an index against its shards: fingerprints, a recorded header, or a rescan.
+
+Each shard's check is a job (:func:`verify_shard`) that pickles, so it runs on any
+``concurrent.futures`` executor, a Dask cluster's included; member tables are loaded (and a
+damaged one reported) here, where the index is open.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import WidsError
+from ..storage import Store, redact_url
+from .fingerprint import header_mismatch_at_spot
+from .members import ShardMembers
+from .model import ShardInfo
+from .registry import open_index
+from .scan import scan_shard
+
+__all__ = ["ShardProblem", "verify_index", "verify_shard"]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardProblem:
+    """One shard that does not match its index.
+
+    Attributes:
+        url: The shard (credentials removed).
+        kind: ``"DAMAGED"`` (its member table cannot be read) or ``"CHANGED"`` (the shard).
+        message: What is wrong.
+    """
+
+    url: str
+    kind: str
+    message: str
+
+
+def verify_shard(
+    info: ShardInfo, members: ShardMembers | None, store: Store, deep: bool = False
+) -> str | None:
+    """What is wrong with one shard against its index entry and member table, if anything.
+
+    Args:
+        info: The shard's entry.
+        members: Its member table, if the index has one.
+        store: Storage options for the shard.
+        deep: Rescan the shard and compare every offset.
+    """
+    src = store.source(info.url)
+    try:
+        stat = src.info()
+        end = None if members is None else int(members.spans()[1].max(initial=0))
+        problem: str | None = info.fingerprint.mismatch(stat, data_end=end)
+        if problem is None and members is not None:
+            problem = header_mismatch_at_spot(members, src.read_range)
+        if problem is None and deep:
+            _, now, _ = scan_shard(src)
+            if members is not None and now != members:
+                problem = "its member offsets differ from the index (found by rescanning)"
+            elif len(now) != info.nsamples:
+                problem = f"it has {len(now)} samples where the index says {info.nsamples}"
+    except WidsError as e:
+        return e.message
+    finally:
+        src.close()
+    return problem
+
+
+def verify_index(
+    index: str,
+    storage_options: Mapping[str, Any] | Store | None = None,
+    *,
+    deep: bool = False,
+    url_map: Mapping[str, str] | None = None,
+    allow_local_shards: bool = False,
+    executor: cf.Executor | None = None,
+) -> tuple[int, list[ShardProblem]]:
+    """Check every shard of an index: fingerprint, a recorded member header, its member table.
+
+    Args:
+        index: Path or URL of the index.
+        storage_options: fsspec options for the index and its shards.
+        deep: Rescan every shard and compare its offsets.
+        url_map: Prefix rewrites of shard URLs (mirrors).
+        allow_local_shards: Let a remote index name local files.
+        executor: Where the shards are checked (e.g. ``distributed.Client.get_executor()``);
+            default: one at a time, here.
+
+    Returns:
+        ``(shards, problems)``: how many shards the index has, and those that do not match,
+        in index order.
+    """
+    store = Store.of(storage_options)
+    idx = open_index(index, store, url_map=url_map, allow_local_shards=allow_local_shards)
+    problems: dict[int, ShardProblem] = {}
+    futures: dict[cf.Future[str | None], int] = {}
+    try:
+        shards = idx.shards
+        for k, info in enumerate(shards):
+            try:
+                members = idx.members(k)  # every member table: a damaged one is reported
+            except WidsError as e:
+                problems[k] = ShardProblem(
+                    redact_url(info.url), "DAMAGED", f"its member table: {e}"
+                )
+                continue
+            if executor is None:
+                problem = verify_shard(info, members, store, deep)
+                if problem:
+                    problems[k] = ShardProblem(redact_url(info.url), "CHANGED", problem)
+            else:
+                futures[executor.submit(verify_shard, info, members, store, deep)] = k
+        for fut in cf.as_completed(futures):
+            k = futures[fut]
+            problem = fut.result()
+            if problem:
+                problems[k] = ShardProblem(redact_url(shards[k].url), "CHANGED", problem)
+    finally:
+        for fut in futures:
+            fut.cancel()
+        idx.close()
+    return len(shards), [problems[k] for k in sorted(problems)]
