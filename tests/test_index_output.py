@@ -17,7 +17,8 @@ from wids.index.output import check_output, index_destination
 @pytest.mark.parametrize("name", ["x.txt", "x.json.gz", "x", "s3://b/x.csv?a=.json"])
 def test_a_name_that_selects_no_backend_is_refused(tmp_path: Path, name: str) -> None:
     where = name if "://" in name else str(tmp_path / name)
-    with pytest.raises(DestinationError, match=r"must end in \.json or \.sqlite/\.sqlite3/\.db"):
+    expected = r"must end in \.json or \.sqlite/\.sqlite3/\.db or \.widx"
+    with pytest.raises(DestinationError, match=expected):
         check_output(where, [])
 
 

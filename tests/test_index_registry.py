@@ -15,7 +15,8 @@ from wids import (
     create_index_writer,
     open_index,
 )
-from wids.index.registry import INDEX_SUFFIXES, is_sqlite_name, writer_for
+from wids.index import TableIndex, TableIndexWriter
+from wids.index.registry import INDEX_SUFFIXES, is_sqlite_name, is_table_name, writer_for
 
 
 def test_open_index_detects_sqlite_by_content(tmp_path: Path) -> None:
@@ -35,22 +36,33 @@ def test_open_index_detects_sqlite_by_content(tmp_path: Path) -> None:
         ("x.sqlite", SqliteIndexWriter),
         ("x.sqlite3", SqliteIndexWriter),
         ("x.db", SqliteIndexWriter),
+        ("x.widx", TableIndexWriter),
     ],
 )
 def test_create_index_writer_by_suffix(tmp_path: Path, name: str, writer: type) -> None:
     assert writer_for(tmp_path / name) is writer
     assert isinstance(create_index_writer(tmp_path / name), writer)
     assert is_sqlite_name(tmp_path / name) is (writer is SqliteIndexWriter)
+    assert is_table_name(tmp_path / name) is (writer is TableIndexWriter)
 
 
 def test_one_list_of_suffixes_and_no_backend_for_others(tmp_path: Path) -> None:
-    assert INDEX_SUFFIXES == (".json", ".sqlite", ".sqlite3", ".db")
+    assert INDEX_SUFFIXES == (".json", ".sqlite", ".sqlite3", ".db", ".widx")
     for bad in ("x.txt", "x.json.gz", "x"):
         with pytest.raises(ValueError, match="name the index"):
             create_index_writer(tmp_path / bad)
     # a remote URL's query string is not part of its name
     assert writer_for("s3://b/x.sqlite?versionId=3") is SqliteIndexWriter
     assert is_sqlite_name("s3://b/x.db?v=1") and not is_sqlite_name("s3://b/x.json?a=.db")
+
+
+def test_open_index_detects_the_shard_table_by_content(tmp_path: Path) -> None:
+    path = tmp_path / "x.widx"
+    with TableIndexWriter(path, name="x"):
+        pass
+    shutil.copy(path, tmp_path / "odd.json")
+    for p in (path, tmp_path / "odd.json"):
+        assert isinstance(open_index(str(p)), TableIndex)
 
 
 def test_a_json_description_opens_as_json(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 ``ShardListDataset(shards)`` takes our index (JSON or SQLite, path or URL), a reference
 ``wids-shard-index-v1`` description (path, URL, open text stream, list of dicts) or a brace
 pattern / list of shard URLs. Its :class:`Catalog` loads that once, lazily, into a
-:class:`Description` (shard infos, cumulative lengths, :class:`DatasetComponent` ranges) and
+:class:`Description` (cumulative counts as one int64 array, shard records on demand,
+:class:`DatasetComponent` ranges) and
 maps a global index to (shard, sample); finds each shard's member table (in the index, or by
 scanning the shard, kept in ``cache_dir`` when given); keeps a remote index's shard list in
 ``cache_dir`` for ``offline`` use; and checks a shard against the index on first touch in each
@@ -155,8 +156,11 @@ class Catalog:
         if not 0 <= i < n:
             raise IndexError(f"index {index} out of range for a dataset of {n} samples")
         cum = loaded.cum_list
-        shard = bisect.bisect_right(cum, i)
-        return i, shard, (i - cum[shard - 1] if shard else i)
+        if cum is not None:
+            shard = bisect.bisect_right(cum, i)
+            return i, shard, (i - cum[shard - 1] if shard else i)
+        shard = loaded.locate(i)  # numpy search: datasets of many shards
+        return i, shard, i - int(loaded.starts[shard])
 
     # -- the description ----------------------------------------------------------------------
 
@@ -181,11 +185,10 @@ class Catalog:
         if isinstance(src, (str, os.PathLike)):
             reader = self._open_index(os.fspath(src))
             try:
-                shards, components = list(reader.shards), list(reader.components)
+                name = self.dataset_name or reader.name or ""
+                loaded = Description.of_reader(reader, name)
             except IndexFormatError as e:
                 raise with_repair_hint(e) from None
-            name = self.dataset_name or reader.name or ""
-            loaded = Description(shards, components, name, reader.members)
         else:
             from ..index import load_spec
 
@@ -193,7 +196,7 @@ class Catalog:
                 src, storage_options=self._uncounted(), base=self.base, url_map=self.url_map
             )
             name = self.dataset_name or spec.name or ""
-            loaded = Description(list(spec.shards), list(spec.components), name, None)
+            loaded = Description.of_infos(list(spec.shards), list(spec.components), name, None)
         if not loaded.infos:
             raise IndexFormatError("the dataset has no shards", shard=display_url(src))
         return loaded
@@ -240,7 +243,7 @@ class Catalog:
         for i, m in enumerate(tables):
             self._keep_members(i, m, scanned=True)
         name = self.dataset_name or ""
-        return Description(infos, [Component(name, None, 0, len(infos))], name, None)
+        return Description.of_infos(infos, [Component(name, None, 0, len(infos))], name, None)
 
     # -- members ------------------------------------------------------------------------------
 

@@ -1,22 +1,31 @@
 """A dataset's description, loaded once: its shards, lengths and (sub-)datasets.
 
 :class:`Description` is what the catalog (:mod:`wids.dataset.catalog`) loads from the
-dataset's ``shards`` argument: the shard infos, cumulative lengths for the index lookup, the
-(sub-)datasets as :class:`DatasetComponent` ranges of global indices, and where member tables
-come from.
+dataset's ``shards`` argument: sample counts and cumulative counts as int64 arrays (the index
+lookup), the shards' records on demand (:attr:`Description.infos` is a lazy sequence: a
+shard-table index decodes one shard when it is first asked for, so opening 10^6 shards makes
+no Python object per shard), the (sub-)datasets as :class:`DatasetComponent` ranges of global
+indices, and where member tables come from.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+import operator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
-from ..index import ShardInfo, ShardMembers
+from ..index import Component, ShardInfo, ShardMembers
 
-__all__ = ["DatasetComponent", "Description"]
+__all__ = ["DatasetComponent", "Description", "SMALL"]
+
+SMALL = 1 << 16
+"""Up to this many shards the cumulative counts are also kept as a list (``bisect`` is faster
+than ``numpy.searchsorted`` for one index); above, only the array."""
+_CACHED = 1 << 16  # shard records kept once made (the shards a process touches)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,46 +38,158 @@ class DatasetComponent:
     stop: int
 
 
+class _Infos(Sequence[ShardInfo]):
+    """The shards' records, made one at a time on first use and kept (up to a bound)."""
+
+    def __init__(self, get: Callable[[int], ShardInfo], n: int) -> None:
+        self._get = get
+        self._n = n
+        self._made: dict[int, ShardInfo] = {}
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> ShardInfo: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[ShardInfo]: ...
+    def __getitem__(self, i: int | slice) -> ShardInfo | list[ShardInfo]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._n))]
+        k = operator.index(i)
+        if k < 0:
+            k += self._n
+        if not 0 <= k < self._n:
+            raise IndexError(f"shard {i} out of range for {self._n} shards")
+        info = self._made.get(k)
+        if info is None:
+            info = self._get(k)
+            if len(self._made) >= _CACHED:
+                self._made.clear()
+            self._made[k] = info
+        return info
+
+
+class _DatasetOf(Sequence[str]):
+    """Each shard's (sub-)dataset name, from the components' shard ranges."""
+
+    def __init__(self, components: list[Component], name: str, n: int) -> None:
+        self._stops = [c.stop_shard for c in components]
+        self._names = [c.name or name or "" for c in components]
+        self._n = n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self._n))]
+        k = operator.index(i)
+        if k < 0:
+            k += self._n
+        if not 0 <= k < self._n:
+            raise IndexError(f"shard {i} out of range for {self._n} shards")
+        c = bisect.bisect_right(self._stops, k)
+        return self._names[c] if c < len(self._names) else ""
+
+
 class Description:
-    """The dataset's description, loaded once: shard infos, components, where members are."""
+    """The dataset's description, loaded once: counts, shard records, components, members.
+
+    Args:
+        counts: Samples per shard (int64 array; kept as given, may be a read-only map).
+        starts: ``N + 1`` cumulative counts from 0 (int64 array), or ``None`` to compute them.
+        info: The record of shard ``i`` (called once per shard and process, on first use).
+        components: The (sub-)datasets as shard ranges.
+        name: The dataset's name.
+        indexed: The member table of shard ``i`` from the index, or ``None`` (scan shards).
+    """
 
     def __init__(
         self,
-        shards: list[ShardInfo],
-        components: list[Any],
+        counts: np.ndarray,
+        starts: np.ndarray | None,
+        info: Callable[[int], ShardInfo],
+        components: list[Component],
         name: str,
         indexed: Callable[[int], ShardMembers | None] | None,
     ) -> None:
-        self.infos = shards
+        if starts is None:
+            starts = np.zeros(len(counts) + 1, dtype=np.int64)
+            np.cumsum(counts, out=starts[1:])
+        n = len(counts)
         self.name = name
-        self.lengths = [int(s.nsamples) for s in shards]
-        self.cum = np.cumsum(np.asarray(self.lengths, dtype=np.int64))
-        self.cum_list: list[int] = self.cum.tolist()
-        self.total = self.cum_list[-1] if self.cum_list else 0
-        starts = np.concatenate([[0], self.cum]).astype(np.int64)
+        self.lengths = counts
+        self.starts = starts
+        self.cum = starts[1:]
+        self.cum_list: list[int] | None = self.cum.tolist() if n <= SMALL else None
+        self.total = int(starts[-1])
+        self.infos: Sequence[ShardInfo] = _Infos(info, n)
         self.components = [
             DatasetComponent(
-                c.name or name, c.weight, int(starts[c.first_shard]), int(starts[c.stop_shard])
+                c.name or name,
+                c.weight,
+                int(starts[c.first_shard]),
+                int(starts[c.stop_shard]),
             )
             for c in components
         ]
-        self.dataset_of = [""] * len(shards)
-        for c in components:
-            for i in range(c.first_shard, c.stop_shard):
-                self.dataset_of[i] = c.name or name or ""
+        self.dataset_of: Sequence[str] = _DatasetOf(components, name, n)
         self.indexed = indexed
         self._shard_dicts: list[dict[str, Any]] | None = None
 
+    @classmethod
+    def of_infos(
+        cls,
+        infos: list[ShardInfo],
+        components: list[Component],
+        name: str,
+        indexed: Callable[[int], ShardMembers | None] | None,
+    ) -> Description:
+        """A description of shard records already made (a description file, a pattern)."""
+        counts = np.fromiter((s.nsamples for s in infos), dtype=np.int64, count=len(infos))
+        made = cls(counts, None, infos.__getitem__, components, name, indexed)
+        made.infos = infos  # already objects: no second cache of them
+        return made
+
+    @classmethod
+    def of_reader(cls, reader: Any, name: str) -> Description:
+        """A description of an opened index: lazily per shard when the reader can.
+
+        Readers with ``cumulative_counts()`` and ``shard(i)`` (the shard table) give arrays and
+        one record at a time; any other reader's ``shards`` list is used as it is.
+        """
+        comps = list(reader.components)
+        if hasattr(reader, "cumulative_counts") and hasattr(reader, "shard"):
+            return cls(
+                reader.sample_counts(),
+                reader.cumulative_counts(),
+                reader.shard,
+                comps,
+                name,
+                reader.members,
+            )
+        return cls.of_infos(list(reader.shards), comps, name, reader.members)
+
+    def locate(self, i: int) -> int:
+        """The shard holding global index ``0 <= i < total``."""
+        cum = self.cum_list
+        if cum is not None:
+            return bisect.bisect_right(cum, i)
+        return int(np.searchsorted(self.cum, i, side="right"))
+
+    def shard_dict(self, shard: int) -> dict[str, Any]:
+        """One shard as the reference lists it: ``url``, ``nsamples``, ..., ``dataset``."""
+        info = self.infos[shard]
+        d: dict[str, Any] = {"url": info.url, "nsamples": info.nsamples}
+        for k, v in (("filesize", info.size), ("md5sum", info.md5sum), ("etag", info.etag)):
+            if v is not None:
+                d[k] = v
+        d["dataset"] = self.dataset_of[shard]
+        return d
+
     def shard_dicts(self) -> list[dict[str, Any]]:
-        """The shards as the reference lists them: dicts with ``url``, ``nsamples`` ..."""
+        """The shards as the reference lists them (one dict per shard: small datasets)."""
         if self._shard_dicts is None:
-            out = []
-            for info, ds in zip(self.infos, self.dataset_of, strict=True):
-                d: dict[str, Any] = {"url": info.url, "nsamples": info.nsamples}
-                for k, v in (("filesize", info.size), ("md5sum", info.md5sum), ("etag", info.etag)):
-                    if v is not None:
-                        d[k] = v
-                d["dataset"] = ds
-                out.append(d)
-            self._shard_dicts = out
+            self._shard_dicts = [self.shard_dict(k) for k in range(len(self.infos))]
         return self._shard_dicts

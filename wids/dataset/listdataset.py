@@ -306,7 +306,7 @@ class ShardListDataset(_DatasetBase[T_co]):
     @property
     def lengths(self) -> list[int]:
         """Samples per shard."""
-        return list(self._catalog.load().lengths)
+        return self._catalog.load().lengths.tolist()  # type: ignore[no-any-return]
 
     @property
     def cum_lengths(self) -> np.ndarray:
@@ -316,7 +316,7 @@ class ShardListDataset(_DatasetBase[T_co]):
     @property
     def total_length(self) -> int:
         """Total number of samples."""
-        return int(self._catalog.load().cum[-1])
+        return self._catalog.load().total
 
     @property
     def name(self) -> str:
@@ -360,7 +360,7 @@ class ShardListDataset(_DatasetBase[T_co]):
         self._check_process()
         _, shard, local = self._catalog.locate(index)
         self._pool.reader(shard)
-        return _ShardView(self, shard), local, self.shards[shard]
+        return _ShardView(self, shard), local, self._catalog.load().shard_dict(shard)
 
     def _attach_sampler(self, sampler: Any) -> None:
         """A sampler built on this dataset offers its order: the lookahead prefetch's plan."""
@@ -400,7 +400,7 @@ class _ShardView:
         self.url = dataset._catalog.load().infos[shard].url
 
     def __len__(self) -> int:
-        return self.dataset._catalog.load().lengths[self.shard]
+        return int(self.dataset._catalog.load().lengths[self.shard])
 
     def __getitem__(self, j: int) -> dict[str, Any]:
         n = len(self)

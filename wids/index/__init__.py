@@ -1,4 +1,4 @@
-"""Indexes: the model, fingerprints, JSON and SQLite backends (one registry), building, conversion.
+"""Indexes: the model, fingerprints, the backends (JSON, SQLite, shard table), building, conversion.
 
 Other parts import from this package, not its modules.
 """
@@ -26,6 +26,8 @@ from .scan import scan_shard
 from .spec import Spec, load_spec
 from .sqlitereader import SqliteIndex
 from .sqlitewriter import SqliteIndexWriter
+from .tablereader import TableIndex
+from .tablewriter import TableIndexWriter
 from .urls import check_url_map, expand_braces, map_url, resolve_url, unpipe_url
 from .verify import ShardProblem, verify_index, verify_shard
 
@@ -44,6 +46,8 @@ __all__ = [
     "Spec",
     "SqliteIndex",
     "SqliteIndexWriter",
+    "TableIndex",
+    "TableIndexWriter",
     "build_index",
     "check_output",
     "check_url_map",

@@ -1,4 +1,9 @@
-"""Converting indexes between JSON and SQLite (either direction, or to the same backend)."""
+"""Converting indexes between backends (JSON, SQLite, shard table; any direction).
+
+A reference description converts too (its shards then have no member tables): that is how a
+description of 10^6 shards becomes a shard table (``wids index convert train.json -o
+train.widx``), which opens without a Python object per shard.
+"""
 
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ def convert_index(
     *,
     storage_options: Mapping[str, Any] | Store | None = None,
 ) -> None:
-    """Convert an index between JSON and SQLite (either direction, or to the same backend).
+    """Convert an index between backends (JSON, SQLite, shard table; any direction).
 
     Shards (with size, etag, mtime, md5sum and extra keys), member tables, components and
     the report are preserved. Shard URLs are rewritten so they resolve to the same shards
@@ -54,18 +59,23 @@ def convert_index(
 def _copy(reader: IndexReader, src: str, writer: IndexWriter, dest: str) -> None:
     out_dir = output_dir(dest)
     try:
-        shards = reader.shards
+        # one record at a time when the reader can (a shard table), else its list
+        shard = getattr(reader, "shard", None) or reader.shards.__getitem__
+        nshards = getattr(reader, "nshards", None)
+        if nshards is None:
+            nshards = len(reader.shards)
         comps = reader.components
         starts = [c.first_shard for c in comps]
         stops = [c.stop_shard for c in comps]
-        if starts[:1] + stops != [0] + starts[1:] + [len(shards)]:
+        if starts[:1] + stops != [0] + starts[1:] + [nshards]:
             raise IndexFormatError("components do not cover the shards in order", shard=src)
         for k, comp in enumerate(comps):
             is_main = k == 0 and comp.name == (reader.name or "") and comp.weight is None
             if not is_main:
                 writer.start_component(comp.name, comp.weight)
             for i in range(comp.first_shard, comp.stop_shard):
-                info = replace(shards[i], url=stored_url(shards[i].url, out_dir))
+                info = shard(i)
+                info = replace(info, url=stored_url(info.url, out_dir))
                 writer.add(info, reader.members(i), reader.shard_extra(i) or None)
         writer.set_report(reader.report)
     except BaseException:

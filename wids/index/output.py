@@ -1,6 +1,6 @@
 """Where an index is written: checks on the output, and publishing it with its sidecars.
 
-Index writers (:mod:`wids.index.jsonwriter`, :mod:`wids.index.sqlitewriter`) write local
+Index writers (:mod:`wids.index.jsonwriter`, :mod:`wids.index.sqlitewriter`, ...) write local
 files. For an output such as ``s3://bucket/train.json``, :func:`index_destination` hands the
 writer a path in a temporary directory and, once the writer has closed, uploads the result
 (:func:`wids.storage.destination`): member-table sidecars first, the description (or SQLite
@@ -31,17 +31,21 @@ from ..storage import (
     same_place,
 )
 from .jsonformat import SIDECAR_NAME, members_dir
-from .registry import SQLITE_MAGIC, SQLITE_SUFFIXES, is_sqlite_name, writer_for
+from .registry import SQLITE_MAGIC, SQLITE_SUFFIXES, is_sqlite_name, is_table_name, writer_for
+from .tableformat import MAGIC as TABLE_MAGIC
+from .tableformat import TABLE_SUFFIXES
 
 __all__ = ["check_output", "index_destination"]
 
 
-def _looks_like_index(head: bytes, sqlite: bool) -> bool:
+def _looks_like_index(head: bytes, sqlite: bool, table: bool = False) -> bool:
     """Whether the first bytes of a file are those of an index (ours or the reference's).
 
     A damaged index still counts (``index create --full`` repairs it); a file of the user's
     that merely has the same name does not.
     """
+    if table:
+        return head.startswith(TABLE_MAGIC)
     if sqlite:
         return head.startswith(SQLITE_MAGIC) and b"shards" in head and b"members" in head
     text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
@@ -67,7 +71,8 @@ def check_output(output: str, shards: Sequence[str], store: Store | None = None)
         writer_for(output)  # the registry's choice, made again when the writer is created
     except ValueError:
         raise DestinationError(
-            f"index file must end in .json or {'/'.join(SQLITE_SUFFIXES)}",
+            f"index file must end in .json or {'/'.join(SQLITE_SUFFIXES)} or "
+            f"{'/'.join(TABLE_SUFFIXES)}",
             shard=redact_url(output),
         ) from None
     check_writable(output)
@@ -80,7 +85,8 @@ def check_output(output: str, shards: Sequence[str], store: Store | None = None)
     if not is_remote(output) and os.path.isdir(local_path(output)):
         raise OutputExistsError("is a directory; name the index file: train.json", shard=where)
     head = read_head(output, store)
-    if head is not None and not _looks_like_index(head, is_sqlite_name(output)):
+    table = is_table_name(output)
+    if head is not None and not _looks_like_index(head, is_sqlite_name(output), table):
         raise OutputExistsError(
             "exists and is not a wids index; not overwriting it (remove it or choose another name)",
             shard=where,
@@ -109,7 +115,8 @@ def index_destination(
     Raises:
         LockTimeoutError: Another writer of the same local index is running.
     """
-    sidecars = None if is_sqlite_name(output) else members_dir
+    single_file = is_sqlite_name(output) or is_table_name(output)
+    sidecars = None if single_file else members_dir
     with destination(
         output, store, sidecar_dir=sidecars, sidecar_name=SIDECAR_NAME, placed=placed
     ) as path:

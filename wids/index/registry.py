@@ -1,11 +1,13 @@
 """The index backends in one place: which reader opens a file, which writer writes a path.
 
-- Reading: :func:`open_index` looks at the file's first bytes; an SQLite file is recognised by
-  its magic, anything else is read as a JSON description (ours or the reference's).
-- Writing: :func:`create_index_writer` goes by the path's ending, ``*.json`` for JSON and one
-  of :data:`SQLITE_SUFFIXES` for SQLite; :func:`writer_for` is the same choice without creating
-  anything, for checks made before any work (``wids index create`` refuses an output it could
-  not write before scanning a shard).
+- Reading: :func:`open_index` looks at the file's first bytes; an SQLite file and a shard-table
+  file (:mod:`wids.index.tableformat`) are recognised by their magic, anything else is read as
+  a JSON description (ours or the reference's).
+- Writing: :func:`create_index_writer` goes by the path's ending, ``*.json`` for JSON, one
+  of :data:`SQLITE_SUFFIXES` for SQLite and ``*.widx`` for the shard table (the format for
+  10^5 shards and more: opening it costs no Python object per shard); :func:`writer_for` is
+  the same choice without creating anything, for checks made before any work (``wids index
+  create`` refuses an output it could not write before scanning a shard).
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from .jsonwriter import JsonIndexWriter
 from .model import IndexReader, IndexWriter
 from .sqlitereader import SqliteIndex
 from .sqlitewriter import SqliteIndexWriter
+from .tableformat import MAGIC as TABLE_MAGIC
+from .tableformat import TABLE_SUFFIXES
+from .tablereader import TableIndex
+from .tablewriter import TableIndexWriter
 
 __all__ = [
     "INDEX_SUFFIXES",
@@ -27,6 +33,7 @@ __all__ = [
     "SQLITE_SUFFIXES",
     "create_index_writer",
     "is_sqlite_name",
+    "is_table_name",
     "open_index",
     "writer_for",
 ]
@@ -36,9 +43,11 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 """File name endings that select the SQLite backend; ``.json`` selects JSON."""
 
-_WRITERS: tuple[tuple[tuple[str, ...], type[JsonIndexWriter] | type[SqliteIndexWriter]], ...] = (
+_Writer = type[JsonIndexWriter] | type[SqliteIndexWriter] | type[TableIndexWriter]
+_WRITERS: tuple[tuple[tuple[str, ...], _Writer], ...] = (
     ((".json",), JsonIndexWriter),
     (SQLITE_SUFFIXES, SqliteIndexWriter),
+    (TABLE_SUFFIXES, TableIndexWriter),
 )
 INDEX_SUFFIXES: tuple[str, ...] = tuple(s for suffixes, _ in _WRITERS for s in suffixes)
 """Every file name ending that selects an index backend."""
@@ -49,7 +58,7 @@ def _name(path: str | os.PathLike[str]) -> str:
     return name.split("?", 1)[0] if "://" in name else name  # never a query string
 
 
-def writer_for(path: str | os.PathLike[str]) -> type[JsonIndexWriter] | type[SqliteIndexWriter]:
+def writer_for(path: str | os.PathLike[str]) -> _Writer:
     """The writer class that ``path``'s ending selects.
 
     Raises:
@@ -59,7 +68,7 @@ def writer_for(path: str | os.PathLike[str]) -> type[JsonIndexWriter] | type[Sql
     for suffixes, cls in _WRITERS:
         if name.endswith(suffixes):
             return cls
-    raise ValueError(f"{path}: name the index *.json or one of {', '.join(SQLITE_SUFFIXES)}")
+    raise ValueError(f"{path}: name the index one of {', '.join(INDEX_SUFFIXES)}")
 
 
 def is_sqlite_name(path: str | os.PathLike[str]) -> bool:
@@ -67,11 +76,17 @@ def is_sqlite_name(path: str | os.PathLike[str]) -> bool:
     return _name(path).endswith(SQLITE_SUFFIXES)
 
 
+def is_table_name(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path``'s ending selects the shard-table backend."""
+    return _name(path).endswith(TABLE_SUFFIXES)
+
+
 def create_index_writer(path: str | os.PathLike[str], *, name: str | None = None) -> IndexWriter:
     """A writer for the backend that ``path``'s ending selects.
 
     Args:
-        path: ``*.json`` for JSON, ``*.sqlite`` / ``*.sqlite3`` / ``*.db`` for SQLite.
+        path: ``*.json`` for JSON, ``*.sqlite`` / ``*.sqlite3`` / ``*.db`` for SQLite,
+            ``*.widx`` for the shard table.
         name: The dataset's name.
 
     Raises:
@@ -89,8 +104,8 @@ def open_index(
 ) -> IndexReader:
     """Open an index or dataset description, choosing the backend from its content.
 
-    SQLite files are recognised by their magic bytes; anything else is read as a JSON
-    description (ours, or the reference ``wids-shard-index-v1``).
+    SQLite and shard-table files are recognised by their magic bytes; anything else is read
+    as a JSON description (ours, or the reference ``wids-shard-index-v1``).
 
     Args:
         url: Path or URL of the index.
@@ -124,4 +139,6 @@ def open_index(
         src.close()
     if head == SQLITE_MAGIC:
         return SqliteIndex(url, store, **kwargs)
+    if head[: len(TABLE_MAGIC)] == TABLE_MAGIC:
+        return TableIndex(url, store, **kwargs)
     return JsonIndex(url, store, **kwargs)

@@ -1,0 +1,244 @@
+"""The shard-table index writer: member tables streamed to a temporary file, published whole.
+
+The layout is described in :mod:`wids.index.tableformat`. Per shard the writer keeps a few
+numbers in compact arrays (``array``/``bytearray``, not Python objects), so writing 10^6
+shards holds tens of MB; each member table goes to the file as it is added.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from array import array
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .members import ShardMembers
+from .model import ShardInfo
+from .tableformat import (
+    FORMAT,
+    HAS_ETAG,
+    HAS_EXTRA,
+    HAS_MD5,
+    HAS_MEMBERS,
+    HAS_MTIME,
+    HAS_SIZE,
+    MAGIC,
+    PREAMBLE,
+    STRINGS,
+    VERSION,
+    encode_members,
+)
+
+__all__ = ["TableIndexWriter"]
+
+_ALIGN = 64
+
+
+class _Strings:
+    """One string column being written: the bytes and the N + 1 offsets."""
+
+    def __init__(self) -> None:
+        self.blob = bytearray()
+        self.off = array("q", [0])
+        self.used = False
+
+    def add(self, value: str | None) -> None:
+        if value is not None:
+            self.blob += value.encode("utf-8", "surrogateescape")
+            self.used = True
+        self.off.append(len(self.blob))
+
+
+class TableIndexWriter:
+    """Builds a shard-table index in a temporary file and publishes it atomically on close.
+
+    Shards added before any :meth:`start_component` call form the main component (named
+    ``name``); each :meth:`start_component` opens a sub-dataset. Use from one thread.
+
+    Args:
+        path: Local path of the index to write (``*.widx``).
+        name: The dataset's name.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.name = name
+        self._tmp: Any = None
+        self._end = PREAMBLE.size
+        self._nsamples = array("q")
+        self._size = array("q")
+        self._mtime = array("d")
+        self._mem_off = array("q")
+        self._mem_len = array("q")
+        self._flags = bytearray()
+        self._strings = {s: _Strings() for s in STRINGS}
+        self._components: list[list[Any]] = [[name or "", None, 0]]
+        self._report: dict[str, Any] = {}
+        self._closed = False
+
+    def _file(self) -> int:
+        if self._tmp is None:
+            from ..atomic import TempFile
+
+            self._tmp = TempFile(os.path.dirname(self.path), os.path.basename(self.path))
+            os.pwrite(self._tmp.fd, PREAMBLE.pack(MAGIC, 0, 0), 0)
+        return self._tmp.fd  # type: ignore[no-any-return]
+
+    def _write(self, data: bytes | memoryview, align: int) -> int:
+        fd = self._file()
+        at = -(-self._end // align) * align
+        os.pwrite(fd, data, at)
+        self._end = at + len(data)
+        return at
+
+    def start_component(self, name: str, weight: float | None = None) -> None:
+        """Start a sub-dataset; shards added from now on belong to it."""
+        self._check_open()
+        self._components.append([name, weight, len(self._nsamples)])
+
+    def add(
+        self,
+        info: ShardInfo,
+        members: ShardMembers | None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record one shard and its member table.
+
+        Args:
+            info: The shard; its ``url`` is stored as given.
+            members: Its member table, or ``None`` to record the shard without offsets.
+            extra: More JSON-serialisable keys to keep with the shard.
+
+        Raises:
+            ValueError: ``members`` disagrees with ``info.nsamples``, or a value cannot be
+                stored.
+        """
+        self._check_open()
+        if members is not None and len(members) != info.nsamples:
+            raise ValueError(
+                f"{info.url}: member table has {len(members)} samples, nsamples is {info.nsamples}"
+            )
+        if not isinstance(info.url, str) or not info.url:
+            raise ValueError(f"shard url must be a non-empty string, not {info.url!r}")
+        flags = 0
+        if info.size is not None:
+            flags |= HAS_SIZE
+        if info.etag is not None:
+            flags |= HAS_ETAG
+        if info.mtime is not None:
+            if not math.isfinite(info.mtime):
+                raise ValueError(f"{info.url}: mtime {info.mtime!r} is not finite")
+            flags |= HAS_MTIME
+        if info.md5sum is not None:
+            flags |= HAS_MD5
+        text = json.dumps(dict(extra), ensure_ascii=False) if extra else None
+        if text is not None:
+            flags |= HAS_EXTRA
+        mem_off = mem_len = 0
+        if members is not None:
+            flags |= HAS_MEMBERS
+            blob = encode_members(members)
+            mem_off, mem_len = self._write(blob, 8), len(blob)
+        self._nsamples.append(int(info.nsamples))
+        self._size.append(int(info.size) if info.size is not None else 0)
+        self._mtime.append(float(info.mtime) if info.mtime is not None else 0.0)
+        self._mem_off.append(mem_off)
+        self._mem_len.append(mem_len)
+        self._flags.append(flags)
+        for col, value in zip(STRINGS, (info.url, info.etag, info.md5sum, text), strict=True):
+            self._strings[col].add(value)
+
+    def set_report(self, report: Mapping[str, Any]) -> None:
+        """Store the builder's report (JSON-serialisable) in the index."""
+        self._check_open()
+        self._report = dict(report)
+
+    def _columns(self) -> dict[str, np.ndarray | bytes]:
+        nsamples = np.frombuffer(self._nsamples, dtype=np.int64)
+        if len(nsamples) and int(nsamples.min()) < 0:
+            raise ValueError("nsamples must not be negative")
+        cum = np.zeros(len(nsamples) + 1, dtype=np.int64)
+        np.cumsum(nsamples, out=cum[1:])
+        flags = np.frombuffer(bytes(self._flags), dtype=np.uint8)
+        cols: dict[str, np.ndarray | bytes] = {"nsamples": nsamples, "cum": cum, "flags": flags}
+        if np.any(flags & HAS_SIZE):
+            cols["size"] = np.frombuffer(self._size, dtype=np.int64)
+        if np.any(flags & HAS_MTIME):
+            cols["mtime"] = np.frombuffer(self._mtime, dtype=np.float64)
+        if np.any(flags & HAS_MEMBERS):
+            cols["mem_off"] = np.frombuffer(self._mem_off, dtype=np.int64)
+            cols["mem_len"] = np.frombuffer(self._mem_len, dtype=np.int64)
+        for name, col in self._strings.items():
+            if col.used or name == "url":
+                cols[f"{name}_off"] = np.frombuffer(col.off, dtype=np.int64)
+                cols[f"{name}_blob"] = bytes(col.blob)
+        return cols
+
+    def close(self) -> None:
+        """Write the columns and the header and publish the file atomically."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            fd = self._file()
+            table = {}
+            for name, data in self._columns().items():
+                raw = (
+                    data.astype(data.dtype.newbyteorder("<")).tobytes()
+                    if isinstance(data, np.ndarray)
+                    else data
+                )
+                dtype = data.dtype.str if isinstance(data, np.ndarray) else "|u1"
+                table[name] = [self._write(raw, _ALIGN), len(raw), dtype]
+            header = {
+                "format": FORMAT,
+                "version": VERSION,
+                "name": self.name or "",
+                "nshards": len(self._nsamples),
+                "components": self._component_list(),
+                "report": self._report,
+                "columns": table,
+            }
+            text = json.dumps(header, ensure_ascii=False).encode("utf-8")
+            at = self._write(text, 8)
+            os.pwrite(fd, PREAMBLE.pack(MAGIC, at, len(text)), 0)
+            self._tmp.publish(self.path)
+        except BaseException:
+            self._discard()
+            raise
+
+    def _component_list(self) -> list[dict[str, Any]]:
+        n = len(self._nsamples)
+        bounds = [c[2] for c in self._components[1:]] + [n]
+        comps = [(*c, stop) for c, stop in zip(self._components, bounds, strict=True)]
+        if len(comps) > 1 and comps[0][2] == comps[0][3]:
+            comps = comps[1:]  # an empty main list beside sub-datasets is no component
+        return [
+            {"name": c[0], "weight": c[1], "first_shard": c[2], "stop_shard": c[3]} for c in comps
+        ]
+
+    def abort(self) -> None:
+        """Give up: remove the temporary file; the destination is untouched."""
+        self._closed = True
+        self._discard()
+
+    def _discard(self) -> None:
+        if self._tmp is not None:
+            self._tmp.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.path}: writer is closed")
+
+    def __enter__(self) -> TableIndexWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
