@@ -18,7 +18,9 @@ replaces some of them by a fault:
 and ``permanent`` maps path substrings to a status (403, 404, ...) returned on every request.
 ``script`` (a list of kinds, ``None`` for a clean answer) replaces the random schedule: the
 n-th eligible request gets the n-th entry, later ones none.
-``injected`` counts faults by kind; ``requests`` counts all requests, ``forwarded`` the clean ones.
+``injected`` counts faults by kind; ``requests`` counts all requests, ``forwarded`` the clean ones,
+``connections`` the TCP connections clients opened (distinct peer addresses), ``paths`` the
+requests per path.
 
 Example:
     >>> proxy = FaultProxy(http_server.base, FaultPlan({"503": 1}, rate=1.0, max_faults=2))
@@ -105,6 +107,8 @@ class FaultProxy:
         self.requests = 0
         self.forwarded = 0
         self.injected: Counter[str] = Counter()
+        self.paths: Counter[str] = Counter()
+        self._peers: set[Any] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: Any = None
@@ -132,6 +136,13 @@ class FaultProxy:
         self.requests = 0
         self.forwarded = 0
         self.injected = Counter()
+        self.paths = Counter()
+        self._peers = set()
+
+    @property
+    def connections(self) -> int:
+        """TCP connections that sent requests since the last reset."""
+        return len(self._peers)
 
     def counts(self) -> dict[str, Any]:
         return {
@@ -231,6 +242,8 @@ class FaultProxy:
         from aiohttp import web
 
         self.requests += 1
+        self.paths[request.path] += 1
+        self._peers.add(request.transport.get_extra_info("peername") if request.transport else None)
         fault = self._pick(request.method, request.path_qs, _range_length(request.headers))
         if fault is not None:
             self.injected[fault] += 1

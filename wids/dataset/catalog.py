@@ -31,7 +31,7 @@ from ..index import (
     with_repair_hint,
 )
 from ..samples import DuplicatePolicy
-from ..storage import RetryPolicy, Source, Store, is_local, redact_url
+from ..storage import FileStat, RetryPolicy, Source, Store, is_local, redact_url
 from .description import Description
 from .localcache import LocalCache
 
@@ -331,15 +331,33 @@ class Catalog:
         """Check ``shard`` again when it is next opened (nothing ties reads to its version)."""
         self._verified.discard(shard)
 
-    def check_fingerprint(self, info: ShardInfo, data_end: int) -> None:
-        """First touch in this process: the shard's fingerprint must be the index's."""
+    def check_fingerprint(
+        self, info: ShardInfo, data_end: int, reader_source: Source | None = None
+    ) -> None:
+        """First touch in this process: the shard's fingerprint must be the index's.
+
+        Args:
+            info: The shard's record in the index.
+            data_end: End of its last member's data.
+            reader_source: The source the shard's reader will read, if it reads by range:
+                where each answer says the file's size and etag (HTTP, S3), the check is
+                deferred to the first answer (``Source.answer_check``), which runs it before
+                any byte is returned; no stat of its own.
+        """
         if self.local.offline and self.local.cache_dir is not None and not is_local(info.url):
             return  # the cache checks its copy against the index's size, etag and md5
         self.local.check_online(info.url)
-        stat = self.source(info.url).info(self.store.stats)
-        problem = info.fingerprint.mismatch(stat, data_end=data_end)
-        if problem is not None:
-            raise _changed(problem, info.url)
+        fingerprint, url = info.fingerprint, info.url
+
+        def check(stat: FileStat) -> None:
+            problem = fingerprint.mismatch(stat, data_end=data_end)
+            if problem is not None:
+                raise _changed(problem, url)
+
+        if reader_source is not None and reader_source.answers_with_stat:
+            reader_source.answer_check = check
+            return
+        check(self.source(info.url).info(self.store.stats))
 
     def check_header(self, shard: int, members: ShardMembers, reader: Any) -> None:
         """First open in this process: one recorded member's tar header must be where it was.

@@ -258,9 +258,7 @@ class ReaderPool:
             info = loaded.infos[shard]
             members = catalog.members(shard)
             check = catalog.needs_check(shard)
-            if check:
-                catalog.check_fingerprint(info, members[1])
-            reader = self._open_reader(info, members[0], self._pins.get(shard))
+            reader = self._open_reader(info, members, self._pins.get(shard), check)
             if check:
                 try:
                     catalog.check_header(shard, members[0], reader)
@@ -286,14 +284,25 @@ class ReaderPool:
                 if src is not None and not src.is_local:
                     if src.etag is not None:  # the reopened reader reads the same version
                         self._pins[shard] = src.etag
-                    if not src.pins_version:  # nothing ties reads to a version: stat again
-                        self.catalog.forget_check(shard)
+                    if not src.pins_version or src.answer_check is not None:
+                        self.catalog.forget_check(shard)  # nothing ties reads to a version
                 old.close()
 
     def _open_reader(
-        self, info: ShardInfo, members: ShardMembers, pin: str | None = None
+        self,
+        info: ShardInfo,
+        table: tuple[ShardMembers, int],
+        pin: str | None = None,
+        check: bool = False,
     ) -> ShardReader:
-        source = self.catalog.source(info.url, info)
+        """A reader of the shard; with ``check``, its fingerprint is checked first (first touch).
+
+        A range reader's check is deferred to its first answer where that says the size and
+        etag (``Catalog.check_fingerprint``): one request fewer per shard and process.
+        """
+        members, data_end = table
+        catalog = self.catalog
+        source = catalog.source(info.url, info)
         if source.etag is None:
             source.etag = pin
         expected = info.fingerprint  # what a cached copy must be
@@ -301,16 +310,26 @@ class ReaderPool:
         uses_cache = local.cache_dir is not None and self.access != "range"
         if uses_cache and not source.is_local:
             if self.access == "shard" or local.offline:
+                if check:
+                    catalog.check_fingerprint(info, data_end)
                 verify = download_check(members, info.url)
                 shard = local.shard_cache().open(
-                    source, expected=expected, stats=self.catalog.store.stats, verify=verify
+                    source, expected=expected, stats=catalog.store.stats, verify=verify
                 )
                 return CachedReader(shard)
             # promoted earlier
             cached = local.shard_cache().open_cached(info.url, expected=expected)
             if cached is not None:
+                try:
+                    if check:
+                        catalog.check_fingerprint(info, data_end)
+                except BaseException:
+                    cached.close()
+                    raise
                 return CachedReader(cached)
         local.check_online(info.url)
+        if check:
+            catalog.check_fingerprint(info, data_end, None if source.is_local else source)
         return LocalReader(source) if source.is_local else RangeReader(source)
 
     # -- promotion (access="auto") ------------------------------------------------------------

@@ -12,20 +12,30 @@ for HTTP and S3 wids makes the request itself, as fsspec would, and checks the a
 - the body must be exactly as long as the range (a short one is
   :class:`~wids.errors.ShortReadError`, retried; a longer one means the server ignores Range).
 
-The reader is anything with ``url``, ``size`` and ``etag`` (:class:`Pinned`): a
-:class:`~wids.storage.source.Source`.
+The reader is anything with ``url``, ``size``, ``etag`` and ``answer_check`` (:class:`Pinned`):
+a :class:`~wids.storage.source.Source`.
+
+First touch without a stat: while a reader holds an ``answer_check`` (the dataset's
+fingerprint check, deferred), its requests are not conditional and each answer's
+:class:`~wids.storage.stats.FileStat` (size from the ``Content-Range`` total, ``ETag``,
+``Last-Modified``) goes to that check before anything else is looked at; the first answer that
+passes clears it and pins the etag. A ``416`` (the file shrank below the range) is checked the
+same way, so a replaced file is reported as such, not as a bad range. Only when an answer
+carries no size does the check fall back to a stat.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from ..errors import CorruptReadError, IndexMismatchError, PermanentRemoteError, ShortReadError
+from .backends import file_stat
 from .redact import redact_url
-from .stats import comparable_etag
+from .stats import FileStat, comparable_etag
 
 __all__ = [
+    "AnswerCheck",
     "Pinned",
     "changed",
     "check_answer",
@@ -36,12 +46,44 @@ __all__ = [
 ]
 
 
+AnswerCheck = Callable[[FileStat], None]
+"""A check of what an answer says of the file (raises if it is not the expected file)."""
+
+
 class Pinned(Protocol):
-    """A reader of one file: its URL, the size it expects and the etag it reads (or ``None``)."""
+    """A reader of one file: its URL, the size it expects and the etag it reads (or ``None``).
+
+    ``answer_check``, while set, is run on what the next answers say of the file.
+    """
 
     url: str
     size: int | None
     etag: str | None
+    answer_check: AnswerCheck | None
+
+
+def _total(content_range: str | None) -> int | None:
+    """The total size a ``Content-Range`` value announces (``bytes a-b/N``, ``bytes */N``)."""
+    if not content_range:
+        return None
+    total = content_range.rpartition("/")[2].strip()
+    return int(total) if total.isdigit() else None
+
+
+async def _answered(
+    pin: Pinned, fs: Any, path: str, size: int | None, meta: Mapping[str, Any]
+) -> None:
+    """Run ``pin.answer_check`` on what an answer says (a stat if it gives no size); clear it."""
+    check = pin.answer_check
+    if check is None:
+        return
+    if size is None:
+        info = await fs._info(path)
+        stat = file_stat(info, int(info["size"]))
+    else:
+        stat = file_stat(meta, size)
+    check(stat)  # raises if the file is not the expected one
+    pin.answer_check = None
 
 
 def check_length(url: str, data: bytes, start: int, end: int) -> bytes:
@@ -89,6 +131,19 @@ def _precondition_failed(exc: BaseException | None) -> bool:
     return False
 
 
+def _invalid_range(exc: BaseException | None) -> bool:
+    """Whether a backend error (or its cause) is S3 ``InvalidRange`` / HTTP 416."""
+    while exc is not None:
+        response = getattr(exc, "response", None)
+        if isinstance(response, Mapping):
+            if response.get("Error", {}).get("Code") == "InvalidRange":
+                return True
+            if response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 416:
+                return True
+        exc = exc.__cause__
+    return False
+
+
 def check_answer(
     pin: Pinned, start: int, end: int, content_range: str | None, etag: str | None
 ) -> None:
@@ -122,7 +177,7 @@ async def http_range(pin: Pinned, fs: Any, path: str, start: int, end: int) -> b
     kwargs = dict(fs.kwargs)
     headers = dict(kwargs.pop("headers", None) or {})
     headers["Range"] = f"bytes={start}-{end - 1}"
-    condition = if_match(pin.etag)
+    condition = if_match(pin.etag) if pin.answer_check is None else None
     if condition is not None:
         headers["If-Match"] = condition
     async with session.get(fs.encode_url(path), headers=headers, **kwargs) as resp:
@@ -130,6 +185,13 @@ async def http_range(pin: Pinned, fs: Any, path: str, start: int, end: int) -> b
             raise changed(pin.url, f"HTTP 412 for If-Match {condition}")
         if resp.status == 404:
             raise FileNotFoundError(path)
+        if pin.answer_check is not None and resp.status in (200, 206, 416):
+            h = resp.headers
+            size = _total(h.get("Content-Range"))
+            if resp.status == 200 and h.get("Content-Length", "").isdigit():
+                size = int(h["Content-Length"])  # the whole file
+            meta = {"ETag": h.get("ETag"), "Last-Modified": h.get("Last-Modified")}
+            await _answered(pin, fs, path, size, meta)
         resp.raise_for_status()
         data: bytes = await resp.read()
         if resp.status == 200 and start > 0 and len(data) == end - start:
@@ -149,7 +211,7 @@ async def s3_range(pin: Pinned, fs: Any, path: str, start: int, end: int) -> byt
     kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key, "Range": f"bytes={start}-{end - 1}"}
     if version:
         kwargs["VersionId"] = version
-    condition = if_match(pin.etag)
+    condition = if_match(pin.etag) if pin.answer_check is None else None
     if condition is not None:
         kwargs["IfMatch"] = condition
     try:
@@ -157,8 +219,13 @@ async def s3_range(pin: Pinned, fs: Any, path: str, start: int, end: int) -> byt
     except Exception as exc:
         if _precondition_failed(exc):
             raise changed(pin.url, f"precondition failed for IfMatch {condition}") from None
+        if pin.answer_check is not None and _invalid_range(exc):
+            await _answered(pin, fs, path, None, {})  # the file shrank? a stat tells
         raise
     try:
+        if pin.answer_check is not None:
+            meta = {"ETag": resp.get("ETag"), "LastModified": resp.get("LastModified")}
+            await _answered(pin, fs, path, _total(resp.get("ContentRange")), meta)
         data: bytes = await resp["Body"].read()
     finally:
         resp["Body"].close()

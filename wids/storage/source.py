@@ -38,7 +38,7 @@ import fsspec.asyn
 
 from ..errors import CorruptReadError, PermanentRemoteError, ShardNotFoundError
 from .backends import file_stat, is_http, is_s3, with_defaults
-from .conditional import check_length, http_range, s3_range
+from .conditional import AnswerCheck, check_length, http_range, s3_range
 from .local import LocalFile
 from .redact import _secret_values, redact_url
 from .retry import Attempts, RetryPolicy, retry_async, retry_sync
@@ -188,6 +188,7 @@ class Source:
         self._fs: Any = None
         self._path: str | None = None
         self._pid: int | None = None
+        self.answer_check: AnswerCheck | None = None
 
     @property
     def storage_options(self) -> Mapping[str, Any]:
@@ -204,7 +205,7 @@ class Source:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_fs=None, _path=None, _pid=None)
+        state.update(_fs=None, _path=None, _pid=None, answer_check=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -314,6 +315,8 @@ class Source:
             return data
 
         def sync_op() -> bytes:
+            if self.answer_check is not None:
+                self._stat_check(fs.info(path))
             data = check_length(self.url, fs.cat_file(path, start=start, end=end), start, end)
             return self._checked(data, start, end, check)
 
@@ -333,10 +336,18 @@ class Source:
             if get is not None:
                 data = await get(self, fs, path, start, end)
             else:
+                if self.answer_check is not None:
+                    self._stat_check(await fs._info(path))
                 data = await fs._cat_file(path, start=start, end=end)
             return self._checked(check_length(self.url, data, start, end), start, end, check)
 
         return op
+
+    def _stat_check(self, info: Mapping[str, Any]) -> None:
+        check = self.answer_check
+        if check is not None:
+            check(file_stat(info, int(info["size"])))
+            self.answer_check = None
 
     def _checked(self, data: bytes, start: int, end: int, check: Check | None) -> bytes:
         if check is not None:
@@ -354,7 +365,15 @@ class Source:
 
         Where they are not, a reader reopened later should stat the file again.
         """
-        if self.is_local or self.etag is None or "::" in self.url:
+        return self.etag is not None and self.answers_with_stat
+
+    @property
+    def answers_with_stat(self) -> bool:
+        """Whether each range read's answer says the file's size and etag (HTTP, S3).
+
+        A check of the file (``answer_check``) then costs no request of its own.
+        """
+        if self.is_local or "::" in self.url:
             return False
         protocol = self.url.split("://", 1)[0].lower()
         return protocol in ("http", "https", "s3", "s3a")
