@@ -223,7 +223,12 @@ def litdata_loader(venv: str, index: str) -> float | None:
     if proc.returncode != 0:
         print(f"bench_local: litdata failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
         return None
-    return float(json.loads(proc.stdout.strip().splitlines()[-1])["rate"])
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    total = int(bench_read._spans(index)[1][-1])
+    if got["n"] != total:
+        print(f"bench_local: litdata read {got['n']} samples, not {total}", file=sys.stderr)
+        return None
+    return float(got["rate"])
 
 
 # -- main ---------------------------------------------------------------------------------------
