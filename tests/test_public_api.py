@@ -38,6 +38,7 @@ EXPECTED = [
     "RetriesExhaustedError",
     "RetryPolicy",
     "SampleLayoutError",
+    "SamplerWrappedError",
     "ShardCache",
     "ShardInfo",
     "ShardListDataset",

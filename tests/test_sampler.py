@@ -277,15 +277,39 @@ def test_chunks_follow_shards_and_cap():
     assert s.ranges == [(2, 6), (6, 10), (10, 13), (13, 17), (17, 19)]
 
 
-def test_import_and_explicit_ranks_do_not_import_torch():
+def test_import_and_non_distributed_samplers_do_not_import_torch():
     code = (
         "import sys, wids.sampler as m\n"
         "list(m.ChunkedSampler([3, 4]))\n"
-        "list(m.DistributedChunkedSampler([3, 4], num_replicas=2, rank=1))\n"
         "list(m.ShardedSampler([3, 4]))\n"
         "assert 'torch' not in sys.modules, sorted(k for k in sys.modules if 'torch' in k)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_distributed_sampler_works_without_torch():
+    """torch blocked (as if not installed): a plain object, explicit ranks, the same order."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import wids.sampler as m\n"
+        "s = m.DistributedChunkedSampler([3, 4], num_replicas=2, rank=1, shuffle=False)\n"
+        "assert list(s) == [4, 5, 6, 0], list(s)\n"
+        "assert type(s).__mro__[-1] is object and len(type(s).__mro__) == 3, type(s).__mro__\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_distributed_sampler_is_a_torch_distributed_sampler():
+    """Lightning passes it through only if isinstance(sampler, DistributedSampler)."""
+    from torch.utils.data import DistributedSampler
+
+    s = DistributedChunkedSampler([5, 5, 3], num_replicas=2, rank=1, shuffle=False)
+    assert isinstance(s, DistributedSampler)
+    assert list(s) == [7, 8, 9, 10, 11, 12, 0]  # our order, not torch's
+    assert (s.num_replicas, s.rank, s.num_samples, s.total_size) == (2, 1, 7, 14)
+    assert (s.epoch, s.seed, s.shuffle, s.drop_last) == (0, 0, False, False)
+    s.set_epoch(3)
+    assert s.state_dict()["epoch"] == 3
 
 
 # -- properties ---------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from .errors import (
     RemoteError,
     RetriesExhaustedError,
     SampleLayoutError,
+    SamplerWrappedError,
     ShardNotFoundError,
     ShortReadError,
     TarFormatError,
@@ -52,17 +53,21 @@ from .index import (
     load_spec,
     open_index,
 )
-from .sampler import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
+from .sampler import ChunkedSampler, ShardedSampler
 from .shardwriter import ShardWriter
 from .storage import IOStats, RetryPolicy
 from .writer import TarWriter
 
 if TYPE_CHECKING:
     from .dataset import DatasetStats, ShardListDataset
+    from .sampler import DistributedChunkedSampler
 
 # Imported on first use: the dataset subclasses ``torch.utils.data.Dataset`` when torch is
 # installed, and ``import wids`` must not import torch.
 _FROM_DATASET = ("DatasetStats", "ShardListDataset")
+# Imported on first use too: it subclasses ``torch.utils.data.DistributedSampler`` when torch is
+# installed, so frameworks recognise it as already distributed.
+_FROM_SAMPLER = ("DistributedChunkedSampler",)
 
 __all__ = [
     "BuildReport",
@@ -95,6 +100,7 @@ __all__ = [
     "RetriesExhaustedError",
     "RetryPolicy",
     "SampleLayoutError",
+    "SamplerWrappedError",
     "ShardCache",
     "ShardInfo",
     "ShardListDataset",
@@ -135,6 +141,11 @@ def __getattr__(name: str) -> Any:
 
         globals().update(DatasetStats=DatasetStats, ShardListDataset=ShardListDataset)
         return globals()[name]
+    if name in _FROM_SAMPLER:
+        from .sampler import DistributedChunkedSampler
+
+        globals()["DistributedChunkedSampler"] = DistributedChunkedSampler
+        return DistributedChunkedSampler
     if name != "__version__":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from importlib.metadata import PackageNotFoundError, version
@@ -149,5 +160,5 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     """As if the dataset were imported eagerly, without this module's own helpers."""
-    helpers = {"Any", "TYPE_CHECKING", "_FROM_DATASET", "__dir__"}
-    return sorted({*globals(), *_FROM_DATASET, "dataset"} - helpers)
+    helpers = {"Any", "TYPE_CHECKING", "_FROM_DATASET", "_FROM_SAMPLER", "__dir__"}
+    return sorted({*globals(), *_FROM_DATASET, *_FROM_SAMPLER, "dataset"} - helpers)

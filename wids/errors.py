@@ -26,8 +26,9 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     ├── OutputExistsError(FileExistsError)    writing would replace a file wids did not create
     ├── DestinationError(ValueError)          an output wids cannot write (read-only scheme ...)
     ├── EncodeError(ValueError)               a field's value cannot be encoded by its extension
-    └── DecodeError(ValueError)               a field could not be decoded
-        └── UnsafeDecodeError                 decoding would unpickle; not enabled
+    ├── DecodeError(ValueError)               a field could not be decoded
+    │   └── UnsafeDecodeError                 decoding would unpickle; not enabled
+    └── SamplerWrappedError(RuntimeError)     a framework re-split a per-rank sampler's indices
 
 Errors that concern one shard carry its URL (with credentials removed) in ``.shard``.
 """
@@ -55,6 +56,7 @@ __all__ = [
     "RemoteError",
     "RetriesExhaustedError",
     "SampleLayoutError",
+    "SamplerWrappedError",
     "ShardNotFoundError",
     "ShortReadError",
     "TarFormatError",
@@ -229,3 +231,14 @@ class DecodeError(WidsError, ValueError):
 
 class UnsafeDecodeError(DecodeError):
     """Decoding the field would unpickle data (which can run code), and that is not enabled."""
+
+
+class SamplerWrappedError(WidsError, RuntimeError):
+    """A training framework split a per-rank sampler's indices across ranks a second time.
+
+    :class:`~wids.DistributedChunkedSampler` already gives each rank its own share of the
+    epoch; a wrapper that keeps only every ``R``-th batch of that share (HF Accelerate's
+    ``BatchSamplerShard``, from ``accelerator.prepare(loader)``) would silently drop
+    ``(R - 1) / R`` of the samples. Raised when the sampler is first iterated under such a
+    wrapper; the message says what to do instead.
+    """

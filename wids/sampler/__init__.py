@@ -36,19 +36,38 @@ to the chunks drawn for a remainder), never to samples: chunks are computed on d
 chunk order or a chunk of more than 2**20 elements is shuffled by a lazy keyed permutation
 instead of ``random.shuffle`` (below that size orders are exactly the reference's).
 Worker-aware ordering holds only the chunks handed to workers and not yet consumed.
-torch is imported only when ``num_replicas`` or ``rank`` has to be looked up.
+``DistributedChunkedSampler`` subclasses ``torch.utils.data.DistributedSampler`` when torch is
+installed, so PyTorch Lightning passes it through instead of wrapping it in its own distributed
+sampler; its module (and so torch) is imported on first use of the name, and ``ChunkedSampler``
+/ ``ShardedSampler`` never import torch. A wrapper that re-splits its batches across ranks
+(HF Accelerate's ``accelerator.prepare(loader)``) is detected on first iteration and refused
+with :class:`~wids.errors.SamplerWrappedError` (:mod:`.resplit`).
 
 The package's modules: :mod:`.chunks` (chunk sequences, shuffles with a lazy permutation past
 2**20 elements, wrapped slices, mixing quotas), :mod:`.workers` (the order that gives each
 DataLoader worker its own chunks), :mod:`.chunked` (:class:`ChunkedSampler`, its epochs and
 resumable state), :mod:`.distributed` (:class:`DistributedChunkedSampler`, the world from
-``torch.distributed``) and :mod:`.sharded` (:class:`ShardedSampler`).
+``torch.distributed``), :mod:`.resplit` (frameworks that would split a rank's share again) and
+:mod:`.sharded` (:class:`ShardedSampler`).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from .chunked import ChunkedSampler
-from .distributed import DistributedChunkedSampler
 from .sharded import ShardedSampler
 
+if TYPE_CHECKING:
+    from .distributed import DistributedChunkedSampler
+
 __all__ = ["ChunkedSampler", "DistributedChunkedSampler", "ShardedSampler"]
+
+
+def __getattr__(name: str) -> Any:
+    """``DistributedChunkedSampler`` on first use: its module imports torch if installed."""
+    if name != "DistributedChunkedSampler":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .distributed import DistributedChunkedSampler
+
+    return DistributedChunkedSampler

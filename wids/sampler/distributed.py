@@ -3,9 +3,21 @@
 from __future__ import annotations
 
 import operator
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from .chunked import ChunkedSampler, Chunking, Partition
+from .resplit import refuse_resplit
+
+if TYPE_CHECKING:
+    from torch.utils.data import DistributedSampler as _Base
+else:
+    try:
+        # Lightning (and anything else asking ``isinstance(sampler, DistributedSampler)``) then
+        # knows the order is already per rank and leaves it alone instead of splitting it again.
+        from torch.utils.data import DistributedSampler as _Base
+    except ImportError:  # torch is optional: without it the sampler is a plain object
+        _Base = object
 
 __all__ = ["DistributedChunkedSampler"]
 
@@ -41,8 +53,16 @@ def _initialised_dist() -> Any:
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-class DistributedChunkedSampler(ChunkedSampler):
+class DistributedChunkedSampler(ChunkedSampler, _Base):
     """A :class:`ChunkedSampler` for one rank of a distributed job.
+
+    When torch is installed this is a ``torch.utils.data.DistributedSampler`` (with its
+    attributes ``num_replicas``, ``rank``, ``epoch``, ``seed``, ``shuffle``, ``drop_last``,
+    ``num_samples`` = ``len(self)`` and ``total_size``; the order is this class's), so PyTorch
+    Lightning's ``Trainer`` (``use_distributed_sampler=True``, the default) uses it as it is and
+    calls ``set_epoch`` every epoch. HF Accelerate's ``accelerator.prepare(loader)`` would keep
+    only every ``R``-th batch of this rank's share: iterating under it raises
+    :class:`~wids.errors.SamplerWrappedError`.
 
     With ``partition="block"`` (the default) rank ``r`` owns positions
     ``[r * L, (r + 1) * L)`` of the range, ``L = len(sampler)``, every epoch, so its shard
@@ -77,6 +97,8 @@ class DistributedChunkedSampler(ChunkedSampler):
     Raises:
         ValueError: For a bad ``num_replicas`` or ``rank``, only one of them given without an
             initialised process group, or a bad option.
+        SamplerWrappedError: On iteration, under a wrapper that splits the batches across ranks
+            again.
     """
 
     def __init__(
@@ -113,3 +135,11 @@ class DistributedChunkedSampler(ChunkedSampler):
             batch_size=batch_size,
             auto_epoch=auto_epoch,
         )
+        # what torch's DistributedSampler holds, for code that reads it (the values are ours)
+        self.dataset = dataset
+        self.num_samples = self._length
+        self.total_size = self._length * self.num_replicas
+
+    def __iter__(self) -> Iterator[int]:
+        refuse_resplit(self)
+        return super().__iter__()
