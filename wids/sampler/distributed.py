@@ -58,7 +58,8 @@ class DistributedChunkedSampler(ChunkedSampler, _Base):
 
     When torch is installed this is a ``torch.utils.data.DistributedSampler`` (with its
     attributes ``num_replicas``, ``rank``, ``epoch``, ``seed``, ``shuffle``, ``drop_last``,
-    ``num_samples`` = ``len(self)`` and ``total_size``; the order is this class's), so PyTorch
+    ``num_samples`` = ``len(self)`` and ``total_size``, but not ``dataset``; the order is this
+    class's), so PyTorch
     Lightning's ``Trainer`` (``use_distributed_sampler=True``, the default) uses it as it is and
     calls ``set_epoch`` every epoch. HF Accelerate's ``accelerator.prepare(loader)`` would keep
     only every ``R``-th batch of this rank's share: iterating under it raises
@@ -135,8 +136,8 @@ class DistributedChunkedSampler(ChunkedSampler, _Base):
             batch_size=batch_size,
             auto_epoch=auto_epoch,
         )
-        # what torch's DistributedSampler holds, for code that reads it (the values are ours)
-        self.dataset = dataset
+        # what torch's DistributedSampler holds, for code that reads it (the values are ours;
+        # no ``dataset``: a ShardListDataset keeps its sampler, and a cycle would be pickled)
         self.num_samples = self._length
         self.total_size = self._length * self.num_replicas
 
