@@ -27,6 +27,7 @@ EXPECTED = [
     "IndexFormatError",
     "IndexMismatchError",
     "IndexReader",
+    "IndexWriter",
     "JsonIndex",
     "JsonIndexWriter",
     "LockTimeoutError",
@@ -63,6 +64,7 @@ EXPECTED = [
     "expand_braces",
     "load_spec",
     "open_index",
+    "write_index",
 ]
 
 

@@ -90,13 +90,10 @@ def own_index(directory: str, shard: str) -> str:
         members: ShardMembers = tw.members()
     size = os.path.getsize(os.path.join(directory, "own-000000.tar"))
     out = os.path.join(directory, "own.sqlite")
-    writer = wids.create_index_writer(out, name="own")
-    try:
+    with wids.write_index(out, name="own") as writer:
         writer.add(ShardInfo("own-000000.tar", len(members), size=size), members)
-    except wids.IndexFormatError:
-        writer.abort()
-        raise
-    writer.close()
+    with wids.create_index_writer(os.path.join(directory, "own.json")) as low:
+        low.add(ShardInfo("own-000000.tar", len(members), size=size), members)
     return out
 
 

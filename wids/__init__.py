@@ -39,6 +39,7 @@ from .index import (
     BuildReport,
     Component,
     IndexReader,
+    IndexWriter,
     JsonIndex,
     JsonIndexWriter,
     ShardInfo,
@@ -52,6 +53,7 @@ from .index import (
     expand_braces,
     load_spec,
     open_index,
+    write_index,
 )
 from .sampler import ChunkedSampler, ShardedSampler
 from .shardwriter import ShardWriter
@@ -89,6 +91,7 @@ __all__ = [
     "IndexFormatError",
     "IndexMismatchError",
     "IndexReader",
+    "IndexWriter",
     "JsonIndex",
     "JsonIndexWriter",
     "LockTimeoutError",
@@ -125,6 +128,7 @@ __all__ = [
     "expand_braces",
     "load_spec",
     "open_index",
+    "write_index",
 ]
 
 

@@ -18,6 +18,7 @@ from .model import (
     IndexReader,
     IndexWriter,
     ShardInfo,
+    check_entry,
     with_repair_hint,
 )
 from .output import check_output, index_destination
@@ -30,6 +31,7 @@ from .tablereader import TableIndex
 from .tablewriter import TableIndexWriter
 from .urls import check_url_map, expand_braces, map_url, resolve_url, unpipe_url
 from .verify import ShardProblem, verify_index, verify_shard
+from .write import write_index
 
 __all__ = [
     "REPAIR_HINT",
@@ -49,6 +51,7 @@ __all__ = [
     "TableIndex",
     "TableIndexWriter",
     "build_index",
+    "check_entry",
     "check_output",
     "check_url_map",
     "convert_index",
@@ -69,4 +72,5 @@ __all__ = [
     "verify_index",
     "verify_shard",
     "with_repair_hint",
+    "write_index",
 ]

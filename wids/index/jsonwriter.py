@@ -20,7 +20,7 @@ from .jsonformat import (
     sidecar_name,
 )
 from .members import ShardMembers
-from .model import ShardInfo
+from .model import ShardInfo, check_entry
 from .spec import KIND
 
 __all__ = ["JsonIndexWriter", "render_sidecar"]
@@ -107,10 +107,12 @@ class JsonIndexWriter:
             extra: More keys for the shard's entry (must not redefine the format's keys).
 
         Raises:
-            ValueError: ``members`` disagrees with ``info.nsamples``, or ``extra`` redefines a
-                key of the format.
+            IndexFormatError: ``info`` or ``members`` is malformed, or they disagree (see
+                :func:`~wids.index.model.check_entry`).
+            ValueError: ``extra`` redefines a key of the format.
         """
         self._check_open()
+        check_entry(info, members)
         entry: dict[str, Any] = {"url": info.url, "nsamples": info.nsamples}
         for key, value in (
             ("filesize", info.size),
@@ -126,11 +128,6 @@ class JsonIndexWriter:
                 raise ValueError(f"extra keys {sorted(clash)} are reserved by the index format")
             entry.update(extra)
         if members is not None:
-            if len(members) != info.nsamples:
-                raise ValueError(
-                    f"{info.url}: member table has {len(members)} samples, nsamples is "
-                    f"{info.nsamples}"
-                )
             entry["members"] = self._write_sidecar(info, members)
         self._current.append(entry)
 

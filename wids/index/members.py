@@ -146,23 +146,58 @@ class ShardMembers:
     def from_samples(
         cls, samples: Sequence[tuple[str, Sequence[tuple[str, int, int]]]]
     ) -> ShardMembers:
-        """Build from ``[(key, [(field, offset, size), ...]), ...]`` in tar order."""
-        field_ids: dict[str, int] = {}
-        keys = [k.encode("utf-8", "surrogateescape") for k, _ in samples]
-        key_offsets = np.zeros(len(samples) + 1, dtype=np.int64)
-        np.cumsum([len(k) for k in keys], out=key_offsets[1:])
-        sample_start = np.zeros(len(samples) + 1, dtype=np.int64)
-        np.cumsum([len(ms) for _, ms in samples], out=sample_start[1:])
-        flat = [m for _, ms in samples for m in ms]
-        fids = [field_ids.setdefault(f, len(field_ids)) for f, _, _ in flat]
+        """Build from ``[(key, [(field, offset, size), ...]), ...]`` in tar order.
+
+        This is how a tool that wrote a shard, or parsed it itself, states what it knows.
+
+        Args:
+            samples: One entry per sample, in the order the samples lie in the tar: its key
+                (the member name up to the first dot of its file name, directories included:
+                ``"a/b/000001"``) and its members in tar order, each as ``(field, offset,
+                size)``: the field is the rest of the name with its leading dot (``".jpg"``,
+                ``".seg.png"``), ``offset`` the byte where the member's data starts (after its
+                512-byte header: ``tarfile.TarInfo.offset_data``), ``size`` its data size.
+
+        Returns:
+            The table.
+
+        Raises:
+            IndexFormatError: An entry is not of that shape, a key or field is not a string,
+                a number is not an integer, a size is negative, an offset is below 512, or
+                members overlap or are out of tar order (each member's data must start at
+                least a 512-byte header after the previous one's end).
+
+        Example:
+            >>> ShardMembers.from_samples([("000000", [(".cls", 512, 1), (".jpg", 1536, 90)])])
+            ShardMembers(1 samples, 2 members, fields=('.cls', '.jpg'))
+        """
+        try:
+            field_ids: dict[str, int] = {}
+            keys = [k.encode("utf-8", "surrogateescape") for k, _ in samples]
+            key_offsets = np.zeros(len(samples) + 1, dtype=np.int64)
+            np.cumsum([len(k) for k in keys], out=key_offsets[1:])
+            sample_start = np.zeros(len(samples) + 1, dtype=np.int64)
+            np.cumsum([len(ms) for _, ms in samples], out=sample_start[1:])
+            flat = [m for _, ms in samples for m in ms]
+            fids = [field_ids.setdefault(f, len(field_ids)) for f, _, _ in flat]
+            if len(field_ids) > MAX_FIELDS:
+                raise IndexFormatError(f"{len(field_ids)} fields (limit {MAX_FIELDS})")
+            offsets = _int64([o for _, o, _ in flat], "member offsets")
+            sizes = _int64([s for _, _, s in flat], "member sizes")
+        except (TypeError, ValueError, AttributeError) as e:
+            if isinstance(e, IndexFormatError):
+                raise
+            raise IndexFormatError(
+                f"samples must be [(key, [(field, offset, size), ...]), ...]: {e}"
+            ) from None
         return cls(
             fields=list(field_ids),
             key_blob=b"".join(keys),
             key_offsets=key_offsets,
             sample_start=sample_start,
             member_field=np.array(fids, dtype=np.uint16),
-            member_offset=np.array([o for _, o, _ in flat], dtype=np.int64),
-            member_size=np.array([s for _, _, s in flat], dtype=np.int64),
+            member_offset=offsets,
+            member_size=sizes,
         )
 
     def to_columns(self) -> dict[str, Any]:

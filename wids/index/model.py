@@ -6,6 +6,8 @@
 - :class:`Component` — one (sub-)dataset of an index and its range of shards.
 - :class:`IndexReader` and :class:`IndexWriter` — what every storage backend (JSON, SQLite)
   offers; :mod:`wids.index.registry` picks the backend for a file.
+- :func:`check_entry` — what every writer checks before it records a shard, so an index
+  written from offsets a tool already knows is as sound as a scanned one.
 - The member table of a shard is :class:`~wids.index.members.ShardMembers`.
 """
 
@@ -27,6 +29,7 @@ __all__ = [
     "MAX_NSAMPLES",
     "MAX_SHARD_SIZE",
     "ShardInfo",
+    "check_entry",
     "max_samples",
     "with_repair_hint",
 ]
@@ -96,6 +99,71 @@ class Component:
         return self.stop_shard - self.first_shard
 
 
+def check_entry(info: ShardInfo, members: ShardMembers | None) -> None:
+    """Check a shard's record, and its member table if given, before an index stores them.
+
+    Every index writer calls this in ``add``. A :class:`ShardMembers` has already checked its
+    own arrays (members in tar order, each after a 512-byte header, no overlaps, no negative
+    sizes); this checks the record's values and that the table fits the record.
+
+    Args:
+        info: The shard's record.
+        members: Its member table, or ``None``.
+
+    Raises:
+        IndexFormatError: ``url`` is not a non-empty string; ``nsamples`` is not an ``int`` in
+            ``[0, max_samples(size)]``; ``size`` is not ``None`` or an ``int`` in
+            ``[0, 2**62)``; ``etag``/``md5sum`` are not strings, ``mtime`` not a finite
+            number; the table's sample count differs from ``nsamples``; or a member ends
+            past ``size``.
+    """
+    problem = _entry_problem(info, members)
+    if problem is not None:
+        from ..storage import redact_url
+
+        url = getattr(info, "url", None)
+        where = redact_url(url) if isinstance(url, str) and url else None
+        raise IndexFormatError(problem, shard=where)
+    if members is not None:
+        try:
+            members.check_extent(info.size)
+        except IndexFormatError as e:
+            from ..storage import redact_url
+
+            raise IndexFormatError(e.message, shard=redact_url(info.url)) from None
+
+
+def _entry_problem(info: ShardInfo, members: ShardMembers | None) -> str | None:
+    """What is wrong with a shard's record (not its extent), or ``None``."""
+    if not isinstance(info, ShardInfo):
+        return f"expected a ShardInfo, got {type(info).__name__}"
+    url, n, size = info.url, info.nsamples, info.size
+    if type(url) is not str or not url:
+        return f"url must be a non-empty string, got {url!r}"
+    if size is not None and (type(size) is not int or not 0 <= size < MAX_SHARD_SIZE):
+        return f"size must be None or an int in [0, 2**62), got {size!r}"
+    if type(n) is not int or not 0 <= n <= max_samples(size):
+        limit = max_samples(size)
+        return f"nsamples must be an int in [0, {limit}], got {n!r}" + (
+            f" (a {size}-byte tar holds at most {limit} samples)" if size is not None else ""
+        )
+    for key in ("etag", "md5sum"):
+        value = getattr(info, key)
+        if value is not None and type(value) is not str:
+            return f"{key} must be None or a string, got {value!r}"
+    mtime = info.mtime
+    if mtime is not None and (
+        type(mtime) not in (int, float) or not -MAX_SHARD_SIZE < mtime < MAX_SHARD_SIZE
+    ):
+        return f"mtime must be None or a finite number, got {mtime!r}"
+    if members is not None:
+        if not isinstance(members, ShardMembers):
+            return f"members must be a ShardMembers or None, got {type(members).__name__}"
+        if len(members) != n:
+            return f"member table has {len(members)} samples, nsamples is {n}"
+    return None
+
+
 def with_repair_hint(error: IndexFormatError) -> IndexFormatError:
     """``error`` (a damaged index) with what to do about it: :data:`REPAIR_HINT`."""
     if REPAIR_HINT in error.message or isinstance(error, UntrustedLocationError):
@@ -137,7 +205,16 @@ class IndexReader(Protocol):
 
 
 class IndexWriter(Protocol):
-    """What every index writer offers: shards added in dataset order, published on close."""
+    """What every index writer offers: shards added in dataset order, published on close.
+
+    Used as a context manager, a writer publishes on a normal exit and aborts on an error.
+    """
+
+    def __enter__(self) -> IndexWriter:
+        """The writer itself."""
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        """:meth:`close`, or :meth:`abort` if the block raised."""
 
     def start_component(self, name: str, weight: float | None = None) -> None:
         """Start a sub-dataset; shards added from now on belong to it."""
@@ -148,7 +225,11 @@ class IndexWriter(Protocol):
         members: ShardMembers | None,
         extra: Mapping[str, Any] | None = None,
     ) -> None:
-        """Record one shard (its ``url`` stored as given) and its member table, if any."""
+        """Record one shard (its ``url`` stored as given) and its member table, if any.
+
+        Raises:
+            IndexFormatError: See :func:`check_entry`.
+        """
 
     def set_report(self, report: Mapping[str, Any]) -> None:
         """Store the builder's report (JSON-serialisable) in the index."""

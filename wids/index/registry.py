@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..storage import Store
+from ..storage import Store, is_remote, local_path
 from .jsonreader import JsonIndex
 from .jsonwriter import JsonIndexWriter
 from .model import IndexReader, IndexWriter
@@ -82,17 +82,35 @@ def is_table_name(path: str | os.PathLike[str]) -> bool:
 
 
 def create_index_writer(path: str | os.PathLike[str], *, name: str | None = None) -> IndexWriter:
-    """A writer for the backend that ``path``'s ending selects.
+    """A writer of a local index file, for the backend that ``path``'s ending selects.
+
+    The low-level form of :func:`wids.write_index` (which also checks the output before
+    writing, locks it, and writes to any fsspec URL): shards are added in dataset order with
+    ``add``, and the index is published atomically by ``close`` (or by leaving a ``with``
+    block; an error in the block publishes nothing).
 
     Args:
-        path: ``*.json`` for JSON, ``*.sqlite`` / ``*.sqlite3`` / ``*.db`` for SQLite,
-            ``*.widx`` for the shard table.
+        path: A local path (or ``file://`` URL): ``*.json`` for JSON, ``*.sqlite`` /
+            ``*.sqlite3`` / ``*.db`` for SQLite, ``*.widx`` for the shard table.
         name: The dataset's name.
+
+    Returns:
+        The writer.
 
     Raises:
         ValueError: The ending selects no backend.
+        DestinationError: ``path`` is a remote URL (use :func:`wids.write_index`).
     """
-    return writer_for(path)(path, name=name)
+    local = os.fspath(path)
+    if is_remote(local):
+        from ..errors import DestinationError
+        from ..storage import redact_url
+
+        raise DestinationError(
+            "index writers write local files; write to a URL with wids.write_index",
+            shard=redact_url(local),
+        )
+    return writer_for(local)(local_path(local), name=name)
 
 
 def open_index(

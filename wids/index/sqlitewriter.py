@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .members import ShardMembers
-from .model import ShardInfo
+from .model import ShardInfo, check_entry
 from .sqlitereader import FORMAT, SCHEMA_VERSION
 
 __all__ = ["SqliteIndexWriter"]
@@ -124,13 +124,11 @@ class SqliteIndexWriter:
             extra: More JSON-serialisable keys to keep with the shard.
 
         Raises:
-            ValueError: ``members`` disagrees with ``info.nsamples``.
+            IndexFormatError: ``info`` or ``members`` is malformed, or they disagree (see
+                :func:`~wids.index.model.check_entry`).
         """
         self._check_open()
-        if members is not None and len(members) != info.nsamples:
-            raise ValueError(
-                f"{info.url}: member table has {len(members)} samples, nsamples is {info.nsamples}"
-            )
+        check_entry(info, members)
         conn = self._open()
         sid = self._nshards
         conn.execute(

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .members import ShardMembers
-from .model import ShardInfo
+from .model import ShardInfo, check_entry
 from .tableformat import (
     FORMAT,
     HAS_ETAG,
@@ -114,10 +114,12 @@ class TableIndexWriter:
             extra: More JSON-serialisable keys to keep with the shard.
 
         Raises:
-            ValueError: ``members`` disagrees with ``info.nsamples``, or a value cannot be
-                stored.
+            IndexFormatError: ``info`` or ``members`` is malformed, or they disagree (see
+                :func:`~wids.index.model.check_entry`).
+            ValueError: A value cannot be stored.
         """
         self._check_open()
+        check_entry(info, members)
         if members is not None and len(members) != info.nsamples:
             raise ValueError(
                 f"{info.url}: member table has {len(members)} samples, nsamples is {info.nsamples}"
