@@ -198,7 +198,7 @@ def test_dataset_opens_without_decoding_every_shard(tmp_path: Path) -> None:
     with TableIndexWriter(path) as w:
         w.add(ShardInfo("real.tar", 3, size=real.stat().st_size), table)
         for i in range(1, n):
-            w.add(ShardInfo(f"missing-{i}.tar", 3, size=4096), table)
+            w.add(ShardInfo(f"missing-{i}.tar", 3, size=real.stat().st_size), table)
     off, _ = column(path, "url_off")
     patch(path, off + 8 * (n - 1), np.array([1 << 50], dtype="<i8").tobytes())  # last shard
     ds = ShardListDataset(str(path), transformations=[])
