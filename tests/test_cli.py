@@ -329,3 +329,15 @@ def test_remote_errors_say_what_failed_in_plain_words(s3_server):
     assert r.returncode == 2
     assert r.stderr.startswith(f"wids: error: {url}: could not "), r.stderr
     assert "not found" in r.stderr and "read 0-" not in r.stderr and ": stat:" not in r.stderr
+
+
+def test_debug_turns_on_the_library_logging(tmp_path):
+    """``--debug`` shows wids's own log records (here: a member with no sample, skipped)."""
+    from tarfixtures import write_tar
+
+    shard = write_tar(tmp_path / "odd.tar", [("README", b"no key.field name"), ("k.txt", b"x")])
+    args = ("index", "create", str(shard), "-o", str(tmp_path / "odd.json"), "-q")
+    quiet, debug = run(*args), run("--debug", *args[:-2], str(tmp_path / "odd2.json"), "-q")
+    assert quiet.returncode == debug.returncode == 0, debug.stderr
+    assert "skipped" not in quiet.stderr
+    assert "wids: INFO: wids.samples: " in debug.stderr and "'README'" in debug.stderr
