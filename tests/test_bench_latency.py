@@ -26,15 +26,16 @@ def test_bench_latency_quick(tmp_path, capsys):
             "--workers",
             "2",
             "--only",
-            "floor,range-random,auto-random",
+            "floor,range-random,auto-random,first-sample",
             "--data",
             str(tmp_path / "data"),
         ]
     )
     out = capsys.readouterr().out
-    assert set(results) == {"floor", "range-random", "auto-random"}
-    for figures in results.values():
-        assert figures["n"] == shards * samples
+    assert set(results) == {"floor", "range-random", "auto-random", "first-sample"}
+    assert results["first-sample"]["n"] == 1 and results["first-sample"]["first_ms"] > 0
+    for name, figures in results.items():
+        assert figures["n"] == (1 if name == "first-sample" else shards * samples)
         assert figures["rate"] > 0
     floor = results["floor"]
     assert floor["req_per_sample"] == pytest.approx(shards / (shards * samples))
@@ -44,6 +45,7 @@ def test_bench_latency_quick(tmp_path, capsys):
     assert rr["req_per_sample"] > floor["req_per_sample"]  # range requests, not shards
     assert rr["bound"] > 0
     assert "auto-random / range-random" in out and "latency bound" in out
+    assert "first ds[i] in a fresh process" in out
 
 
 def test_bench_local_quick(tmp_path, capsys):

@@ -14,7 +14,9 @@ with a ``DataLoader`` (4 workers, batches of 32, raw bytes) in its own process:
   ``access="range"``, ``ChunkedSampler`` (chunk = shard, worker-aware);
 - ``range-random``: ``access="range"`` with torch's ``RandomSampler``;
 - ``auto-random``: ``access="auto"``, ``RandomSampler``, a cache budget of at most
-  ``--budget-share`` (1/10) of the dataset.
+  ``--budget-share`` (1/10) of the dataset;
+- ``first-sample``: a fresh process's first ``ds[i]`` (``access="range"``), from making the
+  dataset (after ``import wids``) to the sample: its time and requests.
 
 Reported per contender: samples/s over the epoch (from just before the dataset object is made
 to the last batch; index loading included), the first batch's latency, requests per sample and
@@ -61,6 +63,7 @@ CONTENDERS = (
     "range-chunked",
     "range-random",
     "auto-random",
+    "first-sample",
 )
 
 # Every contender script ends by calling this on its loader: the JSON line the parent reads.
@@ -135,6 +138,16 @@ _REFERENCE = textwrap.dedent(
     """
 )
 
+_FIRST = textwrap.dedent(
+    """
+    from wids import ShardListDataset
+    t0 = time.perf_counter()
+    ds = ShardListDataset(cfg["index"], access="range", transformations=[])
+    ds[0]
+    measure(t0, [[0]], first=time.perf_counter() - t0)
+    """
+)
+
 _WIDS = textwrap.dedent(
     """
     import torch
@@ -180,6 +193,8 @@ def _plan(name: str, args: argparse.Namespace, cfg: dict[str, Any], work: Path) 
         if not venv or not os.path.exists(python):
             return None
         return python, _WEBDATASET if name == "webdataset" else _REFERENCE, clean, str(work)
+    if name == "first-sample":
+        return sys.executable, _FIRST, ours, str(work)
     access, order = name.split("-")
     cfg.update(access=access, order=order)
     if access == "auto":
@@ -255,6 +270,8 @@ def _render(results: dict[str, dict], args: argparse.Namespace) -> str:
     )
     out = [head, "-" * len(head)]
     for name, f in results.items():
+        if name == "first-sample":
+            continue
         first = "" if f["first_ms"] is None else f"{f['first_ms']:,.0f} ms"
         ratio = f"{f['rate'] / floor:6.2f}" if floor else ""
         bound = ""
@@ -267,6 +284,14 @@ def _render(results: dict[str, dict], args: argparse.Namespace) -> str:
             f"{f['cores']:5.2f} {f['proxy_cores']:5.2f}  {bound}".rstrip()
         )
     out.append("")
+    if "first-sample" in results:
+        f = results["first-sample"]
+        out.append(
+            f"first ds[i] in a fresh process (range, index load included): "
+            f"{f['first_ms']:,.0f} ms, {f['req_per_sample']:.0f} requests "
+            f"(the delay per request: {args.delay_ms:g} ms)"
+        )
+        out.append("")
     out += _ratios(results)
     return "\n".join(out)
 

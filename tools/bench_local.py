@@ -197,7 +197,7 @@ def litdata_loader(venv: str, index: str) -> float | None:
         print(f"bench_local: no litdata venv at {venv}; skipped", file=sys.stderr)
         return None
     urls = bench_read._spans(index)[0]
-    out = os.path.join(os.path.dirname(index), "litdata")
+    out = os.path.dirname(index) + "-litdata"  # beside the shards, not among them
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     work = tempfile.mkdtemp(prefix="wids-bench-litdata-")
     try:

@@ -56,7 +56,7 @@ from typing import Any
 __all__ = ["LatencyProxy", "ProxyProcess", "main"]
 
 CONTROL = "/__latencyproxy__/"
-_CHUNK = 64 * 1024
+_CHUNK = 256 * 1024
 _HEAD_LIMIT = 1 << 20
 _ZEROS = (
     "requests",
