@@ -15,7 +15,8 @@ in a fresh process that has already run ``import torch, wids``:
   read a batch of the real shard and ran a full garbage collection: what every worker adds to
   the machine.
 
-The floor is the same fresh process without the dataset (its import time and RSS, and its
+Conversion is timed against ``json.load`` of the description in a fresh process. The floor of
+opening is the same fresh process without the dataset (its import time and RSS, and its
 workers' USS over a plain list, printed: a worker's collection copies the pages of what
 ``import torch`` made too, whatever the dataset);
 ratios are against the description's figures from the same run. Goals (issue 14, shard
@@ -97,6 +98,13 @@ def _uss(pid: int) -> int:
             if line.startswith(("Private_Clean:", "Private_Dirty:")):
                 total += int(line.split()[1]) * 1024
     return total
+
+
+def child_parse(src: str) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    with open(src, "rb") as f:
+        json.load(f)
+    return {"parse_s": time.perf_counter() - t0}
 
 
 def child_convert(src: str, dst: str) -> dict[str, Any]:
@@ -207,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         kind, *rest = args.child
         if kind == "convert":
             result = child_convert(*rest)
+        elif kind == "parse":
+            result = child_parse(*rest)
         elif kind == "floor":
             result = child_floor(int(rest[0]))
         else:
@@ -239,6 +249,8 @@ def run(root: Path, args: argparse.Namespace, formats: list[str]) -> int:
         f"{os.path.getsize(desc) / 1e6:.1f} MB, written in {time.perf_counter() - t0:.1f} s; "
         f"reading index {target} (shard {real})"
     )
+    parse = run_child(["parse", str(desc)])["parse_s"]
+    print(f"conversion floor: json.load of the description in a fresh process: {parse:.2f} s")
     paths = {"description": str(desc)}
     converted: dict[str, dict[str, Any]] = {}
     for fmt in formats:
@@ -249,7 +261,8 @@ def run(root: Path, args: argparse.Namespace, formats: list[str]) -> int:
         paths[fmt] = str(dst)
         print(
             f"convert description -> {fmt:7s}: {converted[fmt]['convert_s']:6.1f} s, "
-            f"{converted[fmt]['bytes'] / 1e6:8.1f} MB"
+            f"{converted[fmt]['bytes'] / 1e6:8.1f} MB, "
+            f"{converted[fmt]['convert_s'] / parse:5.1f}x the floor"
         )
     first = real * args.samples
     count = min(args.samples, 8 * args.workers)

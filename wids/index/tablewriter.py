@@ -39,18 +39,29 @@ _ALIGN = 64
 
 
 class _Strings:
-    """One string column being written: the bytes and the N + 1 offsets."""
+    """One string column being written: every shard's value (``url``) or only the ones set."""
 
     def __init__(self) -> None:
         self.blob = bytearray()
         self.off = array("q", [0])
-        self.used = False
+        self.sparse: dict[int, bytes] = {}
 
-    def add(self, value: str | None) -> None:
-        if value is not None:
-            self.blob += value.encode("utf-8", "surrogateescape")
-            self.used = True
+    def add(self, value: str) -> None:
+        self.blob += value.encode("utf-8", "surrogateescape")
         self.off.append(len(self.blob))
+
+    def columns(self, n: int) -> tuple[np.ndarray, bytes] | None:
+        """The ``_off`` and ``_blob`` columns of ``n`` shards, or ``None`` if none is set."""
+        if not self.sparse:
+            if len(self.off) == 1:
+                return None
+            return np.frombuffer(self.off, dtype=np.int64), bytes(self.blob)
+        keys = sorted(self.sparse)
+        lengths = np.zeros(n, dtype=np.int64)
+        lengths[keys] = [len(self.sparse[k]) for k in keys]
+        off = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lengths, out=off[1:])
+        return off, b"".join(self.sparse[k] for k in keys)
 
 
 class TableIndexWriter:
@@ -126,33 +137,38 @@ class TableIndexWriter:
             )
         if not isinstance(info.url, str) or not info.url:
             raise ValueError(f"shard url must be a non-empty string, not {info.url!r}")
+        url, size, etag, mtime, md5 = info.url, info.size, info.etag, info.mtime, info.md5sum
+        k = len(self._nsamples)
         flags = 0
-        if info.size is not None:
-            flags |= HAS_SIZE
-        if info.etag is not None:
+        if size is not None:
+            flags = HAS_SIZE
+        if etag is not None:
             flags |= HAS_ETAG
-        if info.mtime is not None:
-            if not math.isfinite(info.mtime):
-                raise ValueError(f"{info.url}: mtime {info.mtime!r} is not finite")
+            self._strings["etag"].sparse[k] = etag.encode("utf-8", "surrogateescape")
+        if mtime is not None:
+            if not math.isfinite(mtime):
+                raise ValueError(f"{url}: mtime {mtime!r} is not finite")
             flags |= HAS_MTIME
-        if info.md5sum is not None:
+        if md5 is not None:
             flags |= HAS_MD5
-        text = json.dumps(dict(extra), ensure_ascii=False) if extra else None
-        if text is not None:
+            self._strings["md5"].sparse[k] = md5.encode("utf-8", "surrogateescape")
+        if extra:
             flags |= HAS_EXTRA
-        mem_off = mem_len = 0
+            text = json.dumps(dict(extra), ensure_ascii=False)
+            self._strings["extra"].sparse[k] = text.encode("utf-8", "surrogateescape")
         if members is not None:
             flags |= HAS_MEMBERS
             blob = encode_members(members)
-            mem_off, mem_len = self._write(blob, 8), len(blob)
-        self._nsamples.append(int(info.nsamples))
-        self._size.append(int(info.size) if info.size is not None else 0)
-        self._mtime.append(float(info.mtime) if info.mtime is not None else 0.0)
-        self._mem_off.append(mem_off)
-        self._mem_len.append(mem_len)
+            self._mem_off.append(self._write(blob, 8))
+            self._mem_len.append(len(blob))
+        else:
+            self._mem_off.append(0)
+            self._mem_len.append(0)
+        self._nsamples.append(info.nsamples)
+        self._size.append(0 if size is None else size)
+        self._mtime.append(0.0 if mtime is None else mtime)
         self._flags.append(flags)
-        for col, value in zip(STRINGS, (info.url, info.etag, info.md5sum, text), strict=True):
-            self._strings[col].add(value)
+        self._strings["url"].add(url)
 
     def set_report(self, report: Mapping[str, Any]) -> None:
         """Store the builder's report (JSON-serialisable) in the index."""
@@ -175,9 +191,10 @@ class TableIndexWriter:
             cols["mem_off"] = np.frombuffer(self._mem_off, dtype=np.int64)
             cols["mem_len"] = np.frombuffer(self._mem_len, dtype=np.int64)
         for name, col in self._strings.items():
-            if col.used or name == "url":
-                cols[f"{name}_off"] = np.frombuffer(col.off, dtype=np.int64)
-                cols[f"{name}_blob"] = bytes(col.blob)
+            got = col.columns(len(nsamples))
+            if got is not None or name == "url":
+                off, blob = got or (np.zeros(1, dtype=np.int64), b"")
+                cols[f"{name}_off"], cols[f"{name}_blob"] = off, blob
         return cols
 
     def close(self) -> None:
