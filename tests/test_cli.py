@@ -55,6 +55,11 @@ def test_index_create_info_verify_convert(shards, tmp_path):
     db = str(tmp_path / "i.sqlite")
     assert run("index", "convert", out, db).returncode == 0, "convert failed"
     assert json.loads(run("index", "info", db, "--json").stdout)["fields"] == info["fields"]
+    table = str(tmp_path / "i.widx")
+    assert run("index", "convert", db, "-o", table).returncode == 0, "convert -o failed"
+    assert json.loads(run("index", "info", table, "--json").stdout)["fields"] == info["fields"]
+    assert run("index", "verify", table, "--deep").returncode == 0
+    assert run("index", "convert", db, table, "-o", table).returncode != 0
 
 
 def test_verify_reports_a_changed_shard(shards, tmp_path):

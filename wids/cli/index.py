@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "-o",
         "--output",
         required=True,
-        help="OUT.json or OUT.sqlite: a path or a writable URL (s3://, gs://, ...)",
+        help="OUT.json, OUT.sqlite or OUT.widx: a path or a writable URL (s3://, gs://, ...)",
     )
     c.add_argument("-j", "--jobs", type=int, default=None, help="shards scanned at once")
     c.add_argument("--skip-bad", action="store_true", help="record bad shards and go on")
@@ -89,12 +89,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     cv = isub.add_parser(
         "convert",
-        help="convert an index between JSON and SQLite",
+        help="convert an index between JSON, SQLite and the shard table (.widx)",
         formatter_class=fmt,
-        epilog="example:\n  wids index convert train.json train.sqlite\n",
+        epilog="examples:\n  wids index convert train.json train.sqlite\n"
+        "  wids index convert description.json -o train.widx   # 10^5+ shards: opens at once\n",
     )
-    cv.add_argument("source")
-    cv.add_argument("dest", help="OUT.json or OUT.sqlite: a path or a writable URL (s3://, gs://)")
+    cv.add_argument("source", help="an index or a reference wids-shard-index-v1 description")
+    dest_help = "OUT.json, OUT.sqlite or OUT.widx: a path or a writable URL (s3://, gs://)"
+    cv.add_argument("dest", nargs="?", help=dest_help)
+    cv.add_argument("-o", "--output", help="the same as DEST")
     storage_flag(cv)
     cv.set_defaults(func=_cmd_index_convert)
 
@@ -204,8 +207,9 @@ def _cmd_index_verify(args: argparse.Namespace) -> int:
 def _cmd_index_convert(args: argparse.Namespace) -> int:
     from ..index import convert_index
 
-    convert_index(
-        args.source, args.dest, storage_options=parse_storage_options(args.storage_option)
-    )
-    print(f"wrote {redact_url(args.dest)}")
+    if (args.dest is None) == (args.output is None):
+        raise SystemExit("wids index convert: give the destination once: DEST or -o OUTPUT")
+    dest = args.dest if args.dest is not None else args.output
+    convert_index(args.source, dest, storage_options=parse_storage_options(args.storage_option))
+    print(f"wrote {redact_url(dest)}")
     return 0
