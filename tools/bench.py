@@ -14,7 +14,11 @@ Sections (each figure is compared with a floor measured in the same run, on the 
 - cache: one epoch in chunked order over nginx in each access mode (``range``, ``shard``,
   ``auto``; ``tools/bench_cache.py``) vs ``fs.cat_ranges`` of the same order;
 - reference (``--reference VENV``): the reference wids (webdataset==0.2.111) in its own venv,
-  in a subprocess, on the same data: index build, local and HTTP ``ds[i]``, DataLoader.
+  in a subprocess, on the same data: index build, local and HTTP ``ds[i]``, DataLoader;
+- latency (``--latency``): ``tools/bench_latency.py``'s contenders (webdataset 1.x, the
+  reference, wids in each access mode and order; DataLoader of 4 workers) through a proxy
+  adding 25 ms per request and capping each connection at 50 MB/s, against whole shards
+  fetched over 4 connections.
 
 Raw samples (``transformations=[]``) throughout, so the figures measure I/O and indexing, not
 decoding. Progress goes to stderr; the table to stdout. Nothing leaves 127.0.0.1.
@@ -24,6 +28,7 @@ Usage::
     python tools/bench.py                           # the README's table (~2-4 minutes)
     python tools/bench.py --quick                   # small data, seconds
     python tools/bench.py --reference /tmp/wids-refvenv
+    python tools/bench.py --latency                 # also the rows under object-store latency
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_cache  # noqa: E402
 import bench_index  # noqa: E402
+import bench_latency  # noqa: E402
 import bench_read  # noqa: E402
 import bench_sqlite  # noqa: E402
 from localservers import Nginx  # noqa: E402
@@ -296,6 +302,34 @@ def cache_section(
         )
 
 
+def latency_section(t: Table, args: Any) -> None:
+    """``tools/bench_latency.py``'s rows (its own data, nginx and proxy), as ratios to its floor."""
+    largs = bench_latency.parse_args(["--quick"] if args.quick else [])
+    if args.reference:
+        largs.reference = args.reference
+    res = bench_latency.run(largs)
+    fname = "latency: whole shards, 4 connections"
+    for name, f in res.items():
+        if name == "first-sample":
+            t.add(
+                "latency",
+                "latency: first ds[i] in a fresh process",
+                f["first_ms"],
+                "ms",
+                note=f"{f['req_per_sample']:.0f} requests, index load included",
+            )
+            continue
+        first = "" if f["first_ms"] is None else f"first batch {f['first_ms']:,.0f} ms, "
+        t.add(
+            "latency",
+            fname if name == "floor" else f"latency: {name}",
+            f["rate"],
+            "samples/s",
+            None if name == "floor" else fname,
+            f"{first}{f['req_per_sample']:.3f} req/sample, downloaded {f['bytes_x']:.2f}x",
+        )
+
+
 # -- the reference wids, in its own venv ------------------------------------------------------
 
 _REF_BUILD = textwrap.dedent(
@@ -446,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, help="best of this many runs for index figures (3)")
     p.add_argument("--data", help="dataset directory to create or reuse (default: a temp dir)")
     p.add_argument("--reference", metavar="VENV", help="venv with webdataset==0.2.111")
+    p.add_argument(
+        "--latency", action="store_true", help="also the rows under +25 ms, 50 MB/s per connection"
+    )
     p.add_argument("--ref-seconds", type=float, default=20.0, help="time budget per reference read")
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     p.add_argument(
@@ -466,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tqdm import tqdm
 
-    steps = 6 + (4 if args.reference else 0)
+    steps = 6 + (4 if args.reference else 0) + (1 if args.latency else 0)
     bar = tqdm(total=steps, unit="step", desc="bench", file=sys.stderr, leave=False)
     started = [False]
 
@@ -507,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
         cache_section(table, nginx, http_index, paths, spans, work, args)
         if args.reference:
             reference_section(table, args.reference, paths, work, index, nginx, order, args, step)
+        if args.latency:
+            step("latency proxy")
+            latency_section(table, args)
         step("done")
     finally:
         bar.close()

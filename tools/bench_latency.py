@@ -370,7 +370,8 @@ def _sample_bytes(index: str) -> int:
     return total
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict]:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The options (defaults filled in for ``--quick``)."""
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -400,9 +401,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     unknown = set(names) - set(CONTENDERS)
     if unknown:
         p.error(f"unknown contenders {sorted(unknown)}")
+    args.names = names
+    return args
 
-    load = os.getloadavg()
-    t_start = time.perf_counter()
+
+def run(args: argparse.Namespace) -> dict[str, dict]:
+    """Every contender through one proxy; figures by contender (see ``_figures``).
+
+    Also sets ``args.size`` (the dataset's bytes) and ``args.sample_bytes``.
+    """
+    names = args.names
     data, shard_names, size = _prepare(args)
     sample_bytes = _sample_bytes(os.path.join(data, "bench.json"))
     nginx = Nginx(data)
@@ -429,6 +437,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
             results = {k: results[k] for k in names if k in results}
     finally:
         nginx.stop()
+    args.size, args.sample_bytes = size, sample_bytes
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict]:
+    args = parse_args(argv)
+    load = os.getloadavg()
+    t_start = time.perf_counter()
+    results = run(args)
+    size, sample_bytes = args.size, args.sample_bytes
     print(
         f"{args.shards} shards x {args.samples} samples, {size / 1e6:.0f} MB "
         f"(samples' bytes {sample_bytes / 1e6:.0f} MB); proxy +{args.delay_ms:g} ms, "
