@@ -51,6 +51,8 @@ EXPECTED = [
     "Spec",
     "SqliteIndex",
     "SqliteIndexWriter",
+    "TableIndex",
+    "TableIndexWriter",
     "TarFormatError",
     "TarWriter",
     "TruncatedTarError",
