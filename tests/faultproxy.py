@@ -19,8 +19,8 @@ and ``permanent`` maps path substrings to a status (403, 404, ...) returned on e
 ``script`` (a list of kinds, ``None`` for a clean answer) replaces the random schedule: the
 n-th eligible request gets the n-th entry, later ones none.
 ``injected`` counts faults by kind; ``requests`` counts all requests, ``forwarded`` the clean ones,
-``connections`` the TCP connections clients opened (distinct peer addresses), ``paths`` the
-requests per path.
+``connections`` the TCP connections clients opened (peer addresses not seen before), ``paths``
+the requests per path.
 
 Example:
     >>> proxy = FaultProxy(http_server.base, FaultPlan({"503": 1}, rate=1.0, max_faults=2))
@@ -108,7 +108,8 @@ class FaultProxy:
         self.forwarded = 0
         self.injected: Counter[str] = Counter()
         self.paths: Counter[str] = Counter()
-        self._peers: set[Any] = set()
+        self._seen: set[Any] = set()  # every client connection so far
+        self._peers: set[Any] = set()  # those opened since the last reset
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: Any = None
@@ -141,7 +142,7 @@ class FaultProxy:
 
     @property
     def connections(self) -> int:
-        """TCP connections that sent requests since the last reset."""
+        """TCP connections opened since the last reset (that sent a request)."""
         return len(self._peers)
 
     def counts(self) -> dict[str, Any]:
@@ -243,7 +244,10 @@ class FaultProxy:
 
         self.requests += 1
         self.paths[request.path] += 1
-        self._peers.add(request.transport.get_extra_info("peername") if request.transport else None)
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        if peer not in self._seen:
+            self._seen.add(peer)
+            self._peers.add(peer)
         fault = self._pick(request.method, request.path_qs, _range_length(request.headers))
         if fault is not None:
             self.injected[fault] += 1

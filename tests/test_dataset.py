@@ -350,7 +350,7 @@ def test_pickle_at_any_point(json_index, oracle):
     ds.__getitems__([1, 40, 100])
     state_before = dict(ds.__dict__)
     ds3 = pickle.loads(pickle.dumps(ds))  # with open readers
-    assert ds.__dict__.keys() == state_before.keys() and ds._pool.readers  # self not mutated
+    assert ds.__dict__.keys() == state_before.keys() and ds._pool._local  # self not mutated
     assert strip_meta(ds3[-1]) == oracle[-1]
     assert strip_meta(ds[-1]) == oracle[-1]
 

@@ -44,7 +44,7 @@ def test_lru_size_set_after_construction_bounds_the_pool(local):
     assert ds._pool.lru_size == 1
     for i in range(0, len(ds), NSAMPLES):
         ds[i]
-        assert len(ds._pool.readers) == 1
+        assert len(ds._pool.readers) <= 1  # local shards: none (descriptors are pooled apart)
 
 
 def test_every_read_path_assembles_the_same_sample(local):
@@ -107,3 +107,90 @@ def test_close_stops_every_thread_the_dataset_started(http_server, local, tmp_pa
     assert strip_meta(ds[1]) == local["oracle"][1]  # usable after close
     ds.close()
     assert set(threading.enumerate()) - before == set()
+
+
+# -- local shards: descriptors in their own pool, not bound by lru_size (issue 12) ------------
+
+
+def _open_paths() -> set[str]:
+    out = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return out
+
+
+def test_local_shards_stay_open_beyond_lru_size(local):
+    ds = ShardListDataset(local["index"], transformations=[], lru_size=1)
+    for _ in range(3):
+        for i in range(0, len(ds), NSAMPLES):  # every shard in turn: each an LRU miss before
+            assert strip_meta(ds[i]) == local["oracle"][i]
+    assert set(local["paths"]) <= _open_paths()  # reopening costs no open
+    assert len(ds._pool.descriptors) == NS
+    ds.close()
+    assert not set(local["paths"]) & _open_paths()
+
+
+MANY = 4096
+
+_EMFILE_SCRIPT = """
+import os, random, resource, sys
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (int(sys.argv[2]), hard))
+from wids import ShardListDataset
+ds = ShardListDataset(sys.argv[1], transformations=[])
+rng = random.Random(0)
+n = len(ds)
+for _ in range(3 * n):
+    i = rng.randrange(n)
+    assert ds[i]["__key__"] == f"k{i:05d}", i
+for _ in range(40):
+    batch = [rng.randrange(n) for _ in range(32)]
+    assert [s["__key__"] for s in ds.__getitems__(batch)] == [f"k{i:05d}" for i in batch]
+kept = len(ds._pool.descriptors)
+print(kept, ds._pool.descriptors.capacity, len(os.listdir("/proc/self/fd")))
+"""
+
+
+@pytest.fixture(scope="module")
+def many_shards(tmp_path_factory):
+    """4,096 one-sample local shards and a shard-table index of them."""
+    import io
+    import tarfile
+
+    d = tmp_path_factory.mktemp("many")
+    paths = []
+    for i in range(MANY):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+            data = b"%d" % i
+            info = tarfile.TarInfo(f"k{i:05d}.txt")
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+        path = str(d / f"s{i:05d}.tar")
+        with open(path, "wb") as f:
+            f.write(buf.getvalue())
+        paths.append(path)
+    index = str(d / "many.widx")
+    build_index(paths, index, jobs=2)
+    return index
+
+
+@pytest.mark.parametrize("limit", [64, 1024])
+def test_random_reads_over_4096_local_shards_stay_within_the_file_limit(many_shards, limit):
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", _EMFILE_SCRIPT, many_shards, str(limit)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    kept, capacity, open_now = map(int, out.stdout.split())
+    assert capacity < limit and kept <= capacity and open_now < limit
+    assert kept > capacity // 2 and capacity >= limit // 2  # most of what the limit allows

@@ -354,3 +354,50 @@ def test_first_read_of_a_replaced_shard_is_refused(proxied, local, change):
     # no retries of a mismatch: one read per attempt (and a stat where S3 refuses the range)
     assert proxy.requests <= 2 * 3 + 1, proxy.paths
     server.put(paths[1], names[1])  # restored
+
+
+_PRELOAD = """
+import sys
+from wids import ShardListDataset
+ds = ShardListDataset(sys.argv[1], transformations=[])
+before = "aiohttp" in sys.modules
+len(ds)  # what a DataLoader's main process does before forking its workers
+print(before, "aiohttp" in sys.modules)
+"""
+
+
+def test_loading_a_remote_dataset_imports_its_client_before_workers_fork(proxied):
+    import subprocess
+    import sys
+
+    server, proxy, options, names, index = proxied
+    if server.protocol != "http":
+        pytest.skip("s3fs imports botocore at import already")
+    proxy.reset_counts()
+    out = subprocess.run(
+        [sys.executable, "-c", _PRELOAD, index],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"]  # imported, so forked workers inherit it
+    assert proxy.requests == 0  # and nothing connected
+
+
+def test_one_connection_per_process_for_many_reads(proxied, local):
+    server, proxy, options, names, index = proxied
+    oracle = local[2]
+    ds = ShardListDataset(index, transformations=[], storage_options=options, lru_size=1)
+    len(ds)
+    proxy.reset_counts()
+    for i in range(0, len(ds), 3):  # every shard, readers reopened (lru_size=1)
+        assert strip_meta(ds[i]) == oracle[i]
+    assert proxy.requests == len(range(0, len(ds), 3))
+    # the process's client keeps its connections alive (those build_index opened, or one)
+    assert proxy.connections <= 1, proxy.connections
+    ds2 = ShardListDataset(index, transformations=[], storage_options=options)
+    assert strip_meta(ds2[5]) == oracle[5]
+    ds.__getitems__([1, 2, 60, 61])  # two requests at once
+    assert proxy.connections <= 2  # a second dataset in the process shares them

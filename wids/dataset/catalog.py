@@ -31,7 +31,7 @@ from ..index import (
     with_repair_hint,
 )
 from ..samples import DuplicatePolicy
-from ..storage import FileStat, RetryPolicy, Source, Store, is_local, redact_url
+from ..storage import FileStat, RetryPolicy, Source, Store, is_local, preload, redact_url
 from .description import Description
 from .localcache import LocalCache
 
@@ -171,6 +171,7 @@ class Catalog:
             with self._lock:
                 if self._loaded is None:
                     self._loaded = self._load_description()
+                    preload(self._loaded.infos[0].url)  # before DataLoader workers fork
                 loaded = self._loaded
         return loaded
 

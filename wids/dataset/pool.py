@@ -1,11 +1,14 @@
 """A dataset's open shard readers: which kind to open, how many to keep, and reads through them.
 
-:class:`ReaderPool` holds at most ``lru_size`` readers per process (least recently used closed
-first, never during a read) and decides, per the ``access`` mode, how a shard is read: in place
-(local files), by range requests, or from the local shard cache (``access="shard"``, offline,
-or a shard promoted by ``access="auto"``: see :class:`~wids.cache.Promoter`). A shard
-is checked against the index by the catalog when its reader opens first in a process. Reads
-end in :meth:`~wids.dataset.tables.MemberTable.sample`, one sample or a batch at a time.
+:class:`ReaderPool` holds at most ``lru_size`` remote or cached readers per process (least
+recently used closed first, never during a read); a local shard's reader is only its path and
+member-table view over a descriptor in the pool's :class:`~wids.storage.DescriptorPool`
+(bounded by the process's file limit, not by ``lru_size``), kept once opened. It decides, per
+the ``access`` mode, how a shard is read: in place (local files), by range requests, or from
+the local shard cache (``access="shard"``, offline, or a shard promoted by ``access="auto"``:
+see :class:`~wids.cache.Promoter`). A shard is checked against the index by the catalog when
+its reader opens first in a process. Reads end in
+:meth:`~wids.dataset.tables.MemberTable.sample`, one sample or a batch at a time.
 
 Readers, member tables, the promoter and its threads belong to one process: never pickled,
 dropped after a fork, stopped by :meth:`ReaderPool.close`.
@@ -19,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..storage import DescriptorPool
 from .catalog import Catalog
 from .readers import (
     HEADER,
@@ -74,7 +78,7 @@ class ReaderPool:
 
     Args:
         catalog: The dataset's shards, member tables and first-touch checks.
-        lru_size: Open readers kept.
+        lru_size: Remote or cached readers kept open (local ones: ``descriptors`` bounds them).
         access: ``"auto"``, ``"range"`` or ``"shard"`` (see ``ShardListDataset``).
         promote_share: With ``access="auto"`` and a cache directory, the share of a remote
             shard's bytes requested by range before it is fetched whole.
@@ -96,6 +100,7 @@ class ReaderPool:
         self._promotable = access == "auto" and self.local.cache_dir is not None
         self.counts = {"samples": 0, "accesses": 0, "misses": 0, "cache_hits": 0}
         self.plan: Any = None  # the sampler that offered its order (wids.dataset.lookahead)
+        self.descriptors = DescriptorPool()  # of local shards; checks its process itself
         self.reset_process()
 
     def attach_plan(self, sampler: Any) -> None:
@@ -107,12 +112,13 @@ class ReaderPool:
         self.readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._pins: dict[int, str] = {}  # etags seen by readers since closed (LRU)
         self._tables: dict[int, MemberTable] = {}
+        self._local: dict[int, ShardReader] = {}  # local shards' readers: never evicted
         self._lock = threading.RLock()
         self._promoter: Promoter | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("readers", "_pins", "_tables", "_lock", "_promoter"):
+        for k in ("readers", "_pins", "_tables", "_local", "_lock", "_promoter"):
             del state[k]
         return state
 
@@ -148,9 +154,11 @@ class ReaderPool:
         with self._lock:
             readers, self.readers = self.readers, OrderedDict()
             self._tables = {}
+            local, self._local = self._local, {}
             promoter, self._promoter = self._promoter, None
-            for r in readers.values():
+            for r in [*readers.values(), *local.values()]:
                 r.close()
+            self.descriptors.close()
         if promoter is not None:
             promoter.close()  # waits for a fetch under way
         self.local.close()
@@ -161,14 +169,18 @@ class ReaderPool:
         """Sample ``local`` of ``shard`` (global index ``i``), untransformed."""
         # The hot path of random access: keep it flat (see tools/bench_read.py).
         reader = self.readers.get(shard)
-        if reader is None or self._promoter is not None:
-            reader = self.reader(shard)
-        else:  # the fast path of reader()
+        if reader is not None and self._promoter is None:  # the fast path of reader()
             self.counts["accesses"] += 1
             try:
                 self.readers.move_to_end(shard)
             except KeyError:  # another thread has just evicted it
                 pass
+        else:
+            reader = self._local.get(shard)
+            if reader is None:
+                reader = self.reader(shard)
+            else:  # a local file's: a path over the descriptor pool, not in the LRU
+                self.counts["accesses"] += 1
         table = self._tables[shard]
         rows = table.rows(local)
         fids, offs, sizes = rows
@@ -243,6 +255,8 @@ class ReaderPool:
         """The open reader of a shard (opening and verifying it if needed); counts an access."""
         self.counts["accesses"] += 1
         reader = self.readers.get(shard)
+        if reader is None and shard in self._local:
+            return self._local[shard]
         if reader is not None and self._promoter is not None and not reader.cached:
             reader = self._promoted(shard, reader)
         if reader is not None:
@@ -265,8 +279,11 @@ class ReaderPool:
                 except BaseException:
                     reader.close()
                     raise
-            self.readers[shard] = reader
             self._tables[shard] = MemberTable(members[0], info.url, loaded.dataset_of[shard])
+            if isinstance(reader, LocalReader):
+                self._local[shard] = reader
+            else:
+                self.readers[shard] = reader
             return reader
 
     def evict(self) -> None:
@@ -330,7 +347,9 @@ class ReaderPool:
         local.check_online(info.url)
         if check:
             catalog.check_fingerprint(info, data_end, None if source.is_local else source)
-        return LocalReader(source) if source.is_local else RangeReader(source)
+        if source.is_local:
+            return LocalReader(source, self.descriptors)
+        return RangeReader(source)
 
     # -- promotion (access="auto") ------------------------------------------------------------
 

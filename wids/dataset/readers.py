@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import CorruptReadError
-from ..storage import Check, IOStats, Source, read_ranges, redact_url
+from ..storage import Check, DescriptorPool, IOStats, Source, read_ranges, redact_url
 from ..tar import header_mismatch
 
 if TYPE_CHECKING:
@@ -105,55 +105,42 @@ class RangeReader(ShardReader):
 
 
 class LocalReader(RangeReader):
-    """A local file read in place with ``os.pread`` on a descriptor of its own.
+    """A local file read in place: a descriptor from the dataset's :class:`DescriptorPool`.
 
-    The hot path of local random access: one ``pread`` per span and nothing else. Anything
+    The hot path of local random access: one ``pread`` per span on a descriptor the pool keeps
+    open (bounded by the process's file limit, not by ``lru_size``), so a reader is only a
+    path and the pool's reference, and reopening a shard costs at most one ``open``. Anything
     unusual (the file cannot be opened, a short read) goes through the ``Source``, which
     raises the right error.
+
+    Args:
+        source: The local file.
+        descriptors: The pool to take its descriptor from (one per dataset and process).
     """
 
-    # No per-call pid check: a descriptor inherited through fork stays valid for pread (which
-    # has no shared file offset), and the dataset drops its readers in a new process anyway.
-
-    def __init__(self, source: Source) -> None:
+    def __init__(self, source: Source, descriptors: DescriptorPool) -> None:
         super().__init__(source)
-        self._fd: int | None = None
-        self._pid = 0
-
-    def _open(self) -> int | None:
-        if self.source is None or self.source.local_path is None:
-            raise RuntimeError("local reader without a local path")
-        try:
-            self._fd = os.open(self.source.local_path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        except OSError:
-            return None
-        self._pid = os.getpid()
-        return self._fd
+        if source.local_path is None:
+            raise ValueError(f"not a local file: {source!r}")
+        self.path = source.local_path
+        self.descriptors = descriptors
 
     def read_span(
         self, start: int, end: int, stats: IOStats | None = None, check: Check | None = None
     ) -> bytes:
         """Return exactly the bytes ``[start, end)`` of the file, with one ``pread``."""
-        fd = self._fd
-        if fd is None:
-            fd = self._open()
         n = end - start
-        if fd is None or start < 0 or n < 0:
-            return super().read_span(start, end, stats)
-        data = os.pread(fd, n, start)
-        if len(data) != n:
-            return super().read_span(start, end, stats)
-        if stats is not None:
-            stats.requests += 1
-            stats.bytes_read += n
-        return data
-
-    def close(self) -> None:
-        """Close the descriptor (if this process opened it)."""
-        fd, self._fd = self._fd, None
-        if fd is not None and self._pid == os.getpid():
-            os.close(fd)
-        super().close()
+        if start >= 0 and n >= 0:
+            try:
+                data = self.descriptors.pread(self.path, n, start)
+            except OSError:
+                data = b""
+            if len(data) == n:
+                if stats is not None:
+                    stats.requests += 1
+                    stats.bytes_read += n
+                return data
+        return super().read_span(start, end, stats)
 
     def __repr__(self) -> str:
         return f"LocalReader({self.source!r})"
@@ -176,8 +163,7 @@ class CachedReader(ShardReader):
         self, start: int, end: int, stats: IOStats | None = None, check: Check | None = None
     ) -> bytes:
         """Return exactly the bytes ``[start, end)`` from the cached copy."""
-        data: bytes = self.shard.read_range(start, end)
-        return data
+        return self.shard.read_range(start, end)
 
     def close(self) -> None:
         """Close the cached copy; the cache may evict it from now on."""

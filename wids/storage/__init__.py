@@ -5,6 +5,8 @@ The only part of wids that imports fsspec. Other parts import from this package,
 - :mod:`.source`: :class:`Store` (storage options + retry policy + I/O counters, one object)
   and :class:`Source` (one file: stat, checked range reads, streams, downloads);
 - :mod:`.batch`: :func:`read_ranges`, many ranges at once;
+- :mod:`.descriptors`: :class:`DescriptorPool`, local files' descriptors kept open within the
+  process's file limit;
 - :mod:`.stats`: :class:`FileStat`, :class:`IOStats`, :func:`comparable_etag`;
 - :mod:`.urls`: local or remote, how an index records a shard, :func:`url_name`;
 - :mod:`.publish`: writing: :func:`check_writable`, :func:`put_file`, :func:`destination`;
@@ -16,7 +18,9 @@ The only part of wids that imports fsspec. Other parts import from this package,
 
 from __future__ import annotations
 
+from .backends import preload
 from .batch import read_ranges
+from .descriptors import DescriptorPool
 from .publish import check_writable, destination, put_file, read_head, same_place
 from .redact import RedactingFilter, escape_controls, redact_text, redact_url
 from .retry import RetryPolicy
@@ -26,6 +30,7 @@ from .urls import is_local, is_remote, local_file, local_path, output_dir, store
 
 __all__ = [
     "Check",
+    "DescriptorPool",
     "FileStat",
     "IOStats",
     "RedactingFilter",
@@ -41,6 +46,7 @@ __all__ = [
     "local_file",
     "local_path",
     "output_dir",
+    "preload",
     "put_file",
     "read_head",
     "read_ranges",

@@ -7,7 +7,10 @@
 - :func:`is_http` / :func:`is_s3`: filesystems whose range requests wids makes itself,
   conditional and checked (:mod:`wids.storage.conditional`).
 
-Nothing here imports a backend: filesystems are recognised by their protocol and methods.
+- :func:`preload`: import a URL's backend ahead of the first read.
+
+Nothing here imports a backend at import time: filesystems are recognised by their protocol
+and methods.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any
 from .retry import RetryPolicy
 from .stats import FileStat
 
-__all__ = ["file_stat", "is_http", "is_s3", "with_defaults"]
+__all__ = ["file_stat", "is_http", "is_s3", "preload", "with_defaults"]
 
 
 def with_defaults(url: str, options: Mapping[str, Any], policy: RetryPolicy) -> dict[str, Any]:
@@ -94,3 +97,27 @@ def is_s3(fs: Any) -> bool:
     """Whether ``fs`` is s3fs (with the botocore client we call ``get_object`` on)."""
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
     return "s3" in protocols and hasattr(fs, "_call_s3") and hasattr(fs, "split_path")
+
+
+def preload(url: str) -> None:
+    """Import the fsspec backend of ``url`` (and aiohttp for HTTP) now, not at the first read.
+
+    A dataset calls this when it loads its shard list (``len(ds)``, in the DataLoader's main
+    process): DataLoader workers forked afterwards inherit the imported modules instead of
+    each paying for them (~200 ms for aiohttp and its TLS contexts) on their first sample.
+    Nothing is connected or opened. An unknown protocol or a missing package is left for the
+    first read to report.
+    """
+    if "::" in url or "://" not in url:
+        return
+    protocol = url.split("://", 1)[0].lower()
+    if protocol == "file":
+        return
+    try:
+        import fsspec
+
+        fsspec.get_filesystem_class(protocol)
+        if protocol in ("http", "https"):
+            importlib.import_module("aiohttp")
+    except (ImportError, ValueError):
+        pass
