@@ -234,3 +234,24 @@ def test_dataloader_workers_read_the_shard_table(tmp_path: Path) -> None:
         )
         keys = [k for batch in loader for k in batch]
         assert keys == [ds[i] for i in range(len(ds))]
+
+
+def test_locate_over_more_shards_than_the_list_path(tmp_path: Path) -> None:
+    """Past ``SMALL`` shards the lookup is a numpy search: the same answers, empty shards too."""
+    from wids.dataset.description import SMALL
+
+    n = SMALL + 1000
+    counts = np.random.default_rng(0).integers(0, 4, size=n)
+    path = tmp_path / "big.widx"
+    with TableIndexWriter(path) as w:
+        for i, c in enumerate(counts.tolist()):
+            w.add(ShardInfo(f"s{i}.tar", c), None)
+    ds = ShardListDataset(str(path), transformations=[])
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    assert len(ds) == int(starts[-1]) and ds._catalog.load().cum_list is None
+    for i in [0, 1, len(ds) // 2, len(ds) - 2, len(ds) - 1, *range(0, len(ds), 9973)]:
+        shard = int(np.searchsorted(starts, i, side="right")) - 1
+        assert ds._catalog.locate(i) == (i, shard, i - int(starts[shard]))
+    assert ds._catalog.locate(-1)[0] == len(ds) - 1
+    with pytest.raises(IndexError):
+        ds._catalog.locate(len(ds))
