@@ -255,3 +255,51 @@ def test_locate_over_more_shards_than_the_list_path(tmp_path: Path) -> None:
     assert ds._catalog.locate(-1)[0] == len(ds) - 1
     with pytest.raises(IndexError):
         ds._catalog.locate(len(ds))
+
+
+def test_add_many_writes_what_add_writes(tmp_path: Path) -> None:
+    infos = [
+        ShardInfo("a.tar", 3, size=4096, etag='"x"', mtime=1.5),
+        ShardInfo("sub/b.tar", 0),
+        ShardInfo("s3://bucket/c.tar", 7, size=8192, md5sum="00ff", mtime=2.0),
+        ShardInfo("ü.tar", 1, etag=""),
+    ]
+    extras = [None, {"colour": "red"}, {}, {"n": [1]}]
+    one, many = tmp_path / "one.widx", tmp_path / "many.widx"
+    with TableIndexWriter(one, name="n") as w:
+        for info, extra in zip(infos, extras, strict=True):
+            w.add(info, None, extra)
+    with TableIndexWriter(many, name="n") as w:
+        w.add_many(infos[:1], None, extras[:1])
+        w.add_many(infos[1:], [i.url for i in infos[1:]], extras[1:])
+    assert one.read_bytes() == many.read_bytes()
+    ix = TableIndex(str(many))
+    assert [ix.shard_extra(i) for i in range(4)] == [{}, {"colour": "red"}, {}, {"n": [1]}]
+    assert ix.shard(3).etag == "" and ix.shard(1).etag is None
+
+
+def test_convert_a_reference_description(tmp_path: Path) -> None:
+    desc = {
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "name": "ref",
+        "shardlist": [
+            {"url": "a.tar", "nsamples": 2, "filesize": 4096, "md5sum": "ab", "colour": "red"},
+            {"url": "s3://b/x.tar", "nsamples": 1, "etag": '"e"', "mtime": 3.5},
+        ],
+        "datasets": [
+            {"name": "sub", "weight": 0.5, "shardlist": [{"url": "c.tar", "nsamples": 4}]}
+        ],
+    }
+    src = tmp_path / "desc.json"
+    src.write_text(json.dumps(desc))
+    out = tmp_path / "out" / "t.widx"
+    out.parent.mkdir()
+    convert_index(str(src), out)
+    a, b = open_index(str(src)), open_index(str(out))
+    assert isinstance(b, TableIndex)
+    assert b.shards == a.shards and b.components == a.components and b.name == "ref"
+    assert [b.shard_extra(i) for i in range(3)] == [a.shard_extra(i) for i in range(3)]
+    assert not b.has_members and b.members(0) is None
+    assert b.sample_counts().tolist() == [2, 1, 4]
+    assert b.cumulative_counts().tolist() == [0, 2, 3, 7]

@@ -99,6 +99,13 @@ def _copy(reader: IndexReader, src: str, writer: IndexWriter, dest: str) -> None
             is_main = k == 0 and comp.name == (reader.name or "") and comp.weight is None
             if not is_main:
                 writer.start_component(comp.name, comp.weight)
+            add_many = getattr(writer, "add_many", None)
+            if add_many is not None and not reader.has_members:
+                # a description of many shards: one column at a time
+                infos = [shard(i) for i in range(comp.first_shard, comp.stop_shard)]
+                extras = [reader.shard_extra(i) for i in range(comp.first_shard, comp.stop_shard)]
+                add_many(infos, [stored(s.url) for s in infos], extras)
+                continue
             for i in range(comp.first_shard, comp.stop_shard):
                 info = shard(i)
                 info = _restored(info, stored(info.url))
