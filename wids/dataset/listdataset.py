@@ -38,9 +38,10 @@ __all__ = ["ShardListDataset"]
 Transform = Callable[[dict[str, Any]], Any]
 
 if TYPE_CHECKING:
-    from torch.utils.data import ConcatDataset
     from torch.utils.data import Dataset as _DatasetBase
     from typing_extensions import TypeVar
+
+    from .concat import ShardConcatDataset
 
     # What ``ds[i]`` returns; unannotated datasets read as ``ShardListDataset[Any]``.
     T_co = TypeVar("T_co", covariant=True, default=Any)
@@ -81,8 +82,8 @@ class ShardListDataset(_DatasetBase[T_co]):
     """A map-style dataset over WebDataset tar shards, reading only the samples asked for.
 
     With torch installed it is a ``torch.utils.data.Dataset`` (generic: annotate
-    ``ShardListDataset[dict]``), and ``ds1 + ds2`` is a ``ConcatDataset``; without torch it is
-    still generic, and ``+`` needs torch.
+    ``ShardListDataset[dict]``), and ``ds1 + ds2`` is a ``ConcatDataset`` the samplers read
+    shard by shard; without torch it is still generic, and ``+`` needs torch.
 
     A drop-in for the reference ``wids.ShardListDataset`` (see ``docs/compat.md``), with member
     offsets: ``ds[i]`` is one range request for that sample's bytes, wherever the shards are.
@@ -331,19 +332,27 @@ class ShardListDataset(_DatasetBase[T_co]):
     def __len__(self) -> int:
         return self.total_length
 
-    def __add__(self, other: Any) -> ConcatDataset[Any]:
+    def __add__(self, other: Any) -> ShardConcatDataset[Any]:
         """``ds1 + ds2`` as with a torch ``Dataset``: a ``torch.utils.data.ConcatDataset``.
 
-        Its indices run through ``ds1`` then ``ds2``. The samplers need per-shard ``lengths``,
-        which a ``ConcatDataset`` lacks: for a shard-aware order over several datasets, list
-        them under ``"datasets"`` in one description and open that instead.
+        Its indices run through ``ds1`` then ``ds2``. It is a
+        :class:`~wids.dataset.concat.ShardConcatDataset`, which keeps the parts' shards
+        visible: it has ``lengths`` (every part's shards, in order) and ``components`` (every
+        part's sub-datasets), so the samplers keep their shard-aware order over it, and
+        ``ds1 + ds2 + ds3`` is one flat concatenation. A sample's ``__index__`` is its index
+        inside its own part.
 
         Raises:
-            ImportError: torch is not installed.
+            ImportError: torch is not installed (``pip install 'wids-shards[torch]'``).
         """
-        from torch.utils.data import ConcatDataset
-
-        return ConcatDataset([self, other])
+        try:
+            from .concat import ShardConcatDataset
+        except ImportError as e:
+            raise ImportError(
+                f"ds1 + ds2 makes a torch ConcatDataset and needs torch ({e}): "
+                "pip install 'wids-shards[torch]'"
+            ) from None
+        return ShardConcatDataset([self, other])
 
     def add_transform(self, transform: Transform) -> ShardListDataset:
         """Append a transformation (applied after the others). Returns ``self``."""
