@@ -333,14 +333,9 @@ class ShardListDataset(_DatasetBase[T_co]):
         return self.total_length
 
     def __add__(self, other: Any) -> ShardConcatDataset[Any]:
-        """``ds1 + ds2`` as with a torch ``Dataset``: a ``torch.utils.data.ConcatDataset``.
+        """``ds1 + ds2``: a torch ``ConcatDataset`` the samplers still read shard by shard.
 
-        Its indices run through ``ds1`` then ``ds2``. It is a
-        :class:`~wids.dataset.concat.ShardConcatDataset`, which keeps the parts' shards
-        visible: it has ``lengths`` (every part's shards, in order) and ``components`` (every
-        part's sub-datasets), so the samplers keep their shard-aware order over it, and
-        ``ds1 + ds2 + ds3`` is one flat concatenation. A sample's ``__index__`` is its index
-        inside its own part.
+        See :class:`~wids.dataset.concat.ShardConcatDataset` (``lengths``, ``components``).
 
         Raises:
             ImportError: torch is not installed (``pip install 'wids-shards[torch]'``).
@@ -348,10 +343,8 @@ class ShardListDataset(_DatasetBase[T_co]):
         try:
             from .concat import ShardConcatDataset
         except ImportError as e:
-            raise ImportError(
-                f"ds1 + ds2 makes a torch ConcatDataset and needs torch ({e}): "
-                "pip install 'wids-shards[torch]'"
-            ) from None
+            msg = f"ds1 + ds2 needs torch ({e}): pip install 'wids-shards[torch]'"
+            raise ImportError(msg) from None
         return ShardConcatDataset([self, other])
 
     def add_transform(self, transform: Transform) -> ShardListDataset:
