@@ -44,12 +44,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_latency_scripts as scripts  # noqa: E402
 from latencyproxy import ProxyProcess  # noqa: E402
 from localservers import Nginx  # noqa: E402
 
@@ -64,110 +64,6 @@ CONTENDERS = (
     "range-random",
     "auto-random",
     "first-sample",
-)
-
-# Every contender script ends by calling this on its loader: the JSON line the parent reads.
-_MEASURE = textwrap.dedent(
-    """
-    import json, resource, sys, time
-    def measure(t0, batches, first=None):
-        n = 0
-        for batch in batches:
-            if first is None:
-                first = time.perf_counter() - t0
-            n += len(batch)
-        seconds = time.perf_counter() - t0
-        cpu = 0.0
-        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
-            r = resource.getrusage(who)
-            cpu += r.ru_utime + r.ru_stime
-        print(json.dumps({"n": n, "seconds": seconds, "first": first, "cpu": cpu}))
-    cfg = json.loads(sys.argv[1])
-    """
-)
-
-_FLOOR = textwrap.dedent(
-    """
-    import http.client, queue, threading, urllib.parse
-    def fetch_all(jobs):
-        while True:
-            try:
-                url = jobs.get_nowait()
-            except queue.Empty:
-                return
-            u = urllib.parse.urlsplit(url)
-            conn = conns.setdefault(threading.get_ident(), http.client.HTTPConnection(u.netloc))
-            conn.request("GET", u.path)
-            body = conn.getresponse().read()
-            done.append((time.perf_counter(), cfg["per_shard"]))
-    jobs, conns, done = queue.Queue(), {}, []
-    for url in cfg["urls"]:
-        jobs.put(url)
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=fetch_all, args=(jobs,)) for _ in range(cfg["workers"])]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    measure(t0, [range(k) for _, k in done], first=min(t for t, _ in done) - t0)
-    """
-)
-
-_WEBDATASET = textwrap.dedent(
-    """
-    import webdataset as wds
-    from torch.utils.data import DataLoader
-    t0 = time.perf_counter()
-    ds = wds.WebDataset(cfg["urls"], shardshuffle=False)
-    loader = DataLoader(ds, batch_size=cfg["batch"], num_workers=cfg["workers"],
-                        collate_fn=lambda b: b)
-    measure(t0, loader)
-    """
-)
-
-_REFERENCE = textwrap.dedent(
-    """
-    from torch.utils.data import DataLoader
-    from wids import ChunkedSampler, ShardListDataset
-    t0 = time.perf_counter()
-    ds = ShardListDataset(cfg["index"], cache_dir=cfg["cache"], transformations=[])
-    sampler = ChunkedSampler(ds, chunksize=cfg["per_shard"], seed=0, shufflefirst=True)
-    loader = DataLoader(ds, batch_size=cfg["batch"], num_workers=cfg["workers"],
-                        sampler=sampler, collate_fn=lambda b: b)
-    measure(t0, loader)
-    """
-)
-
-_FIRST = textwrap.dedent(
-    """
-    from wids import ShardListDataset
-    t0 = time.perf_counter()
-    ds = ShardListDataset(cfg["index"], access="range", transformations=[])
-    ds[0]
-    measure(t0, [[0]], first=time.perf_counter() - t0)
-    """
-)
-
-_WIDS = textwrap.dedent(
-    """
-    import torch
-    from torch.utils.data import DataLoader, RandomSampler
-    from wids import ShardListDataset
-    from wids.sampler import ChunkedSampler
-    import wids.cache.shards  # imported up front, not inside the timing
-    t0 = time.perf_counter()
-    kw = {"cache_dir": cfg["cache"], "cache_size": cfg["budget"]} if cfg["cache"] else {}
-    ds = ShardListDataset(cfg["index"], access=cfg["access"], transformations=[], **kw)
-    if cfg["order"] == "chunked":
-        sampler = ChunkedSampler(ds, chunksize=cfg["per_shard"], seed=0, shufflefirst=True,
-                                 num_workers=cfg["workers"], batch_size=cfg["batch"])
-    else:
-        sampler = RandomSampler(ds, generator=torch.Generator().manual_seed(0))
-    loader = DataLoader(ds, batch_size=cfg["batch"], num_workers=cfg["workers"],
-                        sampler=sampler, collate_fn=lambda b: b)
-    measure(t0, loader)
-    ds.close()
-    """
 )
 
 
@@ -186,21 +82,26 @@ def _plan(name: str, args: argparse.Namespace, cfg: dict[str, Any], work: Path) 
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     ours = {**clean, "PYTHONPATH": str(REPO)}
     if name == "floor":
-        return sys.executable, _FLOOR, clean, str(work)
+        return sys.executable, scripts.FLOOR, clean, str(work)
     if name in ("webdataset", "reference"):
         venv = args.wds_venv if name == "webdataset" else args.reference
         python = os.path.join(venv or "", "bin", "python")
         if not venv or not os.path.exists(python):
             return None
-        return python, _WEBDATASET if name == "webdataset" else _REFERENCE, clean, str(work)
+        return (
+            python,
+            scripts.WEBDATASET if name == "webdataset" else scripts.REFERENCE,
+            clean,
+            str(work),
+        )
     if name == "first-sample":
-        return sys.executable, _FIRST, ours, str(work)
+        return sys.executable, scripts.FIRST, ours, str(work)
     access, order = name.split("-")
     cfg.update(access=access, order=order)
     if access == "auto":
         cfg["cache"] = str(work / "cache")
         cfg["budget"] = int(cfg["size"] * args.budget_share) if order == "random" else None
-    return sys.executable, _WIDS, ours, str(work)
+    return sys.executable, scripts.WIDS, ours, str(work)
 
 
 def run_contender(name: str, args: argparse.Namespace, base: dict, proxy: Any) -> dict | None:
@@ -218,7 +119,7 @@ def run_contender(name: str, args: argparse.Namespace, base: dict, proxy: Any) -
         proxy_cpu = _proc_cpu(proxy.proc.pid)
         started = time.perf_counter()
         proc = subprocess.run(
-            [python, "-c", _MEASURE + script, json.dumps(cfg)],
+            [python, "-c", scripts.MEASURE + script, json.dumps(cfg)],
             env=env,
             cwd=cwd,
             capture_output=True,

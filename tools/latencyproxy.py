@@ -53,10 +53,11 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from httprelay import Message, Pacer, is_chunked, relay_body
+
 __all__ = ["LatencyProxy", "ProxyProcess", "main"]
 
 CONTROL = "/__latencyproxy__/"
-_CHUNK = 256 * 1024
 _HEAD_LIMIT = 1 << 20
 _ZEROS = (
     "requests",
@@ -68,52 +69,6 @@ _ZEROS = (
     "in_flight_us",
     "active_us",
 )
-_HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"expect"}
-
-
-class _Message:
-    """A request's or response's head: start line and headers (raw, order kept)."""
-
-    def __init__(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        self.start = lines[0]
-        self.headers: list[tuple[bytes, bytes]] = []
-        for line in lines[1:]:
-            if line:
-                name, _, value = line.partition(b":")
-                self.headers.append((name.strip(), value.strip()))
-
-    def get(self, name: bytes) -> bytes | None:
-        name = name.lower()
-        return next((v for k, v in self.headers if k.lower() == name), None)
-
-    def encode(self, extra: list[tuple[bytes, bytes]] | None = None) -> bytes:
-        """The head with hop-by-hop headers replaced by ``extra``."""
-        kept = [(k, v) for k, v in self.headers if k.lower() not in _HOP_BY_HOP]
-        lines = [self.start] + [k + b": " + v for k, v in kept + (extra or [])]
-        return b"\r\n".join(lines) + b"\r\n\r\n"
-
-    def closes(self) -> bool:
-        """The sender asked to close the connection after this message."""
-        value = (self.get(b"connection") or b"").lower()
-        return b"close" in value or self.start.endswith(b"HTTP/1.0") and b"keep-alive" not in value
-
-
-class _Pacer:
-    """Releases a body at ``rate`` bytes/s: byte ``n`` no earlier than ``t0 + n / rate``."""
-
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
-        self.t0 = time.monotonic()
-        self.sent = 0
-
-    async def wait(self, nbytes: int) -> None:
-        """Wait until a chunk of ``nbytes`` may be complete at the client."""
-        self.sent += nbytes
-        if self.rate > 0:
-            due = self.t0 + self.sent / self.rate - time.monotonic()
-            if due > 0:
-                await asyncio.sleep(due)
 
 
 class LatencyProxy:
@@ -289,7 +244,7 @@ class LatencyProxy:
                 except (asyncio.IncompleteReadError, asyncio.TimeoutError, ConnectionError):
                     return
                 arrived = time.monotonic()
-                request = _Message(head)
+                request = Message(head)
                 if b" " + CONTROL.encode() in request.start:
                     await self._control(request, writer)
                     continue
@@ -322,7 +277,7 @@ class LatencyProxy:
 
     async def _exchange(
         self,
-        request: _Message,
+        request: Message,
         arrived: float,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
@@ -336,9 +291,9 @@ class LatencyProxy:
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # we take the body ourselves
         up_reader, up_writer = up
         up_writer.write(request.encode())
-        await _relay_body(request, reader, up_writer, None, lambda n: self._count(bytes_in=n))
+        await relay_body(request, reader, up_writer, None, lambda n: self._count(bytes_in=n))
         while True:
-            response = _Message(await up_reader.readuntil(b"\r\n\r\n"))
+            response = Message(await up_reader.readuntil(b"\r\n\r\n"))
             status = int(response.start.split(b" ", 2)[1])
             if status >= 200 or status == 101:
                 break
@@ -346,20 +301,20 @@ class LatencyProxy:
         if wait > 0:
             await asyncio.sleep(wait)
         no_body = method == "HEAD" or status in (204, 304) or 100 <= status < 200
-        framed = no_body or response.get(b"content-length") is not None or _chunked(response)
+        framed = no_body or response.get(b"content-length") is not None or is_chunked(response)
         # upstream closing is upstream's business (we reconnect); a body that ends only when
         # upstream closes ends the client's connection too
         keep_client = framed and not request.closes()
         keep_up = framed and not response.closes()
         writer.write(response.encode([] if keep_client else [(b"Connection", b"close")]))
-        pacer = _Pacer(self.rate)
+        pacer = Pacer(self.rate)
         if not no_body:
             count = lambda n: self._count(bytes_out=n)  # noqa: E731
-            await _relay_body(response, up_reader, writer, pacer, count)
+            await relay_body(response, up_reader, writer, pacer, count)
         await writer.drain()
         return keep_client, keep_up
 
-    async def _control(self, request: _Message, writer: asyncio.StreamWriter) -> None:
+    async def _control(self, request: Message, writer: asyncio.StreamWriter) -> None:
         if b"/reset" in request.start:
             self.reset_counts()
         body = json.dumps(self.counts()).encode()
@@ -370,62 +325,6 @@ class LatencyProxy:
             + body
         )
         await writer.drain()
-
-
-def _chunked(message: _Message) -> bool:
-    return b"chunked" in (message.get(b"transfer-encoding") or b"").lower()
-
-
-async def _relay_body(
-    message: _Message,
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    pacer: _Pacer | None,
-    count: Callable[[int], None],
-) -> None:
-    """Copy ``message``'s body (by its framing) from ``reader`` to ``writer``.
-
-    ``count`` gets each piece's payload bytes before the piece is written (so the counters
-    are up to date by the time the client has the bytes).
-    """
-
-    async def put(data: bytes, payload: int) -> None:
-        if pacer is not None:
-            await pacer.wait(len(data))
-        count(payload)
-        writer.write(data)
-        await writer.drain()
-
-    length = message.get(b"content-length")
-    if length is not None:
-        left = int(length)
-        while left > 0:
-            data = await reader.read(min(_CHUNK, left))
-            if not data:
-                raise ConnectionError("body ended early")
-            left -= len(data)
-            await put(data, len(data))
-        return
-    if _chunked(message):
-        while True:  # relay the chunked encoding as it is, counting payload bytes
-            line = await reader.readuntil(b"\r\n")
-            size = int(line.split(b";", 1)[0].strip(), 16)
-            await put(line, 0)
-            if size == 0:
-                while True:  # trailers, up to the empty line
-                    line = await reader.readuntil(b"\r\n")
-                    await put(line, 0)
-                    if line == b"\r\n":
-                        return
-            got = 0
-            while got < size + 2:  # the chunk and its CRLF
-                data = await reader.readexactly(min(_CHUNK, size + 2 - got))
-                payload = max(0, min(got + len(data), size) - got)
-                got += len(data)
-                await put(data, payload)
-    if message.start.startswith(b"HTTP/"):  # a response without framing: until EOF
-        while data := await reader.read(_CHUNK):
-            await put(data, len(data))
 
 
 def _settled(counts: Callable[[], dict[str, int]], timeout: float) -> dict[str, int]:

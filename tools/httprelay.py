@@ -1,0 +1,118 @@
+"""HTTP/1.1 message heads and bodies relayed as they come, paced: the latency proxy's wire part.
+
+A head is kept raw (start line and headers in order), so a request is forwarded byte for byte
+apart from its hop-by-hop headers; a body is copied by its framing (``Content-Length``,
+chunked, or until the connection closes), optionally released no faster than a byte rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+__all__ = ["CHUNK", "HOP_BY_HOP", "Message", "Pacer", "is_chunked", "relay_body"]
+
+CHUNK = 256 * 1024
+HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"expect"}
+
+
+class Message:
+    """A request's or response's head: start line and headers (raw, order kept)."""
+
+    def __init__(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        self.start = lines[0]
+        self.headers: list[tuple[bytes, bytes]] = []
+        for line in lines[1:]:
+            if line:
+                name, _, value = line.partition(b":")
+                self.headers.append((name.strip(), value.strip()))
+
+    def get(self, name: bytes) -> bytes | None:
+        name = name.lower()
+        return next((v for k, v in self.headers if k.lower() == name), None)
+
+    def encode(self, extra: list[tuple[bytes, bytes]] | None = None) -> bytes:
+        """The head with hop-by-hop headers replaced by ``extra``."""
+        kept = [(k, v) for k, v in self.headers if k.lower() not in HOP_BY_HOP]
+        lines = [self.start] + [k + b": " + v for k, v in kept + (extra or [])]
+        return b"\r\n".join(lines) + b"\r\n\r\n"
+
+    def closes(self) -> bool:
+        """The sender asked to close the connection after this message."""
+        value = (self.get(b"connection") or b"").lower()
+        return b"close" in value or self.start.endswith(b"HTTP/1.0") and b"keep-alive" not in value
+
+
+class Pacer:
+    """Releases a body at ``rate`` bytes/s: byte ``n`` no earlier than ``t0 + n / rate``."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self.t0 = time.monotonic()
+        self.sent = 0
+
+    async def wait(self, nbytes: int) -> None:
+        """Wait until a chunk of ``nbytes`` may be complete at the client."""
+        self.sent += nbytes
+        if self.rate > 0:
+            due = self.t0 + self.sent / self.rate - time.monotonic()
+            if due > 0:
+                await asyncio.sleep(due)
+
+
+def is_chunked(message: Message) -> bool:
+    return b"chunked" in (message.get(b"transfer-encoding") or b"").lower()
+
+
+async def relay_body(
+    message: Message,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    pacer: Pacer | None,
+    count: Callable[[int], None],
+) -> None:
+    """Copy ``message``'s body (by its framing) from ``reader`` to ``writer``.
+
+    ``count`` gets each piece's payload bytes before the piece is written (so the counters
+    are up to date by the time the client has the bytes).
+    """
+
+    async def put(data: bytes, payload: int) -> None:
+        if pacer is not None:
+            await pacer.wait(len(data))
+        count(payload)
+        writer.write(data)
+        await writer.drain()
+
+    length = message.get(b"content-length")
+    if length is not None:
+        left = int(length)
+        while left > 0:
+            data = await reader.read(min(CHUNK, left))
+            if not data:
+                raise ConnectionError("body ended early")
+            left -= len(data)
+            await put(data, len(data))
+        return
+    if is_chunked(message):
+        while True:  # relay the chunked encoding as it is, counting payload bytes
+            line = await reader.readuntil(b"\r\n")
+            size = int(line.split(b";", 1)[0].strip(), 16)
+            await put(line, 0)
+            if size == 0:
+                while True:  # trailers, up to the empty line
+                    line = await reader.readuntil(b"\r\n")
+                    await put(line, 0)
+                    if line == b"\r\n":
+                        return
+            got = 0
+            while got < size + 2:  # the chunk and its CRLF
+                data = await reader.readexactly(min(CHUNK, size + 2 - got))
+                payload = max(0, min(got + len(data), size) - got)
+                got += len(data)
+                await put(data, payload)
+    if message.start.startswith(b"HTTP/"):  # a response without framing: until EOF
+        while data := await reader.read(CHUNK):
+            await put(data, len(data))
