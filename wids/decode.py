@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from .errors import DecodeError, UnsafeDecodeError, WidsError
+from .extras import missing
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -75,8 +76,10 @@ def _image_decoder(mode: str) -> FieldDecoder:
     container, dtype, pil_mode = IMAGE_MODES[mode]
 
     def decode(data: bytes) -> Any:
-        from PIL import Image
-
+        try:
+            from PIL import Image
+        except ImportError as e:
+            raise missing("PIL", "decoding images", e) from None
         img: Image.Image = Image.open(io.BytesIO(data))
         img.load()
         if pil_mode is not None and img.mode != pil_mode:
@@ -90,8 +93,10 @@ def _image_decoder(mode: str) -> FieldDecoder:
             arr = arr.astype(np.float32) / 255.0
         if container == "numpy":
             return arr
-        import torch
-
+        try:
+            import torch
+        except ImportError as e:
+            raise missing("torch", f"image mode {mode!r}", e) from None
         if arr.ndim == 3:
             arr = arr.transpose(2, 0, 1)
         return torch.from_numpy(np.ascontiguousarray(arr))
@@ -120,8 +125,8 @@ def _npy(data: bytes) -> Any:
 def _msgpack(data: bytes) -> Any:
     try:
         import msgpack
-    except ImportError:
-        raise ImportError("decoding msgpack needs the msgpack package") from None
+    except ImportError as e:
+        raise missing("msgpack", "decoding msgpack", e) from None
     return msgpack.unpackb(data, raw=False)
 
 
@@ -132,7 +137,10 @@ def _unpickle(data: bytes) -> Any:
 
 
 def _torch_load(data: bytes) -> Any:
-    import torch
+    try:
+        import torch
+    except ImportError as e:
+        raise missing("torch", "decoding .pt/.pth fields", e) from None
 
     return torch.load(io.BytesIO(data), weights_only=False)
 
@@ -281,6 +289,8 @@ class Decoder:
 
         Raises:
             DecodeError: A field could not be decoded; names the shard, key and field.
+            ImportError: Decoding a field needs an optional package that is not installed
+                (the message names the extra: ``pip install 'wids-shards[image]'``).
         """
         out = dict(sample)
         for field, value in sample.items():
@@ -291,6 +301,8 @@ class Decoder:
             except Exception as e:
                 key, shard = sample.get("__key__"), sample.get("__shard__")
                 where = f"sample {key!r} field {field!r}"
+                if isinstance(e, ImportError):  # not the data's fault: what to install
+                    raise ImportError(f"{where}: {e}", name=e.name) from None
                 if isinstance(e, UnsafeDecodeError):
                     raise UnsafeDecodeError(f"{where}: {e.message}", shard=shard) from None
                 why = e.message if isinstance(e, WidsError) else f"{type(e).__name__}: {e}"

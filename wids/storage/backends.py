@@ -6,6 +6,8 @@
   answer, whatever its keys for the etag and modification time.
 - :func:`is_http` / :func:`is_s3`: filesystems whose range requests wids makes itself,
   conditional and checked (:mod:`wids.storage.conditional`).
+- :func:`url_to_fs`: fsspec's, with a missing backend package named by the extra that
+  installs it (``pip install 'wids-shards[s3]'``).
 
 - :func:`preload`: import a URL's backend ahead of the first read.
 
@@ -24,7 +26,24 @@ from typing import Any
 from .retry import RetryPolicy
 from .stats import FileStat
 
-__all__ = ["file_stat", "is_http", "is_s3", "preload", "with_defaults"]
+__all__ = ["file_stat", "is_http", "is_s3", "preload", "url_to_fs", "with_defaults"]
+
+
+def url_to_fs(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
+    """``fsspec.core.url_to_fs(url, **options)``; a missing backend names its extra.
+
+    Raises:
+        ImportError: The backend of ``url``'s protocol (s3fs, gcsfs, aiohttp) is not installed.
+    """
+    import fsspec
+
+    from ..extras import missing_backend
+
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **options)
+    except ImportError as e:
+        raise missing_backend(url, e) from None
+    return fs, path
 
 
 def with_defaults(url: str, options: Mapping[str, Any], policy: RetryPolicy) -> dict[str, Any]:

@@ -37,7 +37,7 @@ import fsspec
 import fsspec.asyn
 
 from ..errors import CorruptReadError, PermanentRemoteError, ShardNotFoundError
-from .backends import file_stat, is_http, is_s3, with_defaults
+from .backends import file_stat, is_http, is_s3, url_to_fs, with_defaults
 from .conditional import AnswerCheck, check_length, http_range, s3_range
 from .local import LocalFile
 from .redact import _secret_values, redact_url
@@ -242,7 +242,7 @@ class Source:
         pid = os.getpid()
         if self._fs is None or self._pid != pid:
             options = with_defaults(self.url, self.storage_options, self.retry)
-            self._fs, self._path = fsspec.core.url_to_fs(self.url, **options)
+            self._fs, self._path = url_to_fs(self.url, options)
             self._pid = pid
         if self._path is None:  # an invariant, kept under python -O
             raise RuntimeError("internal error: self._path is not set")
