@@ -112,9 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"nginx on 127.0.0.1; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
             f"best of {args.repeat}; {args.threads} threads per worker"
         )
-        print(
-            f"{'what':26} {'seconds':>8} {'members/s':>11} {'vs one process':>15} {'bytes read':>12}"
-        )
+        head = ("what", "seconds", "members/s", "vs one process", "bytes read")
+        print(f"{head[0]:26} {head[1]:>8} {head[2]:>11} {head[3]:>15} {head[4]:>12}")
         for name, t in best.items():
             rep = reports[name]
             print(
