@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import tarfile
 import uuid
@@ -12,7 +13,7 @@ from wids import ShardMembers
 from wids.errors import SampleLayoutError
 from wids.index import scan_shard
 from wids.samples import split_name
-from wids.storage import IOStats, Source
+from wids.storage import IOStats, Source, Store
 from wids.synth import write_shard
 
 
@@ -65,3 +66,44 @@ def test_duplicates_follow_the_policy(tmp_path) -> None:
         scan_shard(Source(path))
     _, table, _ = scan_shard(Source(path), duplicates="keep_first")
     assert len(table) == 1 and [f for f, _, _ in table.members(0)] == [".a", ".b"]
+
+
+def _large_member_tar(path: str, fmt: int) -> str:
+    """Samples of a 1.1 MB member between small ones; long (GNU L / pax) and non-ASCII names."""
+    with tarfile.open(path, "w", format=fmt) as tf:
+        for i in range(8):
+            key = f"videos/{'long-directory-name-' * 6}/clip-é-{i:03d}"  # > 100 bytes
+            for ext, size in ((".json", 300), (".mp4", 1_100_000 + 4096 * i), (".cls", 2)):
+                ti = tarfile.TarInfo(key + ext)
+                ti.size = size
+                tf.addfile(ti, io.BytesIO(bytes([i + 1]) * size))
+    return path
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT], ids=["gnu", "pax"])
+@pytest.mark.parametrize("server", ["http_server", "s3_server"])
+def test_remote_scan_of_large_members_hops_from_header_to_header(
+    tmp_path, request, server: str, fmt: int
+) -> None:
+    srv = request.getfixturevalue(server)
+    path = _large_member_tar(str(tmp_path / "big.tar"), fmt)
+    url = srv.put(path, f"hop-{uuid.uuid4().hex[:8]}/big.tar")
+    store = Store(srv.storage_options)
+    hopped, streamed = IOStats(), IOStats()
+    stat, table, _ = scan_shard(store.source(url), stats=hopped)
+    _, whole, _ = scan_shard(store.source(url), stats=streamed, hop=False)
+    assert table == whole == tarfile_table(path) and len(table) == 8
+    assert streamed.bytes_read >= stat.size
+    assert hopped.bytes_read <= 0.05 * stat.size  # headers only (measured: about 1.5%)
+
+
+def test_remote_scan_of_small_members_streams(tmp_path, http_server) -> None:
+    members = [(f"s{i:04d}{f}", bytes([i % 250]) * 700) for i in range(300) for f in (".a", ".b")]
+    path = str(tmp_path / "small.tar")
+    write_shard(path, members)
+    url = http_server.put(path, f"hop-{uuid.uuid4().hex[:8]}/small.tar")
+    stats = IOStats()
+    stat, table, _ = scan_shard(Store(http_server.storage_options).source(url), stats=stats)
+    assert table == tarfile_table(path)
+    # One probe of the first 64 KiB, then one sequential pass: not a request per header.
+    assert stat.size <= stats.bytes_read <= stat.size + 65536 and stats.requests <= 5

@@ -1,24 +1,44 @@
 """Scanning one shard: its headers, grouped into samples, as a member table.
 
 - Local shards: headers only (``tar.scan_local_rows``), member data is never read.
-- Remote shards: one sequential streaming pass (``Source.open_stream``), never a request per
-  member and nothing written to local disk.
+- Remote shards: the first :data:`PROBE` bytes show how large the members are
+  (``tar.header_stride``). Large members (at least :data:`HOP_STRIDE` bytes of archive per
+  header): hop from header to header with ranged reads (``tar.iter_members_hopping``), pinned
+  to the stat's etag, reading a small fraction of the shard. Small members: one sequential
+  streaming pass (``Source.open_stream``), never a request per member and nothing written to
+  local disk. The member table is the same either way.
 """
 
 from __future__ import annotations
 
 from ..samples import DuplicatePolicy, group_members, group_regular
 from ..storage import FileStat, IOStats, Source, redact_url
-from ..tar import iter_members_stream, scan_local_rows
+from ..tar import (
+    TarMember,
+    header_stride,
+    iter_members_hopping,
+    iter_members_stream,
+    scan_local_rows,
+)
 from .members import ShardMembers
 
-__all__ = ["scan_shard"]
+__all__ = ["HOP_STRIDE", "PROBE", "scan_shard"]
 
 _REGULAR_TYPES = frozenset(("0", "7", "\0"))
 
+PROBE = 65536
+"""Bytes read from the start of a remote shard to choose between hopping and streaming."""
+HOP_STRIDE = 256 << 10
+"""Archive bytes per header from which hopping pays: a request (a millisecond or more) costs
+about what streaming this many bytes does, and each hop reads only ``tar.HOP_BLOCK``."""
+
 
 def scan_shard(
-    source: Source, *, duplicates: DuplicatePolicy = "error", stats: IOStats | None = None
+    source: Source,
+    *,
+    duplicates: DuplicatePolicy = "error",
+    stats: IOStats | None = None,
+    hop: bool | None = None,
 ) -> tuple[FileStat, ShardMembers, int]:
     """Scan one shard's headers and group its members into samples.
 
@@ -26,6 +46,8 @@ def scan_shard(
         source: The shard.
         duplicates: Policy for repeated keys or fields (see ``samples.group_members``).
         stats: Counters for remote bytes and requests.
+        hop: Remote shards: ``None`` chooses from the first headers, ``True`` hops from header
+            to header, ``False`` streams the whole shard.
 
     Returns:
         ``(stat, members, skipped)``: the shard's size/etag/mtime, its member table, and the
@@ -43,8 +65,29 @@ def scan_shard(
         regular = [(r[0], r[1], r[2]) for r in rows if r[3] in _REGULAR_TYPES]
         grouped = group_regular(regular, duplicates=duplicates, shard=name)
     else:
-        with source.open_stream(stats) as stream:
-            stat = stream.stat  # type: ignore[attr-defined]  # stat'ed once, by the stream
-            members = list(iter_members_stream(stream, shard=name))
+        stat, members = _scan_remote(source, stats, name, hop)
         grouped = group_members(members, duplicates=duplicates, shard=name)
     return stat, ShardMembers.from_samples(grouped), len(grouped.skipped)
+
+
+def _scan_remote(
+    source: Source, stats: IOStats | None, name: str, hop: bool | None
+) -> tuple[FileStat, list[TarMember]]:
+    if hop is not False:
+        stat = source.info(stats)
+        # Every read pinned to what was stat'ed: a shard replaced meanwhile fails, never mixes.
+        pinned = source.store.source(source.url, size=stat.size, etag=stat.etag)
+        try:
+            head = pinned.read_range(0, min(stat.size, PROBE), stats)
+            if hop is None:
+                stride = header_stride(head, stat.size, shard=name)
+                hop = stride is None or stride >= HOP_STRIDE  # None: all headers are in head
+            if hop:
+                fetch = lambda start, end: pinned.read_range(start, end, stats)  # noqa: E731
+                members = list(iter_members_hopping(fetch, stat.size, shard=name, head=head))
+                return stat, members
+        finally:
+            pinned.close()
+    with source.open_stream(stats) as stream:
+        stat = stream.stat  # type: ignore[attr-defined]  # stat'ed once, by the stream
+        return stat, list(iter_members_stream(stream, shard=name))

@@ -1,6 +1,6 @@
 """Tar header parsing: members' names, data offsets and sizes, without reading their data.
 
-Three entry points share one header walker:
+The entry points share one header walker:
 
 - :func:`iter_members_fetch` — random access through a ``fetch(start, end) -> bytes`` callable;
   reads each 512-byte header (and the data of pax / GNU long-name records) and skips member data.
@@ -8,6 +8,9 @@ Three entry points share one header walker:
   read in large chunks; it never seeks and reads the stream to its end.
 - :func:`scan_local` (and :func:`scan_local_rows`) — a local file read with ``os.pread``, a small
   window per header, the fastest path.
+- :func:`iter_members_hopping` — remote archives of large members: one ranged read per header
+  (a small block from it on, so nearby headers come together); :func:`header_stride` tells
+  from an archive's first bytes whether its members are large enough for that to pay.
 
 Formats: ustar (``prefix`` field), GNU (``L`` long name, ``K`` long link, base-256 numbers), pax
 (``x`` for the next member, ``g`` global; ``path`` and ``size`` override the header), v7.
@@ -47,12 +50,14 @@ checked first.
 
 The package's modules: :mod:`.member` (the :class:`TarMember` record), :mod:`.header`
 (decoding one header block and its pax / GNU extension records, checksums, and checking that
-512 bytes are a given member's header), :mod:`.walk` (the walker and the three entry points).
+512 bytes are a given member's header), :mod:`.walk` (the walker and the three entry points),
+:mod:`.hop` (header hopping).
 """
 
 from __future__ import annotations
 
 from .header import BLOCK, MAX_EXTENSION, MAX_MEMBER_SIZE, header_mismatch
+from .hop import header_stride, iter_members_hopping
 from .member import TarMember
 from .walk import iter_members_fetch, iter_members_stream, scan_local, scan_local_rows
 
@@ -62,7 +67,9 @@ __all__ = [
     "MAX_MEMBER_SIZE",
     "TarMember",
     "header_mismatch",
+    "header_stride",
     "iter_members_fetch",
+    "iter_members_hopping",
     "iter_members_stream",
     "scan_local",
     "scan_local_rows",
