@@ -12,6 +12,7 @@ import pytest
 from wids import ShardMembers
 from wids.errors import SampleLayoutError
 from wids.index import scan_shard
+from wids.index.scan import PROBE
 from wids.samples import split_name
 from wids.storage import IOStats, Source, Store
 from wids.synth import write_shard
@@ -56,7 +57,8 @@ def test_remote_scan_streams_once_and_equals_the_local_one(shard: str) -> None:
     stat, table, skipped = scan_shard(Source(url), stats=stats)
     assert (stat.size, skipped) == (os.path.getsize(shard), 1)
     assert table == scan_shard(Source(shard))[1]
-    assert stats.bytes_read == stat.size  # one sequential pass, nothing read twice
+    # The probe of the first bytes (small members: stream), then one sequential pass.
+    assert stats.bytes_read == stat.size + PROBE
 
 
 def test_duplicates_follow_the_policy(tmp_path) -> None:
@@ -105,5 +107,33 @@ def test_remote_scan_of_small_members_streams(tmp_path, http_server) -> None:
     stats = IOStats()
     stat, table, _ = scan_shard(Store(http_server.storage_options).source(url), stats=stats)
     assert table == tarfile_table(path)
-    # One probe of the first 64 KiB, then one sequential pass: not a request per header.
-    assert stat.size <= stats.bytes_read <= stat.size + 65536 and stats.requests <= 5
+    # One probe of the first bytes, then one sequential pass: not a request per header.
+    assert stats.bytes_read == stat.size + PROBE and stats.requests <= 5
+
+
+@pytest.mark.parametrize("duplicates", ["error", "split", "keep_first"])
+def test_columns_grouping_equals_sample_grouping(duplicates) -> None:
+    """The local scan's fused grouping (group_columns) and group_regular agree, errors too."""
+    import random
+
+    from wids.index.scan import _table
+    from wids.samples import group_columns, group_regular
+
+    rng = random.Random(7)
+    for _ in range(300):
+        rows = []
+        for j in range(rng.randrange(0, 12)):
+            key = rng.choice(["a", "b", "dir/c", "é", "x.y/z"])
+            name = rng.choice([f"{key}.jpg", f"{key}.cls", f"{key}.seg.png", "README", ".hid"])
+            rows.append((name, 512 * (2 * j + 1), j, rng.choice("0000007135"), 1024 * j))
+        regular = [(r[0], r[1], r[2]) for r in rows if r[3] in "07"]
+        try:
+            want = ShardMembers.from_samples(group_regular(regular, duplicates=duplicates))
+        except SampleLayoutError as e:
+            with pytest.raises(SampleLayoutError) as got:
+                group_columns(rows, duplicates=duplicates)
+            assert str(got.value) == str(e)
+            continue
+        cols = group_columns(rows, duplicates=duplicates)
+        assert _table(cols) == want
+        assert cols.skipped == group_regular(regular, duplicates=duplicates).skipped

@@ -224,8 +224,10 @@ def _build_locked(
 
     out_dir = output_dir(dest)  # ``output`` is where the writer writes, ``dest`` where it goes
     report = BuildReport(output=dest)
-    # Jobs on a given executor write JSON sidecars where they finally go, and check them.
-    sidecars = opts.executor is not None and not is_sqlite_name(output)
+    # Jobs write JSON sidecars where they finally go, and check them there: on a given
+    # executor (whose workers may be other machines), and for a local index (the encoding is
+    # then spread over the processes that scan). A remote index built here is uploaded whole.
+    sidecars = not is_sqlite_name(output) and (opts.executor is not None or not is_remote(dest))
     stored = [stored_url(u, out_dir) for u in urls]
     build = uuid.uuid4().hex
     where = members_dir(dest if is_remote(dest) else output)

@@ -1,7 +1,7 @@
 """Scanning one shard: its headers, grouped into samples, as a member table.
 
 - Local shards: headers only (``tar.scan_local_rows``), member data is never read.
-- Remote shards: the first :data:`PROBE` bytes show how large the members are
+- Remote shards: the first :data:`PROBE` bytes (one request) show how large the members are
   (``tar.header_stride``). Large members (at least :data:`HOP_STRIDE` bytes of archive per
   header): hop from header to header with ranged reads (``tar.iter_members_hopping``), pinned
   to the stat's etag, reading a small fraction of the shard. Small members: one sequential
@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
-from ..samples import DuplicatePolicy, group_members, group_regular
+import numpy as np
+
+from ..samples import DuplicatePolicy, GroupedColumns, group_columns, group_members
 from ..storage import FileStat, IOStats, Source, redact_url
 from ..tar import (
     TarMember,
@@ -24,9 +26,7 @@ from .members import ShardMembers
 
 __all__ = ["HOP_STRIDE", "PROBE", "scan_shard"]
 
-_REGULAR_TYPES = frozenset(("0", "7", "\0"))
-
-PROBE = 65536
+PROBE = 8192
 """Bytes read from the start of a remote shard to choose between hopping and streaming."""
 HOP_STRIDE = 256 << 10
 """Archive bytes per header from which hopping pays: a request (a millisecond or more) costs
@@ -62,12 +62,34 @@ def scan_shard(
     if source.local_path is not None:
         stat = source.info(stats)
         rows = scan_local_rows(source.local_path, shard=name)
-        regular = [(r[0], r[1], r[2]) for r in rows if r[3] in _REGULAR_TYPES]
-        grouped = group_regular(regular, duplicates=duplicates, shard=name)
+        cols = group_columns(rows, duplicates=duplicates, shard=name)
+        return stat, _table(cols), len(cols.skipped)
     else:
         stat, members = _scan_remote(source, stats, name, hop)
         grouped = group_members(members, duplicates=duplicates, shard=name)
     return stat, ShardMembers.from_samples(grouped), len(grouped.skipped)
+
+
+def _table(cols: GroupedColumns) -> ShardMembers:
+    keys = cols.keys
+    blob = "".join(keys)
+    key_offsets = np.zeros(len(keys) + 1, dtype=np.int64)
+    if blob.isascii():
+        np.cumsum(np.fromiter(map(len, keys), np.int64, len(keys)), out=key_offsets[1:])
+        key_blob = blob.encode("ascii")
+    else:
+        encoded = [k.encode("utf-8", "surrogateescape") for k in keys]
+        np.cumsum([len(k) for k in encoded], out=key_offsets[1:])
+        key_blob = b"".join(encoded)
+    return ShardMembers(
+        fields=cols.fields,
+        key_blob=key_blob,
+        key_offsets=key_offsets,
+        sample_start=np.array(cols.sample_start, dtype=np.int64),
+        member_field=np.array(cols.member_field, dtype=np.int64),
+        member_offset=np.array(cols.member_offset, dtype=np.int64),
+        member_size=np.array(cols.member_size, dtype=np.int64),
+    )
 
 
 def _scan_remote(
