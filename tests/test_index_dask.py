@@ -27,7 +27,7 @@ def cluster():
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
-            dashboard_address=None,
+            dashboard_address="127.0.0.1:0",  # loopback, any free port (8787 may be taken)
         ) as lc,
         distributed.Client(lc) as client,
     ):

@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 threads_per_worker=args.threads,
                 processes=True,
                 host="127.0.0.1",
-                dashboard_address=None,
+                dashboard_address="127.0.0.1:0",  # loopback, any free port (8787 may be taken)
                 silence_logs=50,
             )
             client = distributed.Client(lc)
