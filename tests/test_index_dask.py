@@ -71,6 +71,17 @@ def test_dask_build_over_http_is_byte_identical_to_a_local_build(
     assert (there.bytes_read, there.requests) == (here.bytes_read, here.requests)
     one, two = tree(tmp_path / "one"), tree(tmp_path / "two")
     assert len(one) == NSHARDS + 1 and one == two  # the description and every sidecar
+    # SQLite (and the shard table): the jobs return member tables, the client writes them.
+    sql = build_index(
+        urls, str(tmp_path / "idx.sqlite"), storage_options=opts, executor=cluster.get_executor()
+    )
+    assert sql.scanned == NSHARDS
+    a, b = open_index(str(tmp_path / "idx.sqlite")), open_index(str(tmp_path / "one" / "idx.json"))
+    try:
+        assert [a.members(k) for k in range(NSHARDS)] == [b.members(k) for k in range(NSHARDS)]
+    finally:
+        a.close()
+        b.close()
 
 
 def test_dask_build_writes_sidecars_to_s3_and_a_rerun_keeps_them(cluster, shards, s3_server):

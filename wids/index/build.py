@@ -36,7 +36,7 @@ from .jsonformat import members_dir, sidecar_name
 from .jsonwriter import JsonIndexWriter
 from .members import ShardMembers
 from .model import IndexReader, ShardInfo
-from .registry import create_index_writer, is_sqlite_name, open_index
+from .registry import create_index_writer, open_index, writer_for
 
 __all__ = ["BuildReport", "build_index", "expand_shard_args"]
 
@@ -227,7 +227,9 @@ def _build_locked(
     # Jobs write JSON sidecars where they finally go, and check them there: on a given
     # executor (whose workers may be other machines), and for a local index (the encoding is
     # then spread over the processes that scan). A remote index built here is uploaded whole.
-    sidecars = not is_sqlite_name(output) and (opts.executor is not None or not is_remote(dest))
+    sidecars = writer_for(output) is JsonIndexWriter and (
+        opts.executor is not None or not is_remote(dest)
+    )
     stored = [stored_url(u, out_dir) for u in urls]
     build = uuid.uuid4().hex
     where = members_dir(dest if is_remote(dest) else output)
