@@ -82,6 +82,20 @@ def test_sqlite_index_equals_index_create(tmp_path):
     assert ours.read_bytes() == theirs.read_bytes()
 
 
+def test_shard_table_index_equals_index_create(tmp_path):
+    write_all(str(tmp_path / "train-%06d.tar"), 120, maxcount=25, index=str(tmp_path / "t.widx"))
+    ours = tmp_path / "t.widx"
+    theirs = tmp_path / "built.widx"
+    build_index(shards_in(tmp_path), str(theirs))
+    assert ours.read_bytes()[:8] == b"WIDSTBL\x00"
+    assert not (tmp_path / "t.widx.members").exists()
+    a, b = open_index(str(ours)), open_index(str(theirs))
+    assert a.shards == b.shards and a.components == b.components
+    assert [a.members(i) for i in range(len(a.shards))] == [
+        b.members(i) for i in range(len(b.shards))
+    ]
+
+
 def test_rotation_by_count_and_by_size(tmp_path):
     w = write_all(str(tmp_path / "a-%03d.tar"), 23, maxcount=7, index=None)
     assert [len(tar_samples(p)) for p in w.written] == [7, 7, 7, 2]

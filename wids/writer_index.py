@@ -58,14 +58,15 @@ class IndexKeeper:
         storage_options: Mapping[str, Any] | Store | None = None,
         name: str | None = None,
     ) -> None:
-        from .index import is_sqlite_name
+        from .index import is_sqlite_name, is_table_name
         from .storage import is_remote, local_path, output_dir
 
         self.url = url
         self.store = Store.of(storage_options)
         self.name = name
         self.remote = is_remote(url)
-        self.sqlite = is_sqlite_name(url)
+        # single-file backends (SQLite, shard table) are rewritten whole at checkpoints
+        self.sqlite = is_sqlite_name(url) or is_table_name(url)
         self.out_dir = output_dir(url)
         self._tmpdir: str | None = None
         if self.remote:
@@ -170,10 +171,10 @@ class IndexKeeper:
             self._tmpdir = None
 
     def _rebuild_sqlite(self, *, final: bool) -> None:
-        """Write a new SQLite file: the last checkpoint's shards, then the pending ones."""
-        from .index import SqliteIndex, create_index_writer
+        """Write a new single file (SQLite, shard table): old shards, then the pending ones."""
+        from .index import create_index_writer, open_index
 
-        old = SqliteIndex(self.path, base=self.out_dir) if self._checkpoint_size else None
+        old = open_index(self.path, base=self.out_dir) if self._checkpoint_size else None
         writer = create_index_writer(self.path, name=self.name)
         try:
             if old is not None:

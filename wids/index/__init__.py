@@ -22,7 +22,7 @@ from .model import (
     with_repair_hint,
 )
 from .output import check_output, index_destination
-from .registry import create_index_writer, is_sqlite_name, open_index
+from .registry import create_index_writer, is_sqlite_name, is_table_name, open_index
 from .scan import scan_shard
 from .spec import Spec, load_spec
 from .sqlitereader import SqliteIndex
@@ -60,6 +60,7 @@ __all__ = [
     "header_mismatch_at_spot",
     "index_destination",
     "is_sqlite_name",
+    "is_table_name",
     "load_spec",
     "map_url",
     "members_dir",
