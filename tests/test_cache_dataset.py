@@ -89,10 +89,13 @@ def test_auto_promotes_remote_shards_into_the_cache(remote, http_server, tmp_pat
     cache = ShardCache(tmp_path)
     assert sorted(e.url for e in cache.entries()) == sorted(remote["urls"])
     # without a sampler's plan a shard is promoted once it drew a quarter of the last 64
-    # requests (here 16 of its 40 samples), and reads go on by range until the copy is ready
-    assert ds.stats.cache_hits > len(ds) // 4
+    # requests (here 16 of its 40 samples); reads go on by range until the copy is ready
     requests, served = _served_bytes(http_server, "cds/")
-    assert served <= 1.5 * total  # one copy, plus range reads before each promotion finished
+    assert served <= 2 * total  # one copy, plus range reads before each promotion finished
+    hits = ds.stats.cache_hits
+    for i in range(len(ds)):  # every shard is cached now
+        assert strip_meta(ds[i]) == remote["oracle"][i], i
+    assert ds.stats.cache_hits - hits == len(ds)
     # Read again: everything local now, no request at all.
     http_server.reset_counts()
     again = ShardListDataset(remote["index"], cache_dir=tmp_path, transformations=[], verify=False)
@@ -277,3 +280,28 @@ def test_auto_random_order_downloads_about_the_samples_bytes(many, http_server, 
     # no shard fetched whole for a few random samples (it used to be every shard: ~4x)
     assert served <= 1.5 * sample_bytes, (served, sample_bytes)
     assert ds._pool.promoter is None or ds._pool.promoter._futures == {}
+
+
+def test_auto_with_a_chunked_plan_starts_the_download_at_the_first_batch(remote, tmp_path):
+    import time
+
+    from torch.utils.data import DataLoader
+
+    from wids import ChunkedSampler
+
+    ds = ShardListDataset(remote["index"], access="auto", cache_dir=tmp_path, transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=NSAMPLES, shuffle=False)
+    loader = DataLoader(ds, sampler=sampler, batch_size=4, collate_fn=_identity)
+    it = iter(loader)
+    first = next(it)  # one request of 4 samples: far from the share that reads alone need
+    assert [s["__index__"] for s in first] == [0, 1, 2, 3]
+    cache = ShardCache(tmp_path)
+    deadline = time.monotonic() + 30
+    while not cache.contains(remote["urls"][0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cache.contains(remote["urls"][0])  # the plan reads all of shard 0: fetched whole
+    rest = [s for batch in it for s in batch]
+    assert [s["__index__"] for s in rest] == list(range(4, len(ds)))
+    assert all(strip_meta(s) == remote["oracle"][s["__index__"]] for s in rest)
+    assert ds.stats.cache_hits > 0
+    ds.close()

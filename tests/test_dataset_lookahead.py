@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import random
+import threading
 
 import pytest
+from tar_oracle import dataset_samples, strip_meta
 
-from wids import ChunkedSampler, DistributedChunkedSampler, ShardListDataset, build_index
+from wids import (
+    ChunkedSampler,
+    DistributedChunkedSampler,
+    IndexMismatchError,
+    ShardListDataset,
+    build_index,
+)
 from wids.synth import write_dataset
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, get_worker_info  # noqa: E402
 
 NS, NSAMPLES = 4, 25
 
@@ -34,3 +47,145 @@ def test_a_sampler_offers_its_order_to_the_dataset_it_was_built_from(local_index
     expected = list(sampler)  # the resumed rest of epoch 2
     assert list(copy._pool.plan._planned_order()) == expected
     assert len(expected) == len(ds) - 17
+
+
+# -- prefetched reads against nginx, in real DataLoader workers --------------------------------
+
+
+@pytest.fixture(scope="module")
+def remote(http_server, tmp_path_factory):
+    """Shards on nginx and a local index naming their HTTP URLs."""
+    src = tmp_path_factory.mktemp("la-src")
+    paths = write_dataset(
+        str(src), shards=NS, samples_per_shard=NSAMPLES, real_images=False, prefix="la"
+    )
+    urls = [http_server.put(p, f"la/{os.path.basename(p)}") for p in paths]
+    index = str(tmp_path_factory.mktemp("la-idx") / "train.json")
+    build_index(urls, index, name="train")
+    return {"paths": paths, "urls": urls, "index": index, "oracle": dataset_samples(paths)}
+
+
+def _with_hits(batch):
+    """Collate in the worker: the samples, and the worker's lookahead hits so far."""
+    info = get_worker_info()
+    ds = info.dataset if info is not None else None
+    ahead = ds._pool._lookahead if ds is not None else None
+    return batch, (ahead.hits if ahead is not None else 0)
+
+
+def _epoch(ds, sampler, ctx, oracle, workers=2, batch_size=8, **kw):
+    loader = DataLoader(
+        ds,
+        sampler=sampler,
+        batch_size=batch_size,
+        num_workers=workers,
+        multiprocessing_context=ctx if workers else None,
+        collate_fn=_with_hits,
+        timeout=60 if workers else 0,
+        **kw,
+    )
+    seen, hits = [], 0
+    for batch, worker_hits in loader:
+        for s in batch:
+            assert strip_meta(s) == oracle[s["__index__"]], s["__index__"]
+            seen.append(s["__index__"])
+        hits = max(hits, worker_hits)
+    return seen, hits
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_prefetched_epoch_of_chunked_sampler_is_byte_identical(remote, ctx):
+    ds = ShardListDataset(remote["index"], transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=10, seed=1, num_workers=2, batch_size=8)
+    sampler.set_epoch(1)
+    seen, hits = _epoch(ds, sampler, ctx, remote["oracle"])
+    assert sorted(seen) == list(range(len(ds)))
+    assert seen == list(sampler)  # the sampler's order: nothing reordered by the prefetch
+    assert hits > 0  # batches were served from prefetched bytes
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_prefetched_epoch_of_distributed_sampler_is_byte_identical(remote, rank):
+    ds = ShardListDataset(remote["index"], transformations=[])
+    sampler = DistributedChunkedSampler(ds, num_replicas=2, rank=rank, chunksize=7, seed=5)
+    seen, hits = _epoch(ds, sampler, "fork", remote["oracle"], batch_size=4)
+    assert seen == list(sampler._planned_order()) and len(seen) == len(ds) // 2
+    assert hits > 0
+
+
+def test_resume_predicts_the_rest_of_the_epoch(remote):
+    ds = ShardListDataset(remote["index"], transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=10, seed=2)
+    sampler.load_state_dict(sampler.state_dict(position=30))
+    expected = list(sampler._planned_order())
+    seen, hits = _epoch(ds, sampler, "spawn", remote["oracle"])
+    assert seen == expected and len(seen) == len(ds) - 30
+    assert hits > 0
+
+
+def test_a_users_own_sampler_or_a_new_epoch_turns_the_lookahead_off(remote):
+    ds = ShardListDataset(remote["index"], transformations=[])
+    ChunkedSampler(ds, chunksize=10, seed=2)  # built, then not used
+    order = list(range(len(ds)))
+    random.Random(0).shuffle(order)
+    seen, hits = _epoch(ds, order, "fork", remote["oracle"])
+    assert seen == order and hits == 0
+    # persistent workers keep the sampler state of epoch 0: epoch 1 is mispredicted
+    sampler = ChunkedSampler(ds, chunksize=10, seed=2)
+    loader_kw = {"persistent_workers": True}
+    loader = DataLoader(
+        ds, sampler=sampler, batch_size=8, num_workers=2, collate_fn=_with_hits, **loader_kw
+    )
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        got = [s["__index__"] for batch, _ in loader for s in batch]
+        assert got == list(sampler)
+
+
+def test_main_process_window_bounds_and_close_stops_threads(remote):
+    ds = ShardListDataset(remote["index"], transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=25, shuffle=False)
+    loader = DataLoader(ds, sampler=sampler, batch_size=5, collate_fn=_with_hits)
+    it = iter(loader)
+    first, _ = next(it)
+    ahead = ds._pool._lookahead
+    assert ahead is not None and ahead.plan.ok
+    ahead.max_bytes = 3 * max(os.path.getsize(p) for p in remote["paths"]) // NSAMPLES * 5
+    ahead.max_requests = 3
+    seen = [s["__index__"] for s in first]
+    for batch, _ in it:
+        for s in batch:
+            assert strip_meta(s) == remote["oracle"][s["__index__"]]
+            seen.append(s["__index__"])
+    assert seen == list(range(len(ds)))
+    assert ahead.hits > 0
+    assert 0 < ahead.peak_bytes <= ahead.max_bytes
+    assert ahead.peak_requests <= ahead.max_requests
+    assert any(t.name.startswith("wids-lookahead") for t in threading.enumerate())
+    ds.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("wids-lookahead")]
+
+
+def test_a_shard_replaced_after_prefetch_began_never_yields_a_stale_sample(
+    remote, http_server, tmp_path
+):
+    # a copy of the dataset under its own names, so the replacement touches no other test
+    urls = [http_server.put(p, f"la-r/{os.path.basename(p)}") for p in remote["paths"]]
+    index = str(tmp_path / "train.json")
+    build_index(urls, index, name="train")
+    ds = ShardListDataset(index, transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=NSAMPLES, shuffle=False)
+    loader = DataLoader(ds, sampler=sampler, batch_size=5, collate_fn=_with_hits)
+    it = iter(loader)
+    for _ in range(4):  # up to sample 20: the window reaches into shard 1
+        next(it)
+    replaced = os.path.basename(remote["paths"][1])
+    http_server.put(remote["paths"][2], f"la-r/{replaced}")  # other bytes, another etag
+    seen = []
+    with pytest.raises(IndexMismatchError, match=replaced):
+        for batch, _ in it:
+            for s in batch:
+                assert strip_meta(s) == remote["oracle"][s["__index__"]]  # never the new bytes
+                seen.append(s["__index__"])
+    assert seen == list(range(20, 20 + len(seen)))
+    ds.close()

@@ -99,7 +99,7 @@ def test_close_stops_every_thread_the_dataset_started(http_server, local, tmp_pa
     )
     for i in range(len(ds)):  # every shard is promoted by a background fetch
         assert strip_meta(ds[i]) == local["oracle"][i]
-    assert ds.stats.cache_hits > 0 and ds._pool.promoter is not None
+    assert ds._pool.promoter is not None  # reads went on by range meanwhile: hits vary
     assert set(threading.enumerate()) - before  # the cache's fetch threads
     ds.close()
     assert set(threading.enumerate()) - before == set()

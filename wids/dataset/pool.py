@@ -23,25 +23,24 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..storage import DescriptorPool
+from .batchplan import plan_reads
 from .catalog import Catalog
+from .lookahead import Lookahead, fetch_prefetched, start_lookahead
+from .promotion import requested
 from .readers import (
     HEADER,
-    Block,
     CachedReader,
     LocalReader,
     RangeReader,
     ShardReader,
     download_check,
-    fetch_blocks,
     header_check,
-    plan_batch,
 )
 from .tables import MemberTable
 
 if TYPE_CHECKING:
     from ..cache import Promoter
     from ..index import ShardInfo, ShardMembers
-    from ..storage import Check
 
 __all__ = ["ACCESS_MODES", "DatasetStats", "ReaderPool"]
 
@@ -115,10 +114,11 @@ class ReaderPool:
         self._local: dict[int, ShardReader] = {}  # local shards' readers: never evicted
         self._lock = threading.RLock()
         self._promoter: Promoter | None = None
+        self._lookahead: Lookahead | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("readers", "_pins", "_tables", "_local", "_lock", "_promoter"):
+        for k in ("readers", "_pins", "_tables", "_local", "_lock", "_promoter", "_lookahead"):
             del state[k]
         return state
 
@@ -151,6 +151,9 @@ class ReaderPool:
 
         The pool stays usable: readers reopen (and promotion restarts) when needed.
         """
+        lookahead, self._lookahead = self._lookahead, None
+        if lookahead is not None:
+            lookahead.close()  # first: its threads use the readers
         with self._lock:
             readers, self.readers = self.readers, OrderedDict()
             self._tables = {}
@@ -192,7 +195,7 @@ class ReaderPool:
             check = header_check(((0, name, sizes[0]),), start)
         try:
             if self._promotable:  # before the read: a promotion then overlaps with it
-                self._requested(shard, reader, end - start)
+                requested(self, shard, reader, end - start)
             buf = reader.read_span(start, end, self.catalog.store.stats, check)
         finally:
             if len(self.readers) > self.lru_size:
@@ -211,23 +214,16 @@ class ReaderPool:
         Samples of one shard whose spans are adjacent or within ``merge_gap`` bytes are read
         with one request; all requests are issued concurrently.
         """
-        readers = {shard: self.reader(shard) for _, shard, _ in located}
-        tables = {shard: self._tables[shard] for shard in readers}
-        spans = []
-        for _, shard, local in located:
-            start, end = tables[shard].span(local)
-            if readers[shard].verifies:  # the first member's tar header too, to check it
-                start -= HEADER
-            spans.append((shard, start, end, local))
-        blocks, where = plan_batch(spans, merge_gap)
-        checks = _header_checks(located, readers, tables, blocks, where)
+        ahead = self._ahead(located, merge_gap)
+        prefetched = ahead.observe([i for i, _, _ in located]) if ahead is not None else None
+        readers, tables, spans, blocks, where, checks = plan_reads(self, located, merge_gap)
         raws = []
         try:  # readers stay open until every block is read: evict only afterwards
             if self._promotable:  # before the reads: a promotion then overlaps with them
                 for blk in blocks:
-                    self._requested(blk.shard, readers[blk.shard], blk.end - blk.start)
-            data = fetch_blocks(
-                blocks, readers, self.catalog.store.stats, defer_local=True, checks=checks
+                    requested(self, blk.shard, readers[blk.shard], blk.end - blk.start)
+            data = fetch_prefetched(
+                blocks, readers, self.catalog.store.stats, checks=checks, prefetched=prefetched
             )
             uses = [0] * len(blocks)
             for b, _ in where:
@@ -247,13 +243,16 @@ class ReaderPool:
                 self.counts["cache_hits"] += readers[shard].cached
         finally:
             self.evict()
+            if ahead is not None:
+                ahead.schedule()
         return raws
 
     # -- readers ------------------------------------------------------------------------------
 
-    def reader(self, shard: int) -> ShardReader:
+    def reader(self, shard: int, count: bool = True) -> ShardReader:
         """The open reader of a shard (opening and verifying it if needed); counts an access."""
-        self.counts["accesses"] += 1
+        if count:
+            self.counts["accesses"] += 1
         reader = self.readers.get(shard)
         if reader is None and shard in self._local:
             return self._local[shard]
@@ -266,7 +265,9 @@ class ReaderPool:
                 pass
             return reader
         with self._lock:
-            self.counts["misses"] += 1
+            if shard in self._tables:  # opened meanwhile by another thread (the lookahead's)
+                return self.readers.get(shard) or self._local[shard]
+            self.counts["misses"] += count
             catalog = self.catalog
             loaded = catalog.load()
             info = loaded.infos[shard]
@@ -353,27 +354,23 @@ class ReaderPool:
 
     # -- promotion (access="auto") ------------------------------------------------------------
 
-    def _requested(self, shard: int, reader: ShardReader, nbytes: int) -> None:
-        """``access="auto"``: count bytes read by range; promote the shard at the share."""
-        if self.access != "auto" or self.local.cache_dir is None or reader.cached:
-            return
-        if reader.source is None or reader.source.is_local:
-            return
-        if self._promoter is None:
-            from ..cache import Promoter
+    def get_promoter(self) -> Promoter:
+        """This process's promoter (``access="auto"`` with a cache), started on first use."""
+        with self._lock:
+            if self._promoter is None:
+                from ..cache import Promoter
 
-            self._promoter = Promoter(self.local.shard_cache(), self.promote_share)
-        info = self.catalog.load().infos[shard]
-        members, data_end = self.catalog.members(shard)
-        shard_bytes = info.size if info.size is not None else data_end
-        self._promoter.requested(
-            reader.source,
-            nbytes,
-            shard_bytes=shard_bytes,
-            expected=info.fingerprint,
-            stats=self.catalog.store.stats,
-            verify=download_check(members, info.url),
-        )
+                self._promoter = Promoter(self.local.shard_cache(), self.promote_share)
+            return self._promoter
+
+    def _ahead(self, located: Sequence[tuple[int, int, int]], merge_gap: int) -> Lookahead | None:
+        """This process's lookahead, if a sampler offered its order (``None`` otherwise)."""
+        if self.plan is None:
+            return None
+        if self._lookahead is None:
+            self._lookahead = start_lookahead(self, located)
+        self._lookahead.merge_gap = merge_gap
+        return self._lookahead
 
     def _promoted(self, shard: int, reader: ShardReader) -> ShardReader:
         """Swap a range reader for the cached copy once its promotion has finished."""
@@ -389,24 +386,3 @@ class ReaderPool:
             new = CachedReader(cached)
             self.readers[shard] = new
             return new
-
-
-def _header_checks(
-    located: Sequence[tuple[int, int, int]],
-    readers: dict[int, ShardReader],
-    tables: dict[int, MemberTable],
-    blocks: Sequence[Block],
-    where: list[tuple[int, int]],
-) -> list[Check | None] | None:
-    """Per block, a check of the first-member header of every sample it holds, if verified."""
-    headers: dict[int, list[tuple[int, str, int]]] = {}
-    for (_, shard, local), (b, offset) in zip(located, where, strict=True):
-        if readers[shard].verifies:
-            name, size = tables[shard].first_member(local)
-            headers.setdefault(b, []).append((offset, name, size))
-    if not headers:
-        return None
-    return [
-        header_check(headers[b], blk.start) if b in headers else None
-        for b, blk in enumerate(blocks)
-    ]

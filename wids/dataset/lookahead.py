@@ -1,0 +1,357 @@
+"""Lookahead prefetch: a process predicts the batches it will be asked for, and reads them early.
+
+The samplers know their order ahead of time. A sampler built on a dataset offers itself to it
+(``ChunkedSampler._offer_plan``; the dataset keeps it as ``ReaderPool.plan``), so every
+DataLoader worker gets a copy of the sampler as it is when the worker starts (forked or
+pickled): epoch, seed and resume position. A worker regenerates the sampler's order, cuts it
+into batches of the size of the first batch it receives, and takes those the DataLoader sends
+it: batch ``k`` goes to worker ``k % num_workers``. In the main process (``num_workers=0``) the
+live sampler's position says where the batch came from.
+
+Every batch received is compared with the prediction. A batch that differs (a sampler of the
+user's own, persistent workers in a new epoch, a sampler that moved on) turns the lookahead
+off for good in this process, silently: reads then happen as without it.
+
+:class:`Lookahead` keeps a bounded window of the predicted batches in flight in background
+threads (``depth`` batches, ``max_bytes``, ``max_requests``): each is planned exactly as the
+read of the batch will be (same readers, same merged blocks, same header checks) and its
+remote blocks are read with :func:`~wids.storage.read_ranges`, so prefetched bytes pass the
+same checks as direct reads (tar headers, ``Content-Range``, the pinned etag). The read of a
+batch then takes the prefetched blocks that are identical (same shard, same byte range) and
+reads the rest directly; a failed prefetch is dropped and the block read directly (which
+raises the typed error if the shard changed). Batches the window has passed are dropped.
+Further ahead (``horizon`` samples), shards of which the plan reads at least a share soon are
+announced to the pool, which starts their whole-shard downloads early (``access="auto"`` with
+a cache, ``access="shard"``). :meth:`Lookahead.close` stops the threads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import sys
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from ..storage import is_local, read_ranges
+from .batchplan import plan_reads
+from .promotion import planned
+from .readers import fetch_blocks
+
+if TYPE_CHECKING:
+    from ..storage import Check, IOStats
+    from .catalog import Catalog
+    from .readers import Block, ShardReader
+
+__all__ = ["Lookahead", "PlannedBatches", "fetch_prefetched", "start_lookahead"]
+
+log = logging.getLogger(__name__)
+
+Prefetched = dict["Block", bytes]
+
+
+def _worker() -> tuple[int, int] | None:
+    """``(worker id, number of workers)`` in a DataLoader worker, else ``None``."""
+    if "torch" not in sys.modules:
+        return None
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return None if info is None else (info.id, info.num_workers)
+
+
+class PlannedBatches:
+    """The batches this process will be given, predicted from a sampler and checked.
+
+    Args:
+        sampler: A sampler with ``_planned_order(start)`` (the samplers of ``wids.sampler``).
+    """
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+        self.ok = callable(getattr(sampler, "_planned_order", None))
+        self._batches: Iterator[list[int]] | None = None
+        self._ahead: deque[list[int]] = deque()
+        self.seen = 0  # batches received so far (the number of the next one)
+
+    def observe(self, batch: list[int]) -> bool:
+        """Check ``batch`` against the prediction; ``False`` (for good) if it differs."""
+        if not self.ok:
+            return False
+        if self._batches is None:
+            self._batches = self._start(len(batch))
+        expected = self._ahead.popleft() if self._ahead else next(self._batches, None)
+        if expected != batch:
+            self.ok = False
+            self._ahead.clear()
+            self._batches = None
+            return False
+        self.seen += 1
+        return True
+
+    def upcoming(self, n: int) -> list[list[int]]:
+        """The next ``n`` predicted batches (fewer at the end of the epoch)."""
+        if not self.ok or self._batches is None:
+            return []
+        while len(self._ahead) < n:
+            nxt = next(self._batches, None)
+            if nxt is None:
+                break
+            self._ahead.append(nxt)
+        return list(itertools.islice(self._ahead, n))
+
+    def _start(self, size: int) -> Iterator[list[int]]:
+        where = _worker()
+        if where is None:  # the main process: the live sampler has just handed out this batch
+            worker, workers = 0, 1
+            start = getattr(self.sampler, "_position", size) - size
+        else:  # a worker's copy of the sampler, as it was when the workers started
+            worker, workers, start = where[0], where[1], None
+        order = self.sampler._planned_order(start)
+        return _batches_of(order, size, worker, workers)
+
+
+def _batches_of(order: Iterator[int], size: int, worker: int, workers: int) -> Iterator[list[int]]:
+    """Batches ``worker, worker + workers, ...`` of ``order`` cut into batches of ``size``."""
+    for k in itertools.count():
+        batch = list(itertools.islice(order, size))
+        if not batch:
+            return
+        if k % workers == worker:
+            yield batch
+
+
+class Lookahead:
+    """A bounded window of predicted batches read ahead in background threads (one process).
+
+    Args:
+        plan: The predicted batches.
+        prepare: ``prepare(indices)`` plans the read of a batch as the pool will (opening the
+            readers it needs) and returns its remote requests: ``[(block, source, check)]``.
+        announce: ``announce(shard, share)``: the plan reads ``share`` of the shard's samples
+            within the horizon (the pool may start a whole-shard download).
+        lengths: Samples per shard; ``locate(index) -> shard``.
+        depth: Batches read ahead at most.
+        max_bytes: Prefetched bytes held or in flight at most.
+        max_requests: Requests in flight at most.
+        horizon: Samples ahead that count for :func:`announce`.
+        stats: I/O counters the prefetches count into.
+    """
+
+    def __init__(
+        self,
+        plan: PlannedBatches,
+        prepare: Callable[[list[int]], list[tuple[Block, Any, Any]]],
+        announce: Callable[[int, float], None],
+        locate: Callable[[int], int],
+        lengths: Sequence[int],
+        *,
+        depth: int = 4,
+        max_bytes: int = 64 << 20,
+        max_requests: int = 256,
+        horizon: int = 2048,
+        stats: Any = None,
+    ) -> None:
+        self.plan = plan
+        self._prepare, self._announce, self._locate = prepare, announce, locate
+        self._lengths = lengths
+        self.depth, self.max_bytes, self.max_requests = depth, max_bytes, max_requests
+        self.horizon = horizon
+        self.merge_gap = 0  # the dataset's, set before each batch
+        self.announce_share = 0.5
+        self._stats = stats
+        self._jobs: dict[int, Future[Prefetched]] = {}  # batch number -> its prefetch
+        self._held = 0  # bytes and requests held or in flight
+        self._requests = 0
+        self._announced: set[int] = set()
+        # what it did, for tests and benchmarks: batches served with prefetched blocks, and
+        # the most bytes and requests held or in flight at once
+        self.hits = self.peak_bytes = self.peak_requests = 0
+        self._mutex = threading.Lock()
+        self._closed = False
+        self._executor: ThreadPoolExecutor | None = None
+
+    def observe(self, batch: list[int]) -> Prefetched | None:
+        """The batch being read: its prefetched blocks, or ``None`` (mispredicted or none)."""
+        number = self.plan.seen
+        if not self.plan.observe(batch):
+            self._drop_all()
+            return None
+        with self._mutex:
+            stale = [k for k in self._jobs if k < number]
+            job = self._jobs.pop(number, None)
+            dropped = [self._jobs.pop(k) for k in stale]
+        for f in dropped:
+            self._discard(f)
+        if job is None:
+            return None
+        try:
+            got = job.result()
+            self.hits += bool(got)
+            return got
+        except Exception as exc:  # read directly instead; that raises if it is for real
+            log.debug("prefetch failed, reading directly: %s", exc)
+            return None
+        finally:
+            self._release(job)
+
+    def schedule(self) -> None:
+        """Start prefetches for the next ``depth`` predicted batches; announce shards ahead."""
+        if self._closed or not self.plan.ok:
+            return
+        first = self.plan.seen
+        upcoming = self.plan.upcoming(max(self.depth, 1))
+        for k, batch in enumerate(upcoming[: self.depth]):
+            number = first + k
+            with self._mutex:
+                if number in self._jobs or self._closed:
+                    continue
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(
+                        max(1, self.depth), thread_name_prefix="wids-lookahead"
+                    )
+                self._jobs[number] = self._executor.submit(self._fetch, batch)
+        if (first - 1) % 8 == 0:  # from the first batch on, often enough: the horizon is longer
+            self._look_far()
+
+    def _look_far(self) -> None:
+        """Announce shards of which the horizon's batches read a large share."""
+        size = len(self.plan._ahead[0]) if self.plan._ahead else 0
+        if not size:
+            return
+        counts: dict[int, int] = {}
+        for batch in self.plan.upcoming(max(1, self.horizon // size)):
+            for i in batch:
+                shard = self._locate(i)
+                counts[shard] = counts.get(shard, 0) + 1
+        for shard, n in counts.items():
+            if shard in self._announced or n < self.announce_share * self._lengths[shard]:
+                continue
+            self._announced.add(shard)
+            with self._mutex:
+                if self._closed or self._executor is None:
+                    return
+                self._executor.submit(self._announce, shard, n / self._lengths[shard])
+
+    def _fetch(self, batch: list[int]) -> Prefetched:
+        """Plan and read the remote blocks of a predicted batch, within the window's bounds."""
+        if self._closed:
+            return {}
+        requests = self._prepare(batch)
+        nbytes = sum(b.end - b.start for b, _, _ in requests)
+        with self._mutex:
+            if (
+                not requests
+                or (self._held and (self._held + nbytes > self.max_bytes))
+                or self._requests + len(requests) > self.max_requests
+            ):
+                return {}
+            self._held += nbytes
+            self._requests += len(requests)
+            self.peak_bytes = max(self.peak_bytes, self._held)
+            self.peak_requests = max(self.peak_requests, self._requests)
+        try:
+            data = read_ranges(
+                [(src, b.start, b.end) for b, src, _ in requests],
+                self._stats,
+                checks=[check for _, _, check in requests],
+            )
+        except BaseException:
+            with self._mutex:
+                self._held -= nbytes
+            raise
+        finally:
+            with self._mutex:
+                self._requests -= len(requests)
+        return {b: d for (b, _, _), d in zip(requests, data, strict=True)}
+
+    def _release(self, job: Future[Prefetched]) -> None:
+        if job.cancelled() or not job.done() or job.exception() is not None:
+            return
+        nbytes = sum(len(d) for d in job.result().values())
+        with self._mutex:
+            self._held -= nbytes
+
+    def _discard(self, job: Future[Prefetched]) -> None:
+        """Drop a prefetch: cancelled if queued, its bytes released once it ends if running."""
+        if not job.cancel():
+            job.add_done_callback(self._release)
+
+    def _drop_all(self) -> None:
+        with self._mutex:
+            jobs, self._jobs = list(self._jobs.values()), {}
+        for f in jobs:
+            self._discard(f)
+
+    def close(self) -> None:
+        """Stop: drop the window, cancel queued prefetches, wait for those running."""
+        with self._mutex:
+            self._closed = True
+            executor, self._executor = self._executor, None
+        self._drop_all()
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)
+
+
+def fetch_prefetched(
+    blocks: Sequence[Block],
+    readers: dict[int, ShardReader],
+    stats: IOStats | None,
+    *,
+    checks: Sequence[Check | None] | None,
+    prefetched: Prefetched | None,
+) -> list[bytes | None]:
+    """:func:`~wids.dataset.readers.fetch_blocks`, taking identical blocks from ``prefetched``."""
+    if not prefetched:
+        return fetch_blocks(blocks, readers, stats, defer_local=True, checks=checks)
+    out: list[bytes | None] = [prefetched.get(b) for b in blocks]
+    rest = [i for i, data in enumerate(out) if data is None]
+    if rest:
+        got = fetch_blocks(
+            [blocks[i] for i in rest],
+            readers,
+            stats,
+            defer_local=True,
+            checks=[checks[i] for i in rest] if checks else None,
+        )
+        for i, data in zip(rest, got, strict=True):
+            out[i] = data
+    return out
+
+
+def start_lookahead(pool: Any, located: Sequence[tuple[int, int, int]]) -> Lookahead:
+    """The lookahead of a ``ReaderPool`` in this process (off for local shards).
+
+    ``pool`` is the dataset's :class:`~wids.dataset.pool.ReaderPool` (not imported: it
+    imports this module).
+    """
+    catalog: Catalog = pool.catalog
+    loaded = catalog.load()
+    plan = PlannedBatches(pool.plan)
+    if not located or is_local(loaded.infos[located[0][1]].url):
+        plan.ok = False
+    ahead: Lookahead
+
+    def prepare(indices: list[int]) -> list[tuple[Block, Any, Any]]:
+        located = [catalog.locate(i) for i in indices]
+        readers, _, _, blocks, _, checks = plan_reads(pool, located, ahead.merge_gap, False)
+        out = []
+        for k, b in enumerate(blocks):
+            reader = readers[b.shard]
+            src = reader.source
+            if src is not None and not src.is_local and not reader.cached:
+                out.append((b, src, checks[k] if checks else None))
+        return out
+
+    def announce(shard: int, share: float) -> None:
+        planned(pool, shard, share)
+
+    def locate(i: int) -> int:
+        return catalog.locate(i)[1]
+
+    lengths = [int(n) for n in loaded.lengths]
+    ahead = Lookahead(plan, prepare, announce, locate, lengths, stats=catalog.store.stats)
+    return ahead
