@@ -145,13 +145,13 @@ def test_a_users_own_sampler_or_a_new_epoch_turns_the_lookahead_off(remote):
 def test_main_process_window_bounds_and_close_stops_threads(remote):
     ds = ShardListDataset(remote["index"], transformations=[])
     sampler = ChunkedSampler(ds, chunksize=25, shuffle=False)
+    batch_bytes = max(os.path.getsize(p) for p in remote["paths"]) // NSAMPLES * 5
+    ds._pool.lookahead_limits = {"max_bytes": 3 * batch_bytes, "max_requests": 3}
     loader = DataLoader(ds, sampler=sampler, batch_size=5, collate_fn=_with_hits)
     it = iter(loader)
     first, _ = next(it)
     ahead = ds._pool._lookahead
-    assert ahead is not None and ahead.plan.ok
-    ahead.max_bytes = 3 * max(os.path.getsize(p) for p in remote["paths"]) // NSAMPLES * 5
-    ahead.max_requests = 3
+    assert ahead is not None and ahead.plan.ok and ahead.max_requests == 3
     seen = [s["__index__"] for s in first]
     for batch, _ in it:
         for s in batch:

@@ -353,5 +353,6 @@ def start_lookahead(pool: Any, located: Sequence[tuple[int, int, int]]) -> Looka
         return catalog.locate(i)[1]
 
     lengths = [int(n) for n in loaded.lengths]
-    ahead = Lookahead(plan, prepare, announce, locate, lengths, stats=catalog.store.stats)
+    limits = getattr(pool, "lookahead_limits", None) or {}  # depth, max_bytes, ... (tests)
+    ahead = Lookahead(plan, prepare, announce, locate, lengths, stats=catalog.store.stats, **limits)
     return ahead
