@@ -12,6 +12,12 @@ nginx and builds its JSON index three ways, interleaved, best of ``--repeat``:
 Every run is a full build (``incremental=False``) into a fresh directory; the sidecars of the
 cluster builds are compared byte for byte with the one-process build's.
 
+Dask starts workers with ``MALLOC_TRIM_THRESHOLD_=65536``, which also pins glibc's mmap
+threshold at 128 KiB: every 1 MiB chunk a stream reads is then mmap'ed and unmapped, and
+scans run about 2x slower than in a plain process. The benchmark starts its workers with
+``MALLOC_MMAP_THRESHOLD_=33554432`` as well (``--dask-malloc`` keeps Dask's settings); a
+cluster indexing shards wants the same (``distributed.nanny.pre-spawn-environ``).
+
 Example:
     python tools/bench_dask.py --shards 16 --samples 1000
 """
@@ -55,10 +61,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=1000)
     parser.add_argument("--jpg-size", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2, help="threads per worker (2)")
+    parser.add_argument("--threads", type=int, default=4, help="threads per worker (4)")
+    parser.add_argument(
+        "--dask-malloc",
+        action="store_true",
+        help="keep Dask's worker malloc settings (MALLOC_TRIM_THRESHOLD_=65536 alone, which "
+        "also fixes the mmap threshold at 128 KiB: every 1 MiB chunk of a stream is then "
+        "mmap'ed and unmapped, about 2x slower scans)",
+    )
     args = parser.parse_args(argv)
 
+    import dask
     import distributed
+
+    if not args.dask_malloc:  # allocations of stream chunks from the heap, as in one process
+        dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_MMAP_THRESHOLD_": 1 << 25})
 
     tmp = None
     root = args.data
@@ -110,7 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"dataset: {args.shards} shards x {args.samples} samples, {total / 1e6:.0f} MB over "
             f"nginx on 127.0.0.1; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
-            f"best of {args.repeat}; {args.threads} threads per worker"
+            f"best of {args.repeat}; {args.threads} threads per worker; worker malloc: "
+            f"{'Dask defaults' if args.dask_malloc else 'MALLOC_MMAP_THRESHOLD_=32 MiB'}"
         )
         head = ("what", "seconds", "members/s", "vs one process", "bytes read")
         print(f"{head[0]:26} {head[1]:>8} {head[2]:>11} {head[3]:>15} {head[4]:>12}")
