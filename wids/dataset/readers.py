@@ -163,7 +163,8 @@ class CachedReader(ShardReader):
         self, start: int, end: int, stats: IOStats | None = None, check: Check | None = None
     ) -> bytes:
         """Return exactly the bytes ``[start, end)`` from the cached copy."""
-        return self.shard.read_range(start, end)
+        data: bytes = self.shard.read_range(start, end)
+        return data
 
     def close(self) -> None:
         """Close the cached copy; the cache may evict it from now on."""
