@@ -6,6 +6,7 @@
   application's business (the CLI's, in ``wids/cli/``).
 - Nothing outside ``wids/cli/`` writes to stdout or stderr (ruff's T20 catches ``print``; this
   catches ``sys.stdout``/``sys.stderr`` writes too).
+- ``warnings.warn`` always passes ``stacklevel``, so a warning points at the caller's line.
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ def _problems(path: Path) -> list[str]:
             if not isinstance(func, ast.Attribute):
                 continue
             owner = func.value
+            if isinstance(owner, ast.Name) and owner.id == "warnings" and func.attr == "warn":
+                if not any(k.arg == "stacklevel" for k in node.keywords):
+                    found.append(f"{where}:{node.lineno}: warnings.warn() without stacklevel")
             if isinstance(owner, ast.Name) and owner.id == "logging":
                 if func.attr == "getLogger":
                     args = node.args
@@ -79,10 +83,11 @@ def test_the_check_sees_what_it_forbids(tmp_path):
         "print('x')\n"
         "sys.stderr.write('x')\n"
         "log.addHandler(logging.NullHandler())\n"
+        "import warnings; warnings.warn('x')\n"
     )
     bad.write_text(text)
     found = _problems(bad)
-    assert len(found) == 6, found
+    assert len(found) == 7, found
 
 
 def test_every_logger_of_the_library_is_under_wids():
