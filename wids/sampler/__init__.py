@@ -30,11 +30,14 @@ within an epoch the counts of a component's samples differ by at most one. The s
 are shuffled together every epoch (also epoch 0) and partitioned with ``partition="global"``.
 
 Cost: an epoch's order is generated lazily, one chunk at a time; resuming at position ``p``
-replays the shuffles up to ``p``. ``partition="global"`` and ``mix`` make every rank generate
-the sequence up to the end of its slice. Memory is proportional to shards (and, with ``mix``,
-to the chunks drawn for a remainder), never to samples: chunks are computed on demand, and a
-chunk order or a chunk of more than 2**20 elements is shuffled by a lazy keyed permutation
-instead of ``random.shuffle`` (below that size orders are exactly the reference's).
+replays the shuffles up to ``p``. Memory is proportional to shards (int64 arrays: 16 bytes a
+shard), never to samples. Epochs of up to 2**20 indices get exactly the reference's orders
+(``random.shuffle`` of the chunk order and of each chunk, one random stream). Larger epochs
+shuffle chunk orders, and chunks of more than 2**16 indices, with a lazy keyed permutation;
+with ``partition="global"`` or ``mix`` each chunk's shuffle is also keyed by its position, so a
+rank reaches its slice by adding chunk sizes instead of generating every index before it
+(:mod:`.skip`); ``mix`` picks its remainder chunks the same way (one pass over the picked
+chunks' sizes, in numpy blocks).
 Worker-aware ordering holds only the chunks handed to workers and not yet consumed.
 ``DistributedChunkedSampler`` subclasses ``torch.utils.data.DistributedSampler`` when torch is
 installed, so PyTorch Lightning passes it through instead of wrapping it in its own distributed
@@ -47,7 +50,8 @@ The package's modules: :mod:`.chunks` (chunk sequences, shuffles with a lazy per
 2**20 elements, wrapped slices, mixing quotas), :mod:`.workers` (the order that gives each
 DataLoader worker its own chunks), :mod:`.chunked` (:class:`ChunkedSampler`, its epochs and
 resumable state), :mod:`.distributed` (:class:`DistributedChunkedSampler`, the world from
-``torch.distributed``), :mod:`.resplit` (frameworks that would split a rank's share again) and
+``torch.distributed``), :mod:`.resplit` (frameworks that would split a rank's share again), :mod:`.skip` (entering a
+long epoch at a rank's slice) and
 :mod:`.sharded` (:class:`ShardedSampler`).
 """
 

@@ -7,21 +7,24 @@ import math
 import operator
 import random
 import warnings
-import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 from .chunks import (
+    _BIG,
     Range,
     _boundaries,
     _Chunks,
     _chunks,
+    _cuts_crc,
     _cyclic_segments,
-    _order,
+    _picked,
     _quotas,
+    _Runs,
     _shuffled_pieces,
     _slice,
 )
+from .skip import _keyed_pieces
 from .workers import _interleave
 
 __all__ = ["ChunkedSampler"]
@@ -48,8 +51,13 @@ Chunking = Literal["shard", "fixed"]
 Partition = Literal["block", "global"]
 
 
-def _shard_lengths(dataset: Any) -> list[int]:
-    """Per-shard sample counts: ``dataset.lengths``, a list/tuple of ints, or ``[len(dataset)]``."""
+def _shard_lengths(dataset: Any) -> Any:
+    """Per-shard sample counts as an int64 array.
+
+    From ``dataset.lengths``, a list/tuple of ints, or ``[len(dataset)]``.
+    """
+    import numpy as np
+
     lengths = getattr(dataset, "lengths", None)
     if lengths is None and isinstance(dataset, (list, tuple)):
         if all(isinstance(x, int) and not isinstance(x, bool) for x in dataset):
@@ -61,9 +69,19 @@ def _shard_lengths(dataset: Any) -> list[int]:
                 f"dataset, not {type(dataset).__name__}"
             )
         lengths = [len(dataset)]
-    result = [operator.index(n) for n in lengths]
-    if any(n < 0 for n in result):
-        raise ValueError(f"shard lengths must be >= 0, got {result}")
+    if not isinstance(lengths, (list, tuple, np.ndarray)):
+        lengths = list(lengths)
+    as_array = np.asarray(lengths) if len(lengths) else np.zeros(0, dtype=np.int64)
+    if as_array.dtype.kind in "iu":  # ints only (bools, floats and big ints: one by one)
+        result = as_array.astype(np.int64, copy=False)
+    else:  # any integer-like values (operator.index), one block at a time
+        result = np.empty(len(lengths), dtype=np.int64)
+        for start in range(0, len(lengths), 1 << 16):
+            block = [operator.index(n) for n in lengths[start : start + (1 << 16)]]
+            result[start : start + len(block)] = block
+    if len(result) and result.min() < 0:
+        bad = int(np.argmax(result < 0))
+        raise ValueError(f"shard lengths must be >= 0, got {int(result[bad])} for shard {bad}")
     return result
 
 
@@ -152,8 +170,9 @@ class ChunkedSampler:
         self.partition: Partition = self.partition or ("global" if mix else "block")
         self.chunksize, self.num_workers, self.batch_size = chunksize, num_workers, batch_size
         self.auto_epoch = bool(auto_epoch)
-        self.span = _span(num_samples, sum(lengths))
-        self._cuts = _boundaries(lengths) if chunking == "shard" else []
+        self.span = _span(num_samples, int(lengths.sum()))
+        self._cuts = _boundaries(lengths) if chunking == "shard" else _boundaries([])[:0]
+        self._cuts_crc: int | None = None
         lo, hi = self.span
         n = hi - lo
         replicas = self.num_replicas
@@ -193,7 +212,7 @@ class ChunkedSampler:
         """
         return itertools.islice(self._indices(), self._resume if start is None else start, None)
 
-    def _chunk(self, lo: int, hi: int) -> _Chunks:
+    def _chunk(self, lo: int, hi: int) -> _Runs:
         return _chunks(lo, hi, self._cuts, self.chunksize)
 
     def _read_components(self, dataset: Any) -> list[tuple[int, int, float]]:
@@ -232,18 +251,22 @@ class ChunkedSampler:
         """This replica's indices for the current epoch, as lists taken from single chunks."""
         rng = random.Random(self.seed + _EPOCH_STRIDE * self.epoch)
         reorder = self.shuffle and (self.shufflefirst or self.epoch > 0)
-        if self.partition == "block":
-            return _shuffled_pieces(self.ranges, rng, reorder, self.shuffle)
         lo, hi = self.span
-        if self.mix:
-            # the chunk order is always shuffled when mixing: the blend is the point
-            pieces = _shuffled_pieces(self._mixed_ranges(rng), rng, self.shuffle, self.shuffle)
+        n, start = hi - lo, self.rank * self._length
+        big = n > _BIG  # lazy chunk orders; global/mix enter at this rank's slice (.skip)
+        if self.partition == "block":
+            return _shuffled_pieces(self.ranges, rng, reorder, self.shuffle, big)
+        # the chunk order is always shuffled when mixing: the blend is the point
+        ranges = self._mixed_ranges(rng, big) if self.mix else self.ranges
+        reorder = self.shuffle if self.mix else reorder
+        if big:
+            keep = min(n, max(0, start + self._length - n))
+            pieces = _keyed_pieces(ranges, rng, reorder, self.shuffle, start, keep)
         else:
-            pieces = _shuffled_pieces(self.ranges, rng, reorder, self.shuffle)
-        start = self.rank * self._length
-        return _slice(pieces, hi - lo, start, start + self._length)
+            pieces = _shuffled_pieces(ranges, rng, reorder, self.shuffle)
+        return _slice(pieces, n, start, start + self._length)
 
-    def _mixed_ranges(self, rng: random.Random) -> _Chunks:
+    def _mixed_ranges(self, rng: random.Random, lazy: bool = False) -> _Chunks:
         """Whole passes over each component plus randomly chosen chunks for the remainder."""
         lo, hi = self.span
         quotas = _quotas(hi - lo, [w for _, _, w in self._components])
@@ -252,14 +275,7 @@ class ChunkedSampler:
             chunks = self._chunk(a, b)
             passes, rest = divmod(quota, b - a)
             selected.append((chunks, passes))
-            extra: list[Range] = []
-            for i in _order(len(chunks), rng):  # as random.shuffle(chunks), lazily past _BIG
-                if rest <= 0:
-                    break
-                c_lo, c_hi = chunks[i]
-                extra.append((c_lo, min(c_hi, c_lo + rest)))
-                rest -= c_hi - c_lo
-            selected.append((extra, 1))
+            selected.append((_picked(chunks, rng, rest, lazy), 1))
         return _Chunks(selected)
 
     def _indices(self) -> Iterator[int]:
@@ -324,7 +340,7 @@ class ChunkedSampler:
             "num_replicas": self.num_replicas,
             "span": list(self.span),
             "length": self._length,
-            "chunks": [self.chunking, self.chunksize, zlib.crc32(repr(self._cuts).encode())],
+            "chunks": [self.chunking, self.chunksize, self._layout_crc()],
             "partition": self.partition,
             "drop_last": self.drop_last,
             "shuffle": self.shuffle,
@@ -333,6 +349,11 @@ class ChunkedSampler:
             "num_workers": self.num_workers if self.num_workers > 1 else 0,
             "batch_size": self.batch_size if self.num_workers > 1 else 1,
         }
+
+    def _layout_crc(self) -> int:
+        if self._cuts_crc is None:
+            self._cuts_crc = _cuts_crc(self._cuts)
+        return self._cuts_crc
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore epoch, seed and position: the next iteration yields the rest of that epoch.

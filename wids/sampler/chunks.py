@@ -12,6 +12,7 @@ import itertools
 import math
 import operator
 import random
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
@@ -26,29 +27,103 @@ _BIG = 1 << 20
 _PIECE = 1 << 16  # indices handed out at once from a chunk larger than _BIG
 
 
-class _Run(Sequence[Range]):
-    """The chunks of ``[a, b)``: consecutive pieces of ``size`` indices, the last one shorter."""
+class _Ranges(Sequence[Range]):
+    """A sequence of ``(lo, hi)`` chunks that compares equal to any sequence of the same pairs."""
 
-    __slots__ = ("a", "b", "size")
+    __slots__ = ()
 
-    def __init__(self, a: int, b: int, size: int) -> None:
-        self.a, self.b, self.size = a, b, size
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        if len(other) != len(self):
+            return False
+        return all(tuple(x) == y for x, y in zip(other, self))  # noqa: B905 - same length
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(list(self)) if len(self) <= 20 else f"<{len(self)} chunks>"
+
+
+class _Runs(_Ranges):
+    """The chunks of consecutive runs ``[edges[k], edges[k + 1])``, each cut into ``size`` pieces.
+
+    Three int64 arrays (edges, chunk counts' running total): 16 bytes per run, so 10^6 shards
+    cost 16 MB, not 10^6 Python objects.
+    """
+
+    __slots__ = ("_edges", "_ends", "size")
+
+    def __init__(self, edges: Any, size: int) -> None:
+        import numpy as np
+
+        self._edges = np.asarray(edges, dtype=np.int64)
+        self.size = size
+        counts = -(-np.diff(self._edges) // size)
+        self._ends = np.cumsum(counts, dtype=np.int64)
 
     def __len__(self) -> int:
-        return -(-(self.b - self.a) // self.size)
+        return int(self._ends[-1]) if len(self._ends) else 0
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        lo = self.a + operator.index(i) * self.size
-        return (lo, min(lo + self.size, self.b))
+        i = operator.index(i)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("chunk index out of range")
+        k = int(self._ends.searchsorted(i, "right"))
+        lo = int(self._edges[k]) + (i - (int(self._ends[k - 1]) if k else 0)) * self.size
+        return (lo, min(lo + self.size, int(self._edges[k + 1])))
+
+    def sizes(self, chunks: Any) -> Any:
+        """The number of indices in each chunk of the int64 array ``chunks``."""
+        import numpy as np
+
+        order = np.argsort(chunks, kind="stable")  # sorted needles search much faster
+        k = np.empty_like(chunks)
+        k[order] = self._ends.searchsorted(chunks[order], "right")
+        first = np.where(k > 0, self._ends[np.maximum(k - 1, 0)], 0)
+        lo = self._edges[k] + (chunks - first) * self.size
+        return np.minimum(self._edges[k + 1] - lo, self.size)
 
     def __iter__(self) -> Iterator[Range]:
-        b, size = self.b, self.size
-        return ((lo, min(lo + size, b)) for lo in range(self.a, b, size))
+        size, n = self.size, len(self._edges) - 1
+        for start in range(0, n, _PIECE):  # a block of runs at a time as Python ints
+            edges = self._edges[start : start + _PIECE + 1].tolist()
+            for a, b in itertools.pairwise(edges):
+                for lo in range(a, b, size):
+                    yield (lo, min(lo + size, b))
 
 
-class _Chunks(Sequence[Range]):
+class _Pairs(_Ranges):
+    """``(cuts[i], cuts[i + 1])`` for every ``i``: one range per shard, empty shards included."""
+
+    __slots__ = ("_cuts",)
+
+    def __init__(self, cuts: Any) -> None:
+        self._cuts = cuts
+
+    def __len__(self) -> int:
+        return max(0, len(self._cuts) - 1)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        i = operator.index(i)
+        if i < 0:
+            i += len(self)
+        if not 0 <= i < len(self):
+            raise IndexError("shard index out of range")
+        return (int(self._cuts[i]), int(self._cuts[i + 1]))
+
+    def __iter__(self) -> Iterator[Range]:
+        for start in range(0, len(self), _PIECE):
+            yield from itertools.pairwise(self._cuts[start : start + _PIECE + 1].tolist())
+
+
+class _Chunks(_Ranges):
     """A sequence of chunks concatenated from parts, each repeated ``times``, built lazily.
 
     Memory is per part (a shard's run of chunks, a component), never per chunk or sample.
@@ -76,22 +151,24 @@ class _Chunks(Sequence[Range]):
         part = self._parts[k][0]
         return part[(i - (self._ends[k - 1] if k else 0)) % len(part)]
 
+    def sizes(self, chunks: Any) -> Any:
+        """The number of indices in each chunk of the int64 array ``chunks``."""
+        import numpy as np
+
+        ends = np.asarray(self._ends, dtype=np.int64)
+        k = ends.searchsorted(chunks, "right")
+        out = np.empty(len(chunks), dtype=np.int64)
+        for part_no in np.unique(k).tolist():
+            mask = k == part_no
+            part = self._parts[part_no][0]
+            local = (chunks[mask] - (ends[part_no - 1] if part_no else 0)) % len(part)
+            out[mask] = part.sizes(local)  # type: ignore[attr-defined]
+        return out
+
     def __iter__(self) -> Iterator[Range]:
         for part, times in self._parts:
             for _ in range(times):
                 yield from part
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Sequence):
-            return NotImplemented
-        if len(other) != len(self):
-            return False
-        return all(tuple(x) == y for x, y in zip(other, self))  # noqa: B905 - same length
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return repr(list(self)) if len(self) <= 20 else f"<{len(self)} chunks>"
 
 
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -129,36 +206,125 @@ class _Permutation:
 
     def block(self, start: int, stop: int) -> list[int]:
         """Positions ``start .. stop - 1`` of the permutation."""
+        return self.array(start, stop).tolist()  # type: ignore[no-any-return]
+
+    def array(self, start: int, stop: int) -> Any:
+        """Positions ``start .. stop - 1`` of the permutation, as a uint64 array."""
+        import numpy as np
+
+        return self.at(np.arange(start, stop, dtype=np.uint64))
+
+    def at(self, positions: Any) -> Any:
+        """The permutation at an array of positions, as a uint64 array."""
         import numpy as np
 
         with np.errstate(over="ignore"):
-            y = self._round(np.arange(start, stop, dtype=np.uint64))
+            y = self._round(positions.astype(np.uint64))
             out = y >= np.uint64(self.n)
             while out.any():  # cycle walking: a bijection of the domain, so this ends
                 y[out] = self._round(y[out])
                 out = y >= np.uint64(self.n)
-        return y.tolist()  # type: ignore[no-any-return]
+        return y
 
     def __iter__(self) -> Iterator[int]:
         for start in range(0, self.n, _PIECE):
             yield from self.block(start, min(start + _PIECE, self.n))
 
 
-def _order(n: int, rng: random.Random) -> Iterable[int]:
-    """A shuffled ``range(n)``: by ``random.shuffle`` up to :data:`_BIG`, else lazily."""
-    if n <= _BIG:
+def _order(n: int, rng: random.Random, lazy: bool = False) -> Iterable[int]:
+    """A shuffled ``range(n)``: by ``random.shuffle`` up to :data:`_BIG`, else lazily.
+
+    ``lazy`` (the epoch has more than ``_BIG`` indices) takes the lazy permutation at any size.
+    """
+    if n <= _BIG and not lazy:
         order = list(range(n))
         rng.shuffle(order)
         return order
     return _Permutation(n, rng.getrandbits(64))
 
 
-def _chunk_pieces(a: int, b: int, rng: random.Random, shuffle: bool) -> Iterator[list[int]]:
+class _Picked(_Ranges):
+    """The first chunks of a shuffled order whose sizes add up to ``rest``, the last cut short.
+
+    What ``random.shuffle(chunks)`` then taking chunks until ``rest`` indices are covered gives,
+    without a list of the chosen chunks: positions are looked up in the order on demand.
+    """
+
+    __slots__ = ("_array", "_chunks", "_count", "_last", "_order")
+
+    def __init__(self, chunks: _Runs, order: Any, count: int, last: int) -> None:
+        self._chunks, self._order, self._count, self._last = chunks, order, count, last
+        self._array: Any = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _chunk(self, j: int, i: int) -> Range:
+        lo, hi = self._chunks[i]
+        return (lo, lo + self._last) if j == self._count - 1 else (lo, hi)
+
+    def __getitem__(self, j: Any) -> Any:
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(len(self)))]
+        j = operator.index(j)
+        if j < 0:
+            j += len(self)
+        if not 0 <= j < len(self):
+            raise IndexError("chunk index out of range")
+        order = self._order
+        return self._chunk(j, order[j] if isinstance(order, list) else order.block(j, j + 1)[0])
+
+    def sizes(self, picks: Any) -> Any:
+        """The number of indices in each chunk of the int64 array ``picks``."""
+        import numpy as np
+
+        order = self._order
+        if isinstance(order, list):  # at most _BIG entries, converted once
+            if self._array is None:
+                self._array = np.asarray(order, dtype=np.int64)
+            chunks = self._array[picks]
+        else:
+            chunks = order.at(picks).astype(np.int64)
+        return np.where(picks == self._count - 1, self._last, self._chunks.sizes(chunks))
+
+    def __iter__(self) -> Iterator[Range]:
+        for j, i in zip(range(self._count), self._order):  # noqa: B905 - the first count
+            yield self._chunk(j, i)
+
+
+def _picked(chunks: _Runs, rng: random.Random, rest: int, lazy: bool = False) -> _Picked:
+    """Chunks of ``chunks`` in a random order (``_order``) until ``rest`` indices are covered."""
+    import numpy as np
+
+    order: Any = _order(len(chunks), rng, lazy)
+    count = last = 0
+    if isinstance(order, list):
+        blocks: Iterable[Any] = (order[s : s + _PIECE] for s in range(0, len(order), _PIECE))
+    else:
+        blocks = (order.array(s, min(s + _PIECE, order.n)) for s in range(0, order.n, _PIECE))
+    for block in blocks:
+        if rest <= 0:
+            break
+        sizes = chunks.sizes(np.asarray(block, dtype=np.int64))
+        covered = np.cumsum(sizes)
+        if covered[-1] < rest:
+            count, rest = count + len(block), rest - int(covered[-1])
+            continue
+        k = int(np.searchsorted(covered, rest))  # the chunk that completes ``rest``
+        last = rest - (int(covered[k - 1]) if k else 0)
+        count, rest = count + k + 1, 0
+    return _Picked(chunks, order, count, last)
+
+
+def _chunk_pieces(
+    a: int, b: int, rng: random.Random, shuffle: bool, lazy: bool = False
+) -> Iterator[list[int]]:
     """The indices of chunk ``[a, b)``, shuffled if ``shuffle``.
 
-    One list, or past :data:`_BIG` indices several lists of :data:`_PIECE`.
+    One list, or past :data:`_BIG` indices (past :data:`_PIECE` if ``lazy``: the epoch has more
+    than ``_BIG`` indices) several lists of ``_PIECE`` from a lazy permutation.
     """
-    if b - a <= _BIG:
+    if b - a <= (_PIECE if lazy else _BIG):
         indices = list(range(a, b))
         if shuffle:
             rng.shuffle(indices)
@@ -172,15 +338,35 @@ def _chunk_pieces(a: int, b: int, rng: random.Random, shuffle: bool) -> Iterator
             yield [a + x for x in perm.block(s, min(s + _PIECE, b - a))]
 
 
-def _boundaries(lengths: Sequence[int]) -> list[int]:
-    return list(itertools.accumulate(lengths, initial=0))
+def _boundaries(lengths: Any) -> Any:
+    """The shards' start positions and the total, as an int64 array (``0, l0, l0 + l1, ...``)."""
+    import numpy as np
+
+    cuts = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=cuts[1:])
+    return cuts
 
 
-def _chunks(lo: int, hi: int, cuts: Sequence[int], chunksize: int) -> _Chunks:
+def _chunks(lo: int, hi: int, cuts: Any, chunksize: int) -> _Runs:
     """Cut ``[lo, hi)`` at every position in sorted ``cuts``, then into ``chunksize`` pieces."""
-    inner = cuts[bisect.bisect_right(cuts, lo) : bisect.bisect_left(cuts, hi)]
-    edges = [lo, *inner, hi]
-    return _Chunks((_Run(a, b, chunksize), 1) for a, b in itertools.pairwise(edges))
+    import numpy as np
+
+    if len(cuts) == 0:
+        return _Runs([lo, hi], chunksize)
+    inner = cuts[int(np.searchsorted(cuts, lo, "right")) : int(np.searchsorted(cuts, hi, "left"))]
+    return _Runs(np.concatenate(([lo], inner, [hi])), chunksize)
+
+
+def _cuts_crc(cuts: Any) -> int:
+    """``zlib.crc32(repr(list(cuts)).encode())`` without building the string.
+
+    Resume states record it to recognise the shard layout; at 10^6 shards the string is 8 MB.
+    """
+    crc = zlib.crc32(b"[")
+    for start in range(0, len(cuts), _PIECE):
+        text = ", ".join(map(str, cuts[start : start + _PIECE].tolist()))
+        crc = zlib.crc32((", " + text if start else text).encode(), crc)
+    return zlib.crc32(b"]", crc)
 
 
 def _cyclic_segments(lo: int, hi: int, start: int, count: int) -> list[Range]:
@@ -197,12 +383,13 @@ def _cyclic_segments(lo: int, hi: int, start: int, count: int) -> list[Range]:
 
 
 def _shuffled_pieces(
-    ranges: Sequence[Range], rng: random.Random, reorder: bool, shuffle: bool
+    ranges: Sequence[Range], rng: random.Random, reorder: bool, shuffle: bool, lazy: bool = False
 ) -> Iterator[list[int]]:
     """The reference's order: chunk order shuffled if ``reorder``, then each chunk's indices."""
-    chunks = (ranges[i] for i in _order(len(ranges), rng)) if reorder else iter(ranges)
+    order = _order(len(ranges), rng, lazy) if reorder else None
+    chunks = iter(ranges) if order is None else (ranges[i] for i in order)
     for a, b in chunks:
-        yield from _chunk_pieces(a, b, rng, shuffle)
+        yield from _chunk_pieces(a, b, rng, shuffle, lazy)
 
 
 def _slice(pieces: Iterable[list[int]], n: int, start: int, stop: int) -> Iterator[list[int]]:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from .chunked import ChunkedSampler
+from .chunks import _Pairs
 
 __all__ = ["ShardedSampler"]
 
@@ -42,4 +42,4 @@ class ShardedSampler(ChunkedSampler):
             auto_epoch=auto_epoch,
         )
         # keep empty shards as (a, a) ranges: they take part in the shard shuffle, as before
-        self.ranges = list(itertools.pairwise(self._cuts))
+        self.ranges = _Pairs(self._cuts)
