@@ -46,12 +46,12 @@ sampler; its module (and so torch) is imported on first use of the name, and ``C
 (HF Accelerate's ``accelerator.prepare(loader)``) is detected on first iteration and refused
 with :class:`~wids.errors.SamplerWrappedError` (:mod:`.resplit`).
 
-The package's modules: :mod:`.chunks` (chunk sequences, shuffles with a lazy permutation past
-2**20 elements, wrapped slices, mixing quotas), :mod:`.workers` (the order that gives each
-DataLoader worker its own chunks), :mod:`.chunked` (:class:`ChunkedSampler`, its epochs and
-resumable state), :mod:`.distributed` (:class:`DistributedChunkedSampler`, the world from
-``torch.distributed``), :mod:`.resplit` (frameworks that would split a rank's share again), :mod:`.skip` (entering a
-long epoch at a rank's slice) and
+The package's modules: :mod:`.chunks` (chunk sequences as int64 arrays, shuffles with a lazy
+permutation, wrapped slices, mixing quotas), :mod:`.picks` (mixing's remainder chunks),
+:mod:`.skip` (entering a long epoch at a rank's slice), :mod:`.workers` (the order that gives
+each DataLoader worker its own chunks), :mod:`.chunked` (:class:`ChunkedSampler`, its epochs
+and resumable state), :mod:`.distributed` (:class:`DistributedChunkedSampler`, the world from
+``torch.distributed``), :mod:`.resplit` (frameworks that would split a rank's share again) and
 :mod:`.sharded` (:class:`ShardedSampler`).
 """
 

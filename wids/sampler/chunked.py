@@ -18,12 +18,12 @@ from .chunks import (
     _chunks,
     _cuts_crc,
     _cyclic_segments,
-    _picked,
     _quotas,
     _Runs,
     _shuffled_pieces,
     _slice,
 )
+from .picks import _picked
 from .skip import _keyed_pieces
 from .workers import _interleave
 
