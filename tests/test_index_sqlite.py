@@ -78,3 +78,33 @@ class TestSqliteIndex(IndexContract):
             f"{r['open_to_first_lookup_s'] * 1000:.1f} ms"
         )
         assert r["build_s"] < 30 and r["open_to_first_lookup_s"] < 0.2
+
+
+def test_dataset_opens_without_reading_every_shard_row(tmp_path: Path) -> None:
+    """Rows are read per shard on first use: a damaged row fails only its own shard."""
+    from tarfixtures import make_samples, write_shard
+
+    from wids import ShardListDataset
+    from wids.errors import IndexFormatError
+    from wids.index import ShardInfo
+
+    real = write_shard(tmp_path / "real.tar", make_samples(3))
+    table = tar_table(real)
+    path = tmp_path / "many.sqlite"
+    with SqliteIndexWriter(path) as w:
+        w.add(ShardInfo("real.tar", 3, size=real.stat().st_size), table)
+        for i in range(1, 50):
+            w.add(ShardInfo(f"missing-{i}.tar", 3, size=real.stat().st_size), table)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE shards SET url = X'41' WHERE id = 49")
+    conn.close()
+    ds = ShardListDataset(str(path), transformations=[])
+    assert len(ds) == 150 and ds.lengths == [3] * 50
+    assert ds[1]["__key__"] == table.key(1)
+    with pytest.raises(IndexFormatError, match="shards row 49"):
+        ds[149]
+    ix = SqliteIndex(str(path))
+    assert ix.nshards == 50 and ix.cumulative_counts()[-1] == 150
+    with pytest.raises(IndexFormatError, match="shards row 49"):
+        _ = ix.shards  # the whole list is still checked whole
+    ds.close()

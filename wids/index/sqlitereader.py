@@ -42,8 +42,9 @@ import numpy as np
 from ..errors import IndexFormatError, UntrustedLocationError
 from ..storage import Store, redact_url
 from .members import ShardMembers
-from .model import MAX_SHARD_SIZE, Component, ShardInfo, max_samples
-from .urls import UrlMap, apply_url_map, check_remote_ref, check_url_map, resolve_url, url_dir
+from .model import MAX_NSAMPLES, Component, ShardInfo
+from .sqlitetable import component_from_row, shard_from_row, table_from_rows
+from .urls import UrlMap, apply_url_map, check_remote_ref, check_url_map, url_dir
 
 __all__ = ["FORMAT", "SCHEMA_VERSION", "SqliteIndex"]
 
@@ -63,9 +64,9 @@ _MEMBERS_QUERY = (
 
 # Every table the reader queries; each must be a real table (a view can recurse forever).
 _TABLES = ("meta", "shards", "components", "fields", "samples", "members")
-_SHARDS_QUERY = (
-    "SELECT id, url, nsamples, size, etag, mtime, md5sum, has_members FROM shards ORDER BY id"
-)
+_COLUMNS = "id, url, nsamples, size, etag, mtime, md5sum, has_members"
+_SHARDS_QUERY = f"SELECT {_COLUMNS} FROM shards ORDER BY id"
+_SHARD_QUERY = f"SELECT {_COLUMNS} FROM shards WHERE id = ?"
 
 
 def _remove_tree(path: str, pid: int) -> None:
@@ -112,8 +113,9 @@ class SqliteIndex:
         self._conn: sqlite3.Connection | None = None
         self._pid = 0
         self._lock = threading.Lock()
-        self._state: tuple[dict[str, str], list[ShardInfo], list[bool], list[Component]] | None
-        self._state = None
+        # meta, sample counts (N + 1 cumulative from 0), components; every row only on demand
+        self._state: tuple[dict[str, str], np.ndarray, list[Component]] | None = None
+        self._list: tuple[list[ShardInfo], list[bool]] | None = None
         self._fields: list[str] = []
 
     def __repr__(self) -> str:
@@ -204,9 +206,91 @@ class SqliteIndex:
             if "SCAN" in plan or "TEMP B-TREE" in plan:
                 raise self._error(f"the index lacks its indexes (query plan: {plan})")
 
-    def _load(self) -> tuple[dict[str, str], list[ShardInfo], list[bool], list[Component]]:
+    def _load(self) -> tuple[dict[str, str], np.ndarray, list[Component]]:
+        """Open: meta, sample counts and components checked; shard rows on demand.
+
+        A remote index (unless local shards are allowed) has every row checked now, so a
+        local URL in it is refused before the dataset opens.
+        """
         if self._state is not None:
             return self._state
+        self._check_schema()
+        meta = dict(self._query("SELECT key, value FROM meta"))
+        if meta.get("format") != FORMAT or meta.get("version") != str(SCHEMA_VERSION):
+            raise self._error(
+                f"format {meta.get('format')!r} version {meta.get('version')!r}; expected "
+                f"{FORMAT!r} version {SCHEMA_VERSION}"
+            )
+        n, lo, hi = self._query("SELECT count(*), min(id), max(id) FROM shards")[0]
+        bad = self._query(
+            "SELECT id FROM shards WHERE typeof(nsamples) != 'integer' OR nsamples < 0 "
+            "OR nsamples > ? ORDER BY id LIMIT 1",
+            (MAX_NSAMPLES,),
+        )
+        if (n and (lo != 0 or hi != n - 1)) or bad or self._untrusted():
+            self._all()  # every row checked: raises naming the first bad one
+        starts = np.zeros(n + 1, dtype=np.int64)
+        try:
+            rows = self._connection().execute("SELECT nsamples FROM shards ORDER BY id")
+            np.cumsum(np.fromiter((r[0] for r in rows), dtype=np.int64, count=n), out=starts[1:])
+        except (sqlite3.DatabaseError, ValueError, TypeError) as e:
+            raise self._error(f"not a readable SQLite index: {e}") from None
+        comps = [
+            self._component(k, row, n)
+            for k, row in enumerate(
+                self._query(
+                    "SELECT id, name, weight, first_shard, stop_shard FROM components ORDER BY id"
+                )
+            )
+        ]
+        fields = self._query("SELECT id, name FROM fields ORDER BY id")
+        for k, (fid, name) in enumerate(fields):
+            if fid != k or type(name) is not str:
+                raise self._error(f"fields row {k}: id {fid!r}, name {name!r}; expected id {k}")
+        self._fields = [name for _, name in fields]
+        self._state = (meta, starts, comps)
+        return self._state
+
+    def _untrusted(self) -> bool:
+        return check_remote_ref("file:///", self.url, self.allow_local_shards) is not None
+
+    def _all(self) -> tuple[list[ShardInfo], list[bool]]:
+        """Every shard row, checked (one object per shard: small indexes, tools)."""
+        if self._list is None:
+            root = self.base if self.base is not None else url_dir(self.url)
+            rows = self._query(_SHARDS_QUERY)
+            shards = [self._shard(k, row, root) for k, row in enumerate(rows)]
+            self._list = (apply_url_map(shards, self.url_map), [bool(r[7]) for r in rows])
+        return self._list
+
+    def _one(self, shard: int) -> tuple[ShardInfo, bool]:
+        """One shard's row, checked, and whether it has members."""
+        if self._list is not None:
+            return self._list[0][shard], self._list[1][shard]
+        n = len(self._load()[1]) - 1
+        if not 0 <= shard < n:
+            raise IndexError(f"shard {shard} out of range for {n} shards")
+        row = self._query(_SHARD_QUERY, (shard,))[0]
+        root = self.base if self.base is not None else url_dir(self.url)
+        info = apply_url_map([self._shard(shard, row, root)], self.url_map)[0]
+        return info, bool(row[7])
+
+    def shard(self, shard: int) -> ShardInfo:
+        """One shard, its row read and checked now (see :meth:`sample_counts`)."""
+        return self._one(shard)[0]
+
+    @property
+    def nshards(self) -> int:
+        """Number of shards."""
+        return len(self._load()[1]) - 1
+
+    def sample_counts(self) -> np.ndarray:
+        """Samples per shard (int64 array)."""
+        return np.diff(self._load()[1])
+
+    def cumulative_counts(self) -> np.ndarray:
+        """``N + 1`` cumulative sample counts from 0 (int64 array)."""
+        return self._load()[1]
         self._check_schema()
         meta = dict(self._query("SELECT key, value FROM meta"))
         if meta.get("format") != FORMAT or meta.get("version") != str(SCHEMA_VERSION):
@@ -237,48 +321,14 @@ class SqliteIndex:
 
     def _shard(self, k: int, row: tuple[Any, ...], root: str) -> ShardInfo:
         """One row of ``shards``, every value checked (the same rules as a JSON description)."""
-        sid, url, n, size, etag, mtime, md5, has = row
-        if not (
-            sid == k
-            and type(sid) is int
-            and type(url) is str
-            and url
-            and type(n) is int
-            and (size is None or (type(size) is int and 0 <= size < MAX_SHARD_SIZE))
-            and 0 <= n <= max_samples(size)
-            and (etag is None or type(etag) is str)
-            and (md5 is None or type(md5) is str)
-            and (mtime is None or (type(mtime) in (int, float) and abs(mtime) < MAX_SHARD_SIZE))
-            and has in (0, 1)
-        ):
-            shown = ", ".join(repr(v)[:80] for v in row)
-            raise self._error(
-                f"shards row {k} ({shown}): expected id {k}, a url, 0 <= nsamples <= "
-                f"{max_samples(size) if type(size) is int else 'the most its size allows'}, "
-                "size in [0, 2**62) or NULL, text etag/md5sum, a finite mtime, has_members 0/1"
-            )
-        resolved = resolve_url(url, root)
-        refused = check_remote_ref(resolved, self.url, self.allow_local_shards)
+        info = shard_from_row(k, row, root, self._error)
+        refused = check_remote_ref(info.url, self.url, self.allow_local_shards)
         if refused:
             raise UntrustedLocationError(f"shards row {k}: url {refused}", shard=self._where())
-        return ShardInfo(resolved, n, size, etag, None if mtime is None else float(mtime), md5)
+        return info
 
     def _component(self, k: int, row: tuple[Any, ...], nshards: int) -> Component:
-        cid, name, weight, first, stop = row
-        if not (
-            cid == k
-            and (name is None or type(name) is str)
-            and (weight is None or (type(weight) in (int, float) and 0 <= weight < 2**62))
-            and type(first) is int
-            and type(stop) is int
-            and 0 <= first <= stop <= nshards
-        ):
-            shown = ", ".join(repr(v)[:80] for v in row)
-            raise self._error(
-                f"components row {k} ({shown}): expected id {k}, a name, a weight >= 0 or NULL "
-                f"and 0 <= first_shard <= stop_shard <= {nshards}"
-            )
-        return Component(name or "", None if weight is None else float(weight), first, stop)
+        return component_from_row(k, row, nshards, self._error)
 
     # -- the reader protocol ----------------------------------------------------------------
 
@@ -289,13 +339,14 @@ class SqliteIndex:
 
     @property
     def shards(self) -> list[ShardInfo]:
-        """All shards with resolved URLs."""
-        return self._load()[1]
+        """All shards with resolved URLs (one object each; see :meth:`shard`)."""
+        self._load()
+        return self._all()[0]
 
     @property
     def components(self) -> list[Component]:
         """The main shard list and the sub-datasets."""
-        return self._load()[3]
+        return self._load()[2]
 
     @property
     def report(self) -> dict[str, Any]:
@@ -313,7 +364,8 @@ class SqliteIndex:
     @property
     def has_members(self) -> bool:
         """Whether any shard has a member table."""
-        return any(self._load()[2])
+        self._load()
+        return bool(self._query("SELECT 1 FROM shards WHERE has_members != 0 LIMIT 1"))
 
     def shard_extra(self, shard: int) -> dict[str, Any]:
         """Extra keys recorded for a shard."""
@@ -335,14 +387,13 @@ class SqliteIndex:
         Raises:
             IndexFormatError: The rows are inconsistent with the shard's entry.
         """
-        _, shards, has, _ = self._load()
-        info = shards[shard]  # IndexError for a bad shard number, like a list
-        if not has[shard]:
+        info, has = self._one(shard)  # IndexError for a bad shard number, like a list
+        if not has:
             return None
         keys = self._query(_KEYS_QUERY, (shard,))
         rows = self._query(_MEMBERS_QUERY, (shard,))
         try:
-            table = _table(keys, rows, info.nsamples, self._fields)
+            table = table_from_rows(keys, rows, info.nsamples, self._fields)
             table.check_extent(info.size)
             return table
         except IndexFormatError as e:
@@ -359,52 +410,3 @@ class SqliteIndex:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _table(
-    keys: list[tuple[Any, Any]], rows: list[tuple[Any, ...]], nsamples: int, names: list[str]
-) -> ShardMembers:
-    """Build a :class:`ShardMembers` from ``(idx, key)`` and ``(sample, field, offset, size)`` rows.
-
-    Every value is checked (ids in range, integers only) before it sizes an array.
-    """
-    if len(keys) != nsamples:
-        raise IndexFormatError(f"{len(keys)} sample rows for {nsamples} samples")
-    if any(idx != i or type(k) not in (str, bytes) for i, (idx, k) in enumerate(keys)):
-        raise IndexFormatError(f"sample rows must be numbered 0..{nsamples - 1} with text keys")
-    if not rows:
-        if nsamples:
-            raise IndexFormatError(f"no member rows for {nsamples} samples")
-        zero = np.zeros(1, dtype=np.int64)
-        return ShardMembers([], b"", zero, zero, np.zeros(0), np.zeros(0), np.zeros(0))
-    cols = np.array(rows)
-    if cols.ndim != 2 or cols.shape[1] != 4 or cols.dtype.kind != "i":
-        raise IndexFormatError("member rows must hold integers only (no NULL, text or real)")
-    cols = cols.astype(np.int64, copy=False)
-    sidx, gfield = cols[:, 0], cols[:, 1]
-    if int(sidx[0]) < 0 or int(sidx[-1]) >= nsamples:  # sorted by the query
-        raise IndexFormatError(f"member rows name samples outside 0..{nsamples - 1}")
-    if int(gfield.min()) < 0 or int(gfield.max()) >= len(names):
-        raise IndexFormatError(f"member rows name field ids outside 0..{len(names) - 1}")
-    counts = np.bincount(sidx, minlength=nsamples)
-    if not counts.all():
-        raise IndexFormatError(f"member rows do not cover samples 0..{nsamples - 1}")
-    sample_start = np.zeros(nsamples + 1, dtype=np.int64)
-    np.cumsum(counts, out=sample_start[1:])
-    blobs = [k if isinstance(k, bytes) else k.encode("utf-8", "surrogateescape") for _, k in keys]
-    key_offsets = np.zeros(nsamples + 1, dtype=np.int64)
-    np.cumsum([len(k) for k in blobs], out=key_offsets[1:])
-    # Field ids are global to the file; a table numbers its own fields by first appearance.
-    uniq, first = np.unique(gfield, return_index=True)
-    order = np.argsort(first)
-    lut = np.zeros(int(uniq.max()) + 1, dtype=np.int64)
-    lut[uniq[order]] = np.arange(len(uniq), dtype=np.int64)
-    return ShardMembers(
-        fields=[names[int(g)] for g in uniq[order]],
-        key_blob=b"".join(blobs),
-        key_offsets=key_offsets,
-        sample_start=sample_start,
-        member_field=lut[gfield],
-        member_offset=np.ascontiguousarray(cols[:, 2]),
-        member_size=np.ascontiguousarray(cols[:, 3]),
-    )
