@@ -20,7 +20,8 @@ and ``permanent`` maps path substrings to a status (403, 404, ...) returned on e
 n-th eligible request gets the n-th entry, later ones none.
 ``injected`` counts faults by kind; ``requests`` counts all requests, ``forwarded`` the clean ones,
 ``connections`` the TCP connections clients opened (peer addresses not seen before), ``paths``
-the requests per path.
+the requests per path, ``peak_in_flight`` the most requests under way at once and
+``peak_delayed`` the most ``delay`` faults under way at once.
 
 Example:
     >>> proxy = FaultProxy(http_server.base, FaultPlan({"503": 1}, rate=1.0, max_faults=2))
@@ -108,6 +109,8 @@ class FaultProxy:
         self.forwarded = 0
         self.injected: Counter[str] = Counter()
         self.paths: Counter[str] = Counter()
+        self.in_flight = self.peak_in_flight = 0
+        self.delayed = self.peak_delayed = 0
         self._seen: set[Any] = set()  # every client connection so far
         self._peers: set[Any] = set()  # those opened since the last reset
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -139,6 +142,8 @@ class FaultProxy:
         self.injected = Counter()
         self.paths = Counter()
         self._peers = set()
+        self.peak_in_flight = self.in_flight
+        self.peak_delayed = self.delayed
 
     @property
     def connections(self) -> int:
@@ -240,6 +245,14 @@ class FaultProxy:
         return kind
 
     async def _handle(self, request: Any) -> Any:
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            return await self._handle_one(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _handle_one(self, request: Any) -> Any:
         from aiohttp import web
 
         self.requests += 1
@@ -265,7 +278,12 @@ class FaultProxy:
             _close(request)
             raise asyncio.CancelledError
         if fault == "delay":
-            await asyncio.sleep(self.plan.delay)
+            self.delayed += 1
+            self.peak_delayed = max(self.peak_delayed, self.delayed)
+            try:
+                await asyncio.sleep(self.plan.delay)
+            finally:
+                self.delayed -= 1
         return await self._forward(request, fault)
 
     async def _forward(self, request: Any, fault: str | None) -> Any:

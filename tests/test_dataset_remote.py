@@ -401,3 +401,22 @@ def test_one_connection_per_process_for_many_reads(proxied, local):
     assert strip_meta(ds2[5]) == oracle[5]
     ds.__getitems__([1, 2, 60, 61])  # two requests at once
     assert proxy.connections <= 2  # a second dataset in the process shares them
+
+
+def test_a_batch_fetches_its_shards_member_tables_at_once(http_server, local, fault_proxy):
+    from faultproxy import FaultPlan
+
+    d, _, oracle = local
+    prefix, _ = _upload(http_server, d)
+    # every member-table sidecar request waits 0.3 s: fetched one after another, they never
+    # overlap; fetched at once, they do
+    plan = FaultPlan({"delay": 1.0}, rate=1.0, only=".members/", delay=0.3)
+    proxy = fault_proxy(http_server.base, plan)
+    ds = ShardListDataset(proxy.url(f"{prefix}/train.json"), transformations=[])
+    len(ds)
+    proxy.reset_counts()
+    batch = [s * NSAMPLES + 3 for s in range(NS)]
+    assert [strip_meta(x) for x in ds.__getitems__(batch)] == [oracle[i] for i in batch]
+    sidecars = [p for p in proxy.paths if ".members/" in p]
+    assert len(sidecars) == NS
+    assert proxy.peak_delayed >= 2, proxy.peak_delayed  # sidecar requests overlapped

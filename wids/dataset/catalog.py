@@ -19,7 +19,7 @@ import operator
 import os
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import IndexFormatError, IndexMismatchError
@@ -281,16 +281,16 @@ class Catalog:
         got = self._members.get(shard)
         if got is not None:
             return got
+        loaded = self.load()
+        info = loaded.infos[shard]
+        try:  # outside the lock: tables of several shards may be fetched at once (prefetch)
+            members = loaded.indexed(shard) if loaded.indexed is not None else None
+        except IndexFormatError as e:
+            raise with_repair_hint(e) from None
         with self._lock:
             got = self._members.get(shard)
             if got is not None:
                 return got
-            loaded = self.load()
-            info = loaded.infos[shard]
-            try:
-                members = loaded.indexed(shard) if loaded.indexed is not None else None
-            except IndexFormatError as e:
-                raise with_repair_hint(e) from None
             scanned = members is None
             if not scanned and self.duplicates != "error" and not self._warned_duplicates:
                 self._warned_duplicates = True
@@ -311,6 +311,21 @@ class Catalog:
                 )
             self._keep_members(shard, members, scanned=scanned)
             return self._members[shard]
+
+    def prefetch_members(self, shards: Iterable[int]) -> None:
+        """Fetch the member tables of ``shards`` not loaded yet at once, from a remote index.
+
+        A batch's first touches of several shards then cost one round trip to the index's
+        sidecars, not one after another. Errors are left for :meth:`members` to raise.
+        """
+        if not isinstance(self.src, (str, os.PathLike)) or is_local(os.fspath(self.src)):
+            return
+        todo = sorted({s for s in shards if s not in self._members})
+        if len(todo) < 2 or self.load().indexed is None:
+            return
+        with cf.ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
+            for future in [pool.submit(self.members, s) for s in todo]:
+                future.exception()  # waited for; raised again by members() when it matters
 
     # -- storage and first touch ----------------------------------------------------------------
 

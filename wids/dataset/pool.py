@@ -214,6 +214,7 @@ class ReaderPool:
         Samples of one shard whose spans are adjacent or within ``merge_gap`` bytes are read
         with one request; all requests are issued concurrently.
         """
+        self.catalog.prefetch_members(shard for _, shard, _ in located)
         ahead = self._ahead(located, merge_gap)
         prefetched = ahead.observe([i for i, _, _ in located]) if ahead is not None else None
         readers, tables, spans, blocks, where, checks = plan_reads(self, located, merge_gap)

@@ -24,6 +24,8 @@ from typing import Any
 
 __all__ = ["DescriptorPool", "default_capacity"]
 
+_getpid = os.getpid
+_pread = os.pread
 _MAX = 1 << 16
 """Never keep more than this many, whatever the limit."""
 
@@ -89,23 +91,27 @@ class DescriptorPool:
             OSError: The file cannot be opened or read (``ENOENT``, ``EACCES``, ``EISDIR``,
                 ``EMFILE`` when even a pool with no idle descriptor cannot open one, ...).
         """
-        if self._pid != os.getpid():
+        if self._pid != _getpid():
             self._forked()
         lock = self._lock
-        with lock:
+        lock.acquire()
+        try:
             entry = self._fds.get(path)
             if entry is None:
                 entry = self._open(path)
             else:
                 self._fds.move_to_end(path)
             entry[1] += 1
-        try:
-            return os.pread(entry[0], n, offset)
         finally:
-            with lock:
-                entry[1] -= 1
-                if entry[2] and not entry[1]:
-                    _close(entry[0])
+            lock.release()
+        try:
+            return _pread(entry[0], n, offset)
+        finally:
+            lock.acquire()
+            entry[1] -= 1
+            if entry[2] and not entry[1]:
+                _close(entry[0])
+            lock.release()
 
     def _open(self, path: str) -> list[Any]:
         """Open ``path`` into the pool, making room first (the caller holds the lock)."""
