@@ -107,24 +107,26 @@ def test_promoter_random_traffic_over_many_shards_is_never_promoted(tmp_path):
     fs.rm("/wids-focus", recursive=True)
 
 
-def test_promoter_planned_starts_at_once_and_reads_do_not_wait(tmp_path):
+def test_promoter_planned_starts_at_once_and_its_reads_wait_others_do_not(tmp_path):
     fs = fsspec.filesystem("memory")
-    (src,) = _sources(fs, 1, 10_000)
+    planned, read = _sources(fs, 2, 10_000)
     cache = ShardCache(tmp_path)
-    promoter = Promoter(cache, share=0.05)
-    assert not promoter.planned(src, 0.3, shard_bytes=10_000)  # a plan reading 30 %: no
-    assert not promoter.fetching(src.url)
+    promoter = Promoter(cache, share=0.05, focus=0.0)
+    assert not promoter.planned(planned, 0.3, shard_bytes=10_000)  # a plan reading 30 %: no
+    assert not promoter.fetching(planned.url)
     gate = threading.Event()
     cache._background.submit("blocker-1", lambda: gate.wait(10))
     cache._background.submit("blocker-2", lambda: gate.wait(10))  # both fetch threads busy
-    assert promoter.planned(src, 0.9, shard_bytes=10_000, expected=Fingerprint(10_000))
-    assert promoter.fetching(src.url)
+    assert promoter.planned(planned, 0.9, shard_bytes=10_000, expected=Fingerprint(10_000))
+    promoter.requested(read, 10_000, shard_bytes=10_000, expected=Fingerprint(10_000))
+    assert promoter.fetching(planned.url) and promoter.fetching(read.url)
     t0 = time.monotonic()
-    assert promoter.open_if_ready(src.url) is None  # not done: the read goes on by range
+    assert promoter.open_if_ready(read.url) is None  # promoted on reads: go on by range
     assert time.monotonic() - t0 < 1.0
-    gate.set()
-    promoter._futures[src.url].result(10)
-    with promoter.open_if_ready(src.url, expected=Fingerprint(10_000)) as shard:
+    threading.Timer(0.3, gate.set).start()
+    t0 = time.monotonic()
+    with promoter.open_if_ready(planned.url, expected=Fingerprint(10_000)) as shard:
+        assert time.monotonic() - t0 >= 0.2  # waited for the download the plan started
         assert shard.read_range(0, 10) == blob(10_000, 0)[:10]
     promoter.close()
     fs.rm("/wids-focus", recursive=True)

@@ -110,10 +110,12 @@ class Promoter:
       (nearly all of the traffic); a random order over many shards spreads it, and is never
       promoted (it would download whole shards for a few samples each).
 
-    Reads never wait for a download: until it is done they go on by range
-    (:meth:`open_if_ready` returns ``None``), so the first samples come as fast as with
-    ``access="range"``. With ``wait=True`` a read of a shard being fetched waits for the
-    fetch (up to the cache's ``lock_timeout``) instead. A failed fetch is logged and the
+    Reads of a shard promoted on evidence from the reads never wait for the download: until
+    it is done they go on by range (:meth:`open_if_ready` returns ``None``). A shard promoted
+    on a plan is announced after the batch that starts the plan, so the first samples come by
+    range as fast as with ``access="range"``, and later reads of it wait for the download (up
+    to the cache's ``lock_timeout``) instead of requesting the shard twice; so do all reads
+    with ``wait=True``. A failed fetch is logged and the
     shard stays on range requests. A shard that must be promoted again by :meth:`requested`
     (its copy was evicted) needs twice the share each time, so a cache too small for the
     access pattern does not turn into repeated whole-shard downloads. One per process (holds
@@ -159,6 +161,7 @@ class Promoter:
         self._failed: set[str] = set()
         self._promotions: dict[str, int] = {}
         self._slow: set[str] = set()
+        self._planned: set[str] = set()  # promoted on a plan: most of it comes next, so wait
         self._mutex = threading.Lock()
 
     def requested(
@@ -216,9 +219,12 @@ class Promoter:
         url = source.url
         with self._mutex:
             if url in self._futures:
+                if share >= self.plan_share:
+                    self._planned.add(url)
                 return True
             if url in self._failed or share < self.plan_share:
                 return False
+            self._planned.add(url)
             return self._start(source, shard_bytes, expected, stats, verify)
 
     def fetching(self, url: str) -> bool:
@@ -280,7 +286,7 @@ class Promoter:
             future = self._futures.get(url)
         if future is None:
             return None
-        if self.wait and not future.done() and url not in self._slow:
+        if (self.wait or url in self._planned) and not future.done() and url not in self._slow:
             wait_futures([future], timeout=self.cache.lock_timeout)
             if not future.done():  # a very slow fetch: read by range meanwhile, do not wait again
                 log.warning(
@@ -291,6 +297,7 @@ class Promoter:
             if not future.done() or self._futures.get(url) is not future:
                 return None
             del self._futures[url]
+            self._planned.discard(url)
             if future.cancelled():  # the cache was closed
                 return None
             error = future.exception()

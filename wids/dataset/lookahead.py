@@ -76,21 +76,34 @@ class PlannedBatches:
         self._batches: Iterator[list[int]] | None = None
         self._ahead: deque[list[int]] = deque()
         self.seen = 0  # batches received so far (the number of the next one)
+        self.size = 0  # the batch size (of the first batch)
+        self._retry_at: int | None = None  # main process: the sampler position of a mismatch
 
     def observe(self, batch: list[int]) -> bool:
-        """Check ``batch`` against the prediction; ``False`` (for good) if it differs."""
+        """Check ``batch`` against the prediction; ``False`` if it differs.
+
+        In a worker a mismatch turns the prediction off for good (its copy of the sampler is
+        stale); in the main process the live sampler is asked again once it has moved on.
+        """
         if not self.ok:
-            return False
+            if self._retry_at is None or self._retry_at == self._position():
+                return False
+            self.ok = True
         if self._batches is None:
-            self._batches = self._start(len(batch))
+            self.size = len(batch)
+            self._batches = self._start(self.size)
         expected = self._ahead.popleft() if self._ahead else next(self._batches, None)
         if expected != batch:
             self.ok = False
             self._ahead.clear()
             self._batches = None
+            self._retry_at = self._position() if _worker() is None else None
             return False
         self.seen += 1
         return True
+
+    def _position(self) -> int:
+        return int(getattr(self.sampler, "_position", 0))
 
     def upcoming(self, n: int) -> list[list[int]]:
         """The next ``n`` predicted batches (fewer at the end of the epoch)."""
@@ -107,7 +120,9 @@ class PlannedBatches:
         where = _worker()
         if where is None:  # the main process: the live sampler has just handed out this batch
             worker, workers = 0, 1
-            start = getattr(self.sampler, "_position", size) - size
+            start = self._position() - size
+            if start < 0:  # not a batch this sampler handed out
+                return iter(())
         else:  # a worker's copy of the sampler, as it was when the workers started
             worker, workers, start = where[0], where[1], None
         order = self.sampler._planned_order(start)
@@ -132,7 +147,8 @@ class Lookahead:
         prepare: ``prepare(indices)`` plans the read of a batch as the pool will (opening the
             readers it needs) and returns its remote requests: ``[(block, source, check)]``.
         announce: ``announce(shard, share)``: the plan reads ``share`` of the shard's samples
-            within the horizon (the pool may start a whole-shard download).
+            within the horizon; the pool may start a whole-shard download (returns whether
+            it did: then the shard's blocks are not prefetched by range).
         lengths: Samples per shard; ``locate(index) -> shard``.
         depth: Batches read ahead at most.
         max_bytes: Prefetched bytes held or in flight at most.
@@ -145,7 +161,7 @@ class Lookahead:
         self,
         plan: PlannedBatches,
         prepare: Callable[[list[int]], list[tuple[Block, Any, Any]]],
-        announce: Callable[[int, float], None],
+        announce: Callable[[int, float], bool],
         locate: Callable[[int], int],
         lengths: Sequence[int],
         *,
@@ -167,6 +183,7 @@ class Lookahead:
         self._held = 0  # bytes and requests held or in flight
         self._requests = 0
         self._announced: set[int] = set()
+        self._whole: set[int] = set()  # announced shards being fetched whole: not by range
         # what it did, for tests and benchmarks: batches served with prefetched blocks, and
         # the most bytes and requests held or in flight at once
         self.hits = self.peak_bytes = self.peak_requests = 0
@@ -203,23 +220,30 @@ class Lookahead:
         if self._closed or not self.plan.ok:
             return
         first = self.plan.seen
+        if (first - 1) % 8 == 0:  # from the first batch on, often enough: the horizon is longer
+            self._look_far()
         upcoming = self.plan.upcoming(max(self.depth, 1))
         for k, batch in enumerate(upcoming[: self.depth]):
             number = first + k
             with self._mutex:
-                if number in self._jobs or self._closed:
+                executor = self._threads()
+                if number in self._jobs or executor is None:
                     continue
-                if self._executor is None:
-                    self._executor = ThreadPoolExecutor(
-                        max(1, self.depth), thread_name_prefix="wids-lookahead"
-                    )
-                self._jobs[number] = self._executor.submit(self._fetch, batch)
-        if (first - 1) % 8 == 0:  # from the first batch on, often enough: the horizon is longer
-            self._look_far()
+                self._jobs[number] = executor.submit(self._fetch, batch)
+
+    def _threads(self) -> ThreadPoolExecutor | None:
+        """The background threads (started on first use; ``None`` once closed), under the mutex."""
+        if self._closed:
+            return None
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(
+                max(1, self.depth), thread_name_prefix="wids-lookahead"
+            )
+        return self._executor
 
     def _look_far(self) -> None:
         """Announce shards of which the horizon's batches read a large share."""
-        size = len(self.plan._ahead[0]) if self.plan._ahead else 0
+        size = self.plan.size
         if not size:
             return
         counts: dict[int, int] = {}
@@ -232,15 +256,25 @@ class Lookahead:
                 continue
             self._announced.add(shard)
             with self._mutex:
-                if self._closed or self._executor is None:
+                executor = self._threads()
+                if executor is None:
                     return
-                self._executor.submit(self._announce, shard, n / self._lengths[shard])
+                self._whole.add(shard)  # until the pool says it is not fetched whole
+                executor.submit(self._announce_one, shard, n / self._lengths[shard])
+
+    def _announce_one(self, shard: int, share: float) -> None:
+        try:
+            whole = self._announce(shard, share)
+        except Exception:
+            whole = False
+        if not whole:
+            self._whole.discard(shard)
 
     def _fetch(self, batch: list[int]) -> Prefetched:
         """Plan and read the remote blocks of a predicted batch, within the window's bounds."""
         if self._closed:
             return {}
-        requests = self._prepare(batch)
+        requests = [r for r in self._prepare(batch) if r[0].shard not in self._whole]
         nbytes = sum(b.end - b.start for b, _, _ in requests)
         with self._mutex:
             if (
@@ -346,8 +380,8 @@ def start_lookahead(pool: Any, located: Sequence[tuple[int, int, int]]) -> Looka
                 out.append((b, src, checks[k] if checks else None))
         return out
 
-    def announce(shard: int, share: float) -> None:
-        planned(pool, shard, share)
+    def announce(shard: int, share: float) -> bool:
+        return planned(pool, shard, share)
 
     def locate(i: int) -> int:
         return catalog.locate(i)[1]

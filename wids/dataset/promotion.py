@@ -41,26 +41,32 @@ def requested(pool: Any, shard: int, reader: ShardReader, nbytes: int) -> None:
     )
 
 
-def planned(pool: Any, shard: int, share: float) -> None:
-    """The plan reads ``share`` of the samples of ``shard`` soon: start its download early."""
+def planned(pool: Any, shard: int, share: float) -> bool:
+    """The plan reads ``share`` of the samples of ``shard`` soon: start its download early.
+
+    Returns:
+        Whether the shard is being fetched whole (its reads will come from the cache).
+    """
     local = pool.local
     if local.cache_dir is None or local.offline or pool.access == "range":
-        return
+        return False
     info = pool.catalog.load().infos[shard]
     source = pool.catalog.source(info.url, info)
     if source.is_local:
-        return
+        return False
     members, data_end = pool.catalog.members(shard)
     stats = pool.catalog.store.stats
     verify = download_check(members, info.url)
     if pool.access == "shard":  # read whole anyway: start the download before the first read
         local.shard_cache().prefetch(source, expected=info.fingerprint, stats=stats, verify=verify)
-        return
-    pool.get_promoter().planned(
-        source,
-        share,
-        shard_bytes=info.size if info.size is not None else data_end,
-        expected=info.fingerprint,
-        stats=stats,
-        verify=verify,
+        return True
+    return bool(
+        pool.get_promoter().planned(
+            source,
+            share,
+            shard_bytes=info.size if info.size is not None else data_end,
+            expected=info.fingerprint,
+            stats=stats,
+            verify=verify,
+        )
     )
