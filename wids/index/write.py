@@ -40,8 +40,8 @@ def write_index(
     ``ShardListDataset(output)`` reads it.
 
     Args:
-        output: ``*.json``, ``*.sqlite`` (also ``.sqlite3``, ``.db``) or ``*.widx``: a local path or a
-            writable fsspec URL (``s3://bucket/train.json``).
+        output: ``*.json``, ``*.sqlite`` (also ``.sqlite3``, ``.db``) or ``*.widx``: a local
+            path or a writable fsspec URL (``s3://bucket/train.json``).
         name: The dataset's name.
         storage_options: fsspec options for a remote ``output``.
 
