@@ -10,9 +10,11 @@ OUTDIR/PHASE.json; the test asserts on it.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import sys
+import threading
 
 import torch.distributed as dist
 from torch.utils.data import DataLoader, DistributedSampler
@@ -36,17 +38,34 @@ def sampler(ds: ShardListDataset, setting: str) -> DistributedChunkedSampler:
     return DistributedChunkedSampler(ds, chunksize=8, seed=11, **SETTINGS[setting])
 
 
+def settle_threads() -> None:
+    """Wait for the previous DataLoader's queue feeder threads to end before forking again.
+
+    On CPython 3.11 a fork while another thread is tearing down its thread state can leave
+    the child stuck in ``PyOS_AfterFork_Child`` (fixed in 3.12); torch's DataLoader closes
+    its index queues without joining their feeder threads, so back-to-back loaders race.
+    """
+    gc.collect()
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and thread.name == "QueueFeederThread":
+            thread.join(timeout=10)
+
+
 def read(ds, sampler, steps=None):
     """Run a DataLoader; return the indices read per step (from the samples' keys)."""
+    settle_threads()
     loader = DataLoader(ds, sampler=sampler, batch_size=BATCH, num_workers=WORKERS)
     out = []
-    for batch in loader:
+    it = iter(loader)
+    for batch in it:
         keys = batch["__key__"]
         indices = batch["__index__"].tolist()
         assert [int(k.split("-")[1]) for k in keys] == indices, (keys, indices)
         out.append(indices)
         if steps is not None and len(out) == steps:
             break
+    del it, loader
+    settle_threads()
     return out
 
 
