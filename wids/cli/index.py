@@ -63,10 +63,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "info",
         help="shards, samples, bytes and fields of an index",
         formatter_class=fmt,
-        epilog="example:\n  wids index info data/train.json\n",
+        epilog="examples:\n  wids index info data/train.json\n"
+        "  wids index info train.widx --shard 5 --json\n",
     )
     i.add_argument("index")
     i.add_argument("--json", action="store_true", help="machine-readable output")
+    i.add_argument(
+        "--all",
+        action="store_true",
+        help="count the fields of every shard's member table (default: of every shard up to "
+        "1000 shards, else of the first and last 5)",
+    )
+    i.add_argument(
+        "--shard",
+        type=int,
+        action="append",
+        metavar="K",
+        help="also list shard K's record (repeatable; negative: from the end)",
+    )
     allow_local_flag(i)
     storage_flag(i)
     i.set_defaults(func=_cmd_index_info)
@@ -136,9 +150,8 @@ def _create(args: argparse.Namespace, executor: Any) -> Any:
 
 
 def _cmd_index_info(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from ..index import open_index
+    from ..index.summary import index_summary
 
     idx = open_index(
         args.index,
@@ -146,28 +159,14 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
         allow_local_shards=args.allow_local_shards,
     )
     try:
-        fields: dict[str, int] = {}
-        missing = 0
-        for k in range(len(idx.shards)):
-            members = idx.members(k)
-            if members is None:
-                missing += 1
-                continue
-            counts = np.bincount(members.member_field, minlength=len(members.fields))
-            for fname, n in zip(members.fields, counts.tolist(), strict=True):
-                fields[fname] = fields.get(fname, 0) + n
-        info: dict[str, Any] = {
-            "index": redact_url(args.index),
-            "name": idx.name,
-            "shards": len(idx.shards),
-            "samples": sum(s.nsamples for s in idx.shards),
-            "bytes": sum(s.size or 0 for s in idx.shards),
-            "fields": dict(sorted(fields.items())),
-            "shards_without_offsets": missing,
-            "components": [c.name for c in idx.components],
-        }
+        info: dict[str, Any] = {"index": redact_url(args.index)}
+        info.update(index_summary(idx, all_shards=args.all, detail=args.shard or ()))
+    except IndexError as e:
+        raise SystemExit(f"wids index info: {e}") from None
     finally:
         idx.close()
+    for d in info["shard_detail"]:
+        d["url"] = redact_url(d["url"])
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -175,8 +174,15 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
     print(f"  shards   {info['shards']}")
     print(f"  samples  {info['samples']}")
     print(f"  bytes    {info['bytes']} ({human(info['bytes'])})")
+    if info["fields_from"] < info["shards"]:
+        print(f"  fields of the first and last shards ({info['fields_from']}; --all: every shard)")
     for f, n in info["fields"].items():
         print(f"  field    {escape_controls(f):<16} {n}")
+    for d in info["shard_detail"]:
+        size = "?" if d["size"] is None else human(d["size"])
+        url = escape_controls(d["url"])
+        print(f"  shard    {d['shard']:<8} {d['nsamples']} samples, {size}  {url}")
+    missing = info["shards_without_offsets"]
     if missing:
         print(f"  {missing} shard(s) have no member offsets (reference index): scanned on use")
     return 0

@@ -5,6 +5,14 @@ Other parts import from this package, not its modules.
 
 from __future__ import annotations
 
+from .access import (
+    count_shards,
+    count_without_members,
+    iter_shards,
+    shard_bytes,
+    shard_getter,
+    shard_sample_counts,
+)
 from .build import BuildReport, build_index
 from .convert import convert_index
 from .fingerprint import Fingerprint, header_mismatch_at_spot, unchanged
@@ -55,18 +63,24 @@ __all__ = [
     "check_output",
     "check_url_map",
     "convert_index",
+    "count_shards",
+    "count_without_members",
     "create_index_writer",
     "expand_braces",
     "header_mismatch_at_spot",
     "index_destination",
     "is_sqlite_name",
     "is_table_name",
+    "iter_shards",
     "load_spec",
     "map_url",
     "members_dir",
     "open_index",
     "resolve_url",
     "scan_shard",
+    "shard_bytes",
+    "shard_getter",
+    "shard_sample_counts",
     "sidecar_name",
     "unchanged",
     "unpipe_url",

@@ -291,33 +291,6 @@ class SqliteIndex:
     def cumulative_counts(self) -> np.ndarray:
         """``N + 1`` cumulative sample counts from 0 (int64 array)."""
         return self._load()[1]
-        self._check_schema()
-        meta = dict(self._query("SELECT key, value FROM meta"))
-        if meta.get("format") != FORMAT or meta.get("version") != str(SCHEMA_VERSION):
-            raise self._error(
-                f"format {meta.get('format')!r} version {meta.get('version')!r}; expected "
-                f"{FORMAT!r} version {SCHEMA_VERSION}"
-            )
-        root = self.base if self.base is not None else url_dir(self.url)
-        rows = self._query(_SHARDS_QUERY)
-        shards = [self._shard(k, row, root) for k, row in enumerate(rows)]
-        shards = apply_url_map(shards, self.url_map)
-        has = [bool(r[7]) for r in rows]
-        comps = [
-            self._component(k, row, len(shards))
-            for k, row in enumerate(
-                self._query(
-                    "SELECT id, name, weight, first_shard, stop_shard FROM components ORDER BY id"
-                )
-            )
-        ]
-        fields = self._query("SELECT id, name FROM fields ORDER BY id")
-        for k, (fid, name) in enumerate(fields):
-            if fid != k or type(name) is not str:
-                raise self._error(f"fields row {k}: id {fid!r}, name {name!r}; expected id {k}")
-        self._fields = [name for _, name in fields]
-        self._state = (meta, shards, has, comps)
-        return self._state
 
     def _shard(self, k: int, row: tuple[Any, ...], root: str) -> ShardInfo:
         """One row of ``shards``, every value checked (the same rules as a JSON description)."""
@@ -329,6 +302,16 @@ class SqliteIndex:
 
     def _component(self, k: int, row: tuple[Any, ...], nshards: int) -> Component:
         return component_from_row(k, row, nshards, self._error)
+
+    def total_bytes(self) -> int:
+        """Bytes of the shards whose size is recorded (one query, no record per shard)."""
+        self._load()
+        return int(self._query("SELECT coalesce(sum(size), 0) FROM shards")[0][0])
+
+    def shards_without_members(self) -> int:
+        """How many shards were recorded without a member table (one query)."""
+        self._load()
+        return int(self._query("SELECT count(*) FROM shards WHERE has_members = 0")[0][0])
 
     # -- the reader protocol ----------------------------------------------------------------
 

@@ -271,6 +271,22 @@ class TableIndex:
         """``N + 1`` cumulative sample counts from 0 (read-only int64 array, shared)."""
         return self._load()["cols"]["cum"]  # type: ignore[no-any-return]
 
+    def total_bytes(self) -> int:
+        """Bytes of the shards whose size is recorded (one column sum, no record per shard)."""
+        cols = self._load()["cols"]
+        if "size" not in cols:
+            return 0
+        sized = (cols["flags"] & HAS_SIZE) != 0
+        return int(cols["size"][sized].sum(dtype=np.int64))
+
+    def shards_without_members(self) -> int:
+        """How many shards were recorded without a member table (from the flags column)."""
+        return int(np.count_nonzero((self._load()["cols"]["flags"] & HAS_MEMBERS) == 0))
+
+    def url_blob(self) -> np.ndarray:
+        """The shards' URLs as stored (relative or absolute), concatenated (uint8, read-only)."""
+        return self._load()["cols"]["url_blob"]  # type: ignore[no-any-return]
+
     # -- the reader protocol --------------------------------------------------------------------
 
     @property
