@@ -123,23 +123,52 @@ def test_resume_predicts_the_rest_of_the_epoch(remote):
     assert hits > 0
 
 
-def test_a_users_own_sampler_or_a_new_epoch_turns_the_lookahead_off(remote):
+def test_a_users_own_sampler_turns_the_lookahead_off(remote):
     ds = ShardListDataset(remote["index"], transformations=[])
     ChunkedSampler(ds, chunksize=10, seed=2)  # built, then not used
     order = list(range(len(ds)))
     random.Random(0).shuffle(order)
     seen, hits = _epoch(ds, order, "fork", remote["oracle"])
     assert seen == order and hits == 0
-    # persistent workers keep the sampler state of epoch 0: epoch 1 is mispredicted
-    sampler = ChunkedSampler(ds, chunksize=10, seed=2)
-    loader_kw = {"persistent_workers": True}
+
+
+def _worker_hits(batch):
+    """Collate in the worker: the samples, the worker's id and its lookahead hits so far."""
+    batch, hits = _with_hits(batch)
+    return batch, get_worker_info().id, hits
+
+
+@pytest.mark.parametrize(("ctx", "auto_epoch"), [("fork", False), ("spawn", True)])
+def test_persistent_workers_follow_the_sampler_into_later_epochs(remote, ctx, auto_epoch):
+    # the workers keep their copy of the sampler (epoch 0) across epochs; they predict the
+    # epochs that follow from the batches they are given
+    ds = ShardListDataset(remote["index"], transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=10, seed=2, auto_epoch=auto_epoch)
     loader = DataLoader(
-        ds, sampler=sampler, batch_size=8, num_workers=2, collate_fn=_with_hits, **loader_kw
+        ds,
+        sampler=sampler,
+        batch_size=4,
+        num_workers=2,
+        multiprocessing_context=ctx,
+        collate_fn=_worker_hits,
+        persistent_workers=True,
+        timeout=60,
     )
-    for epoch in range(2):
-        sampler.set_epoch(epoch)
-        got = [s["__index__"] for batch, _ in loader for s in batch]
-        assert got == list(sampler)
+    hits: dict[int, int] = {}
+    for epoch in range(3):
+        if not auto_epoch:
+            sampler.set_epoch(epoch)
+        expected = list(sampler._planned_order())
+        before = sum(hits.values())
+        seen = []
+        for batch, worker, worker_hits in loader:
+            for s in batch:
+                assert strip_meta(s) == remote["oracle"][s["__index__"]], s["__index__"]
+                seen.append(s["__index__"])
+            hits[worker] = max(hits.get(worker, 0), worker_hits)
+        assert seen == expected and sorted(seen) == list(range(len(ds)))
+        assert sum(hits.values()) > before, epoch  # prefetched batches in every epoch
+    assert sampler.epoch == (3 if auto_epoch else 2)
 
 
 def test_main_process_window_bounds_and_close_stops_threads(remote):

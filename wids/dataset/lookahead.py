@@ -8,9 +8,13 @@ into batches of the size of the first batch it receives, and takes those the Dat
 it: batch ``k`` goes to worker ``k % num_workers``. In the main process (``num_workers=0``) the
 live sampler's position says where the batch came from.
 
-Every batch received is compared with the prediction. A batch that differs (a sampler of the
-user's own, persistent workers in a new epoch, a sampler that moved on) turns the lookahead
-off for good in this process, silently: reads then happen as without it.
+Every batch received is compared with the prediction. Persistent workers keep their copy
+of the sampler across epochs: when a worker's batch differs from the prediction (its epoch
+ended, or the sampler was set to another epoch), the worker tries the next epochs of the same
+sampler (and the same epoch again, for a sampler whose epoch was not set), from the start, and
+follows the one whose batch for this worker is the batch received. A batch that fits none (a
+sampler of the user's own) turns the lookahead off for good in the worker, silently: reads then
+happen as without it. In the main process the live sampler is asked again once it moved on.
 
 :class:`Lookahead` keeps a bounded window of the predicted batches in flight in background
 threads (``depth`` batches, ``max_bytes``, ``max_requests``): each is planned exactly as the
@@ -27,17 +31,15 @@ a cache, ``access="shard"``). :meth:`Lookahead.close` stops the threads.
 
 from __future__ import annotations
 
-import itertools
 import logging
-import sys
 import threading
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..storage import is_local, read_ranges
 from .batchplan import plan_reads
+from .prediction import PlannedBatches
 from .promotion import planned
 from .readers import fetch_blocks
 
@@ -46,97 +48,11 @@ if TYPE_CHECKING:
     from .catalog import Catalog
     from .readers import Block, ShardReader
 
-__all__ = ["Lookahead", "PlannedBatches", "fetch_prefetched", "start_lookahead"]
+__all__ = ["Lookahead", "fetch_prefetched", "start_lookahead"]
 
 log = logging.getLogger(__name__)
 
 Prefetched = dict["Block", bytes]
-
-
-def _worker() -> tuple[int, int] | None:
-    """``(worker id, number of workers)`` in a DataLoader worker, else ``None``."""
-    if "torch" not in sys.modules:
-        return None
-    from torch.utils.data import get_worker_info
-
-    info = get_worker_info()
-    return None if info is None else (info.id, info.num_workers)
-
-
-class PlannedBatches:
-    """The batches this process will be given, predicted from a sampler and checked.
-
-    Args:
-        sampler: A sampler with ``_planned_order(start)`` (the samplers of ``wids.sampler``).
-    """
-
-    def __init__(self, sampler: Any) -> None:
-        self.sampler = sampler
-        self.ok = callable(getattr(sampler, "_planned_order", None))
-        self._batches: Iterator[list[int]] | None = None
-        self._ahead: deque[list[int]] = deque()
-        self.seen = 0  # batches received so far (the number of the next one)
-        self.size = 0  # the batch size (of the first batch)
-        self._retry_at: int | None = None  # main process: the sampler position of a mismatch
-
-    def observe(self, batch: list[int]) -> bool:
-        """Check ``batch`` against the prediction; ``False`` if it differs.
-
-        In a worker a mismatch turns the prediction off for good (its copy of the sampler is
-        stale); in the main process the live sampler is asked again once it has moved on.
-        """
-        if not self.ok:
-            if self._retry_at is None or self._retry_at == self._position():
-                return False
-            self.ok = True
-        if self._batches is None:
-            self.size = len(batch)
-            self._batches = self._start(self.size)
-        expected = self._ahead.popleft() if self._ahead else next(self._batches, None)
-        if expected != batch:
-            self.ok = False
-            self._ahead.clear()
-            self._batches = None
-            self._retry_at = self._position() if _worker() is None else None
-            return False
-        self.seen += 1
-        return True
-
-    def _position(self) -> int:
-        return int(getattr(self.sampler, "_position", 0))
-
-    def upcoming(self, n: int) -> list[list[int]]:
-        """The next ``n`` predicted batches (fewer at the end of the epoch)."""
-        if not self.ok or self._batches is None:
-            return []
-        while len(self._ahead) < n:
-            nxt = next(self._batches, None)
-            if nxt is None:
-                break
-            self._ahead.append(nxt)
-        return list(itertools.islice(self._ahead, n))
-
-    def _start(self, size: int) -> Iterator[list[int]]:
-        where = _worker()
-        if where is None:  # the main process: the live sampler has just handed out this batch
-            worker, workers = 0, 1
-            start = self._position() - size
-            if start < 0:  # not a batch this sampler handed out
-                return iter(())
-        else:  # a worker's copy of the sampler, as it was when the workers started
-            worker, workers, start = where[0], where[1], None
-        order = self.sampler._planned_order(start)
-        return _batches_of(order, size, worker, workers)
-
-
-def _batches_of(order: Iterator[int], size: int, worker: int, workers: int) -> Iterator[list[int]]:
-    """Batches ``worker, worker + workers, ...`` of ``order`` cut into batches of ``size``."""
-    for k in itertools.count():
-        batch = list(itertools.islice(order, size))
-        if not batch:
-            return
-        if k % workers == worker:
-            yield batch
 
 
 class Lookahead:
@@ -193,8 +109,11 @@ class Lookahead:
 
     def observe(self, batch: list[int]) -> Prefetched | None:
         """The batch being read: its prefetched blocks, or ``None`` (mispredicted or none)."""
-        number = self.plan.seen
+        number, generation = self.plan.seen, self.plan.generation
         if not self.plan.observe(batch):
+            self._drop_all()
+            return None
+        if self.plan.generation != generation:  # another epoch: the window predicted the old
             self._drop_all()
             return None
         with self._mutex:

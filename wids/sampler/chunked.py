@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import operator
@@ -205,11 +206,19 @@ class ChunkedSampler:
         if callable(attach):
             attach(self)
 
-    def _planned_order(self, start: int | None = None) -> Iterator[int]:
+    def _planned_order(self, start: int | None = None, epoch: int | None = None) -> Iterator[int]:
         """The indices the next iteration yields (from ``start``, default its resume position).
 
+        With ``epoch``, the order of that epoch from ``start`` (default 0): what persistent
+        DataLoader workers are given once the sampler moved on to another epoch.
         Read-only: the sampler's state is not changed (a worker calls this on its copy).
         """
+        if epoch is not None:
+            other = self
+            if operator.index(epoch) != self.epoch:
+                other = copy.copy(self)
+                other.epoch = operator.index(epoch)
+            return itertools.islice(other._indices(), start or 0, None)
         return itertools.islice(self._indices(), self._resume if start is None else start, None)
 
     def _chunk(self, lo: int, hi: int) -> _Runs:
