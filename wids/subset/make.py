@@ -22,13 +22,15 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..errors import IndexMismatchError
-from ..index import IndexReader, ShardInfo
+from ..index import IndexReader, ShardInfo, shard_getter, shard_sample_counts
 from ..storage import Store, redact_url
 from .destination import Plan, Run, check_destination, local_names, plan_paths
 
@@ -61,11 +63,12 @@ class SubsetReport:
 
 
 def select_shards(
-    lengths: list[int], *, shards: slice | None = None, samples: int | None = None
+    lengths: Sequence[int] | np.ndarray, *, shards: slice | None = None, samples: int | None = None
 ) -> list[int]:
     """Shard numbers of a subset: a slice of the shard list, or those holding ``samples``.
 
     With ``samples``, the first shards up to the one that holds sample ``samples - 1``.
+    ``lengths`` may be an index's sample-count column: nothing per shard is built here.
 
     Raises:
         ValueError: Neither or both given, or the selection is empty.
@@ -73,18 +76,15 @@ def select_shards(
     if (shards is None) == (samples is None):
         raise ValueError("give exactly one of shards= or samples=")
     if shards is not None:
-        chosen = list(range(len(lengths)))[shards]
+        chosen = list(range(len(lengths))[shards])
     else:
         if samples is None:
             raise ValueError("give shards or samples")
         if samples < 1:
             raise ValueError(f"samples must be >= 1, got {samples}")
-        chosen, total = [], 0
-        for k, n in enumerate(lengths):
-            if total >= samples:
-                break
-            chosen.append(k)
-            total += n
+        # shard k is taken while the samples before it are fewer than asked for
+        before = np.cumsum(np.asarray(lengths, dtype=np.int64)) - np.asarray(lengths)
+        chosen = list(range(int(np.searchsorted(before, samples, side="left"))))
     if not chosen:
         raise ValueError("the selection names no shards")
     return chosen
@@ -199,8 +199,9 @@ def make_subset(
     out_dir = os.path.abspath(os.path.expanduser(target.removeprefix("file://")))
     idx = open_index(index, store, allow_local_shards=allow_local_shards)
     try:
-        infos = list(idx.shards)
-        chosen = select_shards([s.nsamples for s in infos], shards=shards, samples=samples)
+        chosen = select_shards(shard_sample_counts(idx), shards=shards, samples=samples)
+        get = shard_getter(idx)
+        infos = {k: get(k) for k in chosen}  # only the chosen shards' records
         names = local_names([infos[k].url for k in chosen])
         tables = [idx.members(k) for k in chosen]
         plan = plan_paths(out_dir, index, names, tables)
@@ -215,7 +216,7 @@ def make_subset(
             finally:
                 if executor is None:
                     pool.shutdown(wait=True)
-            _write_index(plan, idx, chosen, names, tables, run)
+            _write_index(plan, idx, chosen, [infos[k] for k in chosen], names, tables, run)
         except BaseException:
             run.undo()
             raise
@@ -236,6 +237,7 @@ def _write_index(
     plan: Plan,
     idx: IndexReader,
     chosen: list[int],
+    records: list[ShardInfo],
     names: list[str],
     tables: list[Any],
     run: Run,
@@ -244,7 +246,6 @@ def _write_index(
     from ..index import JsonIndexWriter
 
     staging = run.staging(plan.out_dir)
-    infos = idx.shards
     with JsonIndexWriter(
         os.path.join(staging, os.path.basename(plan.index)), name=idx.name or None
     ) as writer:
@@ -255,7 +256,7 @@ def _write_index(
             if c_num > 0:
                 writer.start_component(comp.name or f"component{c_num}", comp.weight)
             for j in picked:
-                info = infos[chosen[j]]
+                info = records[j]
                 st = os.stat(plan.shards[j])
                 local = ShardInfo(
                     names[j], info.nsamples, size=st.st_size, mtime=st.st_mtime, md5sum=info.md5sum
