@@ -3,6 +3,7 @@
 Shard ``k`` is ``s-<k>.tar`` beside the index. Only the shards passed as ``real`` exist on
 disk (real tars); planning and counting never open the others. The first and last ``ends``
 shards, and the real ones, have a member table (the real tar's); the others have none.
+(``same=True``: every shard is the one real tar, so a verification finds them all.)
 """
 
 from __future__ import annotations
@@ -32,9 +33,20 @@ def write_tar(path: Path) -> None:
 
 
 def write_big_index(
-    path: Path, n: int, *, real: tuple[int, ...] = (), ends: int = 5, name: str = "big"
+    path: Path,
+    n: int,
+    *,
+    real: tuple[int, ...] = (),
+    ends: int = 5,
+    name: str = "big",
+    same: bool = False,
 ) -> Path:
-    """Write the index of ``n`` shards at ``path``; the shards in ``real`` exist."""
+    """Write the index of ``n`` shards at ``path``; the shards in ``real`` exist.
+
+    With ``same``, every shard is the one real tar ``s-0000000.tar`` (so all of them exist).
+    """
+    if same:
+        real = (0,)
     d = path.parent
     d.mkdir(parents=True, exist_ok=True)
     proto = d / "proto.tar"
@@ -47,7 +59,7 @@ def write_big_index(
     with_table = {*range(min(ends, n)), *range(max(0, n - ends), n), *real}
 
     def info(k: int) -> ShardInfo:
-        return ShardInfo(shard_name(k), SAMPLES, size)
+        return ShardInfo(shard_name(0 if same else k), SAMPLES, size)
 
     with TableIndexWriter(path, name=name) as w:
         k = 0

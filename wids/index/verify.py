@@ -8,12 +8,13 @@ damaged one reported) here, where the index is open.
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import WidsError
 from ..storage import Store, redact_url
+from .access import count_shards, shard_getter
 from .fingerprint import header_mismatch_at_spot
 from .members import ShardMembers
 from .model import ShardInfo
@@ -21,6 +22,9 @@ from .registry import open_index
 from .scan import scan_shard
 
 __all__ = ["ShardProblem", "verify_index", "verify_shard"]
+
+_IN_FLIGHT = 256
+"""Shards checked at once on an executor (a Dask cluster of many workers stays busy)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +91,8 @@ def verify_index(
         url_map: Prefix rewrites of shard URLs (mirrors).
         allow_local_shards: Let a remote index name local files.
         executor: Where the shards are checked (e.g. ``distributed.Client.get_executor()``);
-            default: one at a time, here.
+            default: one at a time, here. At most a few hundred shards are in flight, so
+            an index of 10^6 shards is checked in bounded memory.
 
     Returns:
         ``(shards, problems)``: how many shards the index has, and those that do not match,
@@ -96,10 +101,20 @@ def verify_index(
     store = Store.of(storage_options)
     idx = open_index(index, store, url_map=url_map, allow_local_shards=allow_local_shards)
     problems: dict[int, ShardProblem] = {}
-    futures: dict[cf.Future[str | None], int] = {}
+    futures: dict[cf.Future[str | None], tuple[int, str]] = {}
+
+    def collect(done: Iterable[cf.Future[str | None]]) -> None:
+        for fut in done:
+            k, url = futures.pop(fut)
+            problem = fut.result()
+            if problem:
+                problems[k] = ShardProblem(url, "CHANGED", problem)
+
     try:
-        shards = idx.shards
-        for k, info in enumerate(shards):
+        total = count_shards(idx)
+        get = shard_getter(idx)
+        for k in range(total):  # one record and member table at a time: 10^6 shards fit
+            info = get(k)
             try:
                 members = idx.members(k)  # every member table: a damaged one is reported
             except WidsError as e:
@@ -111,15 +126,17 @@ def verify_index(
                 problem = verify_shard(info, members, store, deep)
                 if problem:
                     problems[k] = ShardProblem(redact_url(info.url), "CHANGED", problem)
-            else:
-                futures[executor.submit(verify_shard, info, members, store, deep)] = k
-        for fut in cf.as_completed(futures):
-            k = futures[fut]
-            problem = fut.result()
-            if problem:
-                problems[k] = ShardProblem(redact_url(shards[k].url), "CHANGED", problem)
+                continue
+            if len(futures) >= _IN_FLIGHT:  # the executor holds a bounded window, not the index
+                done, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
+                collect(done)
+            futures[executor.submit(verify_shard, info, members, store, deep)] = (
+                k,
+                redact_url(info.url),
+            )
+        collect(cf.as_completed(list(futures)))
     finally:
         for fut in futures:
             fut.cancel()
         idx.close()
-    return len(shards), [problems[k] for k in sorted(problems)]
+    return total, [problems[k] for k in sorted(problems)]
