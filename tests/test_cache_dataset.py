@@ -85,7 +85,10 @@ def test_auto_promotes_remote_shards_into_the_cache(remote, http_server, tmp_pat
     assert ds.stats.cache_hits == 0  # the first sample comes by a range request
     for i in range(1, len(ds)):  # in order, like a chunked sampler within a chunk
         assert strip_meta(ds[i]) == remote["oracle"][i], i
-    ds.close()  # waits for the promotions under way
+    # reads do not wait for a promotion: under load some are still queued here, and close()
+    # cancels queued downloads; wait for every promotion started to finish
+    assert ds._pool.promoter.wait_all(timeout=120)
+    ds.close()
     cache = ShardCache(tmp_path)
     assert sorted(e.url for e in cache.entries()) == sorted(remote["urls"])
     # without a sampler's plan a shard is promoted once it drew a quarter of the last 64

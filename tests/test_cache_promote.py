@@ -130,3 +130,31 @@ def test_promoter_planned_starts_at_once_and_its_reads_wait_others_do_not(tmp_pa
         assert shard.read_range(0, 10) == blob(10_000, 0)[:10]
     promoter.close()
     fs.rm("/wids-focus", recursive=True)
+
+
+def test_promoter_wait_all_has_every_started_promotion_close_cancels_queued_ones(tmp_path):
+    fs = fsspec.filesystem("memory")
+    srcs = _sources(fs, 3, 10_000)
+    cache = ShardCache(tmp_path)
+    promoter = Promoter(cache, share=0.05, focus=0.0)
+    gate = threading.Event()
+    cache._background.submit("blocker-1", lambda: gate.wait(10))
+    cache._background.submit("blocker-2", lambda: gate.wait(10))  # the promotions queue up
+    for src in srcs:
+        promoter.requested(src, 10_000, shard_bytes=10_000)
+    assert not promoter.wait_all(timeout=0.1)  # queued behind the blockers
+    gate.set()
+    assert promoter.wait_all(timeout=30)
+    assert all(promoter.open_if_ready(s.url) is not None for s in srcs)
+    promoter.close()
+    # close() alone cancels promotions still queued: what wait_all() is for
+    gate2 = threading.Event()
+    cache2 = ShardCache(tmp_path / "second")
+    second = Promoter(cache2, share=0.05, focus=0.0)
+    cache2._background.submit("blocker-1", lambda: gate2.wait(10))
+    cache2._background.submit("blocker-2", lambda: gate2.wait(10))
+    second.requested(srcs[0], 10_000, shard_bytes=10_000)
+    threading.Timer(0.2, gate2.set).start()
+    second.close()
+    assert [e.url for e in cache2.entries()] == []
+    fs.rm("/wids-focus", recursive=True)

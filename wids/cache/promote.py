@@ -309,6 +309,18 @@ class Promoter:
             self._promotions[url] = self._promotions.get(url, 0) + 1
         return self.cache.open_cached(url, expected=expected)
 
+    def wait_all(self, timeout: float | None = None) -> bool:
+        """Wait until every promotion started so far has finished (done, failed or cancelled).
+
+        :meth:`close` cancels downloads still queued: wait first to have them all.
+
+        Returns:
+            Whether they all finished within ``timeout`` seconds (``None``: no limit).
+        """
+        with self._mutex:
+            futures = list(self._futures.values())
+        return not wait_futures(futures, timeout=timeout).not_done
+
     def close(self) -> None:
-        """Stop background fetches."""
+        """Stop background fetches: downloads under way finish, those queued are cancelled."""
         self.cache.close()
