@@ -25,6 +25,7 @@ The layout of ``cache_dir`` (created and marked on first use)::
     tmp/.<key>.<random>.tmp          downloads in progress (or left by a killed process)
     .evict.lock                      serialises eviction
     indexes/<key>.json               offline copies of remote indexes (``wids.cache.snapshots``)
+    indexes/<key>.widx(.json)        a remote shard table copied whole, and where it came from
     scans/<key>.json                 member tables of scanned shards (``wids.cache.scans``)
 
 ``<key>`` is :func:`wids.storage.url_name` of the URL (the one URL -> file name rule, also for

@@ -58,6 +58,8 @@ class TableIndex:
         base: Overrides the directory relative shard URLs resolve against.
         url_map: Prefix rewrites of shard URLs, for mirrors.
         allow_local_shards: Let an index read from a remote location name local files.
+        origin: Where the index was read from when this file is a copy of it (an offline
+            snapshot of a remote index): its shards' locations are judged against that.
 
     Raises:
         IndexFormatError: (on first use) The file is malformed or of an unknown version.
@@ -72,8 +74,10 @@ class TableIndex:
         base: str | None = None,
         url_map: Mapping[str, str] | UrlMap | None = None,
         allow_local_shards: bool = False,
+        origin: str | None = None,
     ) -> None:
         self.url = url
+        self.origin = origin
         self.store = Store.of(storage_options)
         self.base = base
         self.url_map = check_url_map(url_map)
@@ -249,7 +253,8 @@ class TableIndex:
         etag = self._string("etag", shard) if flags & HAS_ETAG else None
         md5 = self._string("md5", shard) if flags & HAS_MD5 else None
         url = resolve_url(stored, self._root)
-        refused = check_remote_ref(url, self.url, self.allow_local_shards)
+        origin = self.url if self.origin is None else self.origin
+        refused = check_remote_ref(url, origin, self.allow_local_shards)
         if refused:
             raise UntrustedLocationError(f"shard {shard}: url {refused}", shard=self.url)
         if self.url_map:
