@@ -34,4 +34,8 @@ def test_bench_scale_runs_tiny(tmp_path):
     assert all(f["samples"] == 30 * 7 for f in figures["open"].values())
     assert all(len(f["worker_uss"]) == 1 for f in figures["open"].values())
     assert "goals (widx)" in r.stdout
+    # index info and a 2-shard subset ran on every format, over every shard of the index
+    assert all(t["info"]["shards"] == 30 for t in figures["tools"].values())
+    assert all(t["subset"]["shards"] == 2 for t in figures["tools"].values())
+    assert "widx vs description: info" in r.stdout
     assert (tmp_path / "index.widx").read_bytes()[:8] == b"WIDSTBL\x00"

@@ -17,6 +17,9 @@ in a fresh process that has already run ``import torch, wids`` (and resolved
   read a batch of the real shard and ran a full garbage collection: what every worker adds to
   the machine.
 
+Then, per format, ``wids index info`` and ``wids subset`` of 2 (real, neighbouring) shards,
+each in a fresh process that has imported wids: seconds and the peak RSS (``VmHWM``) added.
+
 Conversion is timed against ``json.load`` of the description in a fresh process. The floor of
 opening is the same fresh process without the dataset (its import time and RSS, and its
 workers' USS over a plain list, printed: a worker's collection copies the pages of what
@@ -66,9 +69,19 @@ def write_real_shard(path: Path, samples: int) -> int:
     return path.stat().st_size
 
 
+def pair_of(real: int, shards: int) -> tuple[int, int]:
+    """The two neighbouring real shards ``wids subset`` copies."""
+    return (real, real + 1) if real + 1 < shards else (real - 1, real)
+
+
 def write_description(root: Path, shards: int, samples: int, real: int) -> Path:
-    """The reference description; every shard has the real shard's size."""
+    """The reference description; every shard has the real shard's size.
+
+    Shards ``real`` and ``real + 1`` (or ``real - 1`` at the end) exist: the subset copies them.
+    """
     size = write_real_shard(root / shard_name(real), samples)
+    if shards > 1:
+        write_real_shard(root / shard_name(pair_of(real, shards)[1]), samples)
     path = root / "description.json"
     with open(path, "w") as f:
         f.write('{"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "scale",\n')
@@ -115,6 +128,37 @@ def child_convert(src: str, dst: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     wids.convert_index(src, dst)
     return {"convert_s": time.perf_counter() - t0, "bytes": os.path.getsize(dst)}
+
+
+def child_info(index: str) -> dict[str, Any]:
+    """``wids index info`` in a fresh process that has imported wids."""
+    import contextlib
+    import io
+
+    from wids.cli import main as cli
+
+    before = _status()
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        code = cli(["index", "info", index, "--json"])
+    took = time.perf_counter() - t0
+    after = _status()
+    if code:
+        raise SystemExit(f"wids index info failed: {code}")
+    shards = json.loads(out.getvalue())["shards"]
+    return {"s": took, "hwm_added": after["VmHWM"] - before["VmHWM"], "shards": shards}
+
+
+def child_subset(index: str, dest: str, first: int) -> dict[str, Any]:
+    """``make_subset`` of 2 shards (``wids subset --shards first:first+2``), fresh process."""
+    from wids.subset import make_subset
+
+    before = _status()
+    t0 = time.perf_counter()
+    report = make_subset(index, dest, shards=slice(first, first + 2), jobs=2)
+    took = time.perf_counter() - t0
+    after = _status()
+    return {"s": took, "hwm_added": after["VmHWM"] - before["VmHWM"], "shards": report.shards}
 
 
 def _collate(batch: list[Any]) -> list[Any]:
@@ -223,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
             result = child_parse(*rest)
         elif kind == "floor":
             result = child_floor(int(rest[0]))
+        elif kind == "info":
+            result = child_info(rest[0])
+        elif kind == "subset":
+            result = child_subset(rest[0], rest[1], int(rest[2]))
         else:
             result = child_open(rest[0], *(int(x) for x in rest[1:]))
         print(json.dumps(result))
@@ -308,9 +356,36 @@ def run(root: Path, args: argparse.Namespace, formats: list[str]) -> int:
         if "widx" in converted:
             goals.append(("conversion < 30 s", converted["widx"]["convert_s"] < 30))
         print("goals (widx): " + ", ".join(f"{g}: {'met' if ok else 'NOT met'}" for g, ok in goals))
+    tools = run_tools(root, paths, formats, pair_of(real, args.shards)[0])
     if args.json:
-        print(json.dumps({"floor": floor, "convert": converted, "open": results}))
+        print(json.dumps({"floor": floor, "convert": converted, "open": results, "tools": tools}))
     return 0
+
+
+def run_tools(
+    root: Path, paths: dict[str, str], formats: list[str], first: int
+) -> dict[str, dict[str, Any]]:
+    """``wids index info`` and ``wids subset`` of 2 shards per format, each in a fresh process."""
+    print(f"{'tool':12s} {'info s':>7s} {'peak+ MB':>8s} {'subset2 s':>9s} {'peak+ MB':>8s}")
+    tools: dict[str, dict[str, Any]] = {}
+    for fmt in formats:
+        info = run_child(["info", paths[fmt]])
+        sub = run_child(["subset", paths[fmt], str(root / f"subset-{fmt}"), str(first)])
+        tools[fmt] = {"info": info, "subset": sub}
+        print(
+            f"{fmt:12s} {info['s']:7.2f} {mb(info['hwm_added'])} {sub['s']:9.2f} "
+            f"{mb(sub['hwm_added'])}"
+        )
+    base = tools.get("description")
+    if base is not None and "widx" in tools:
+        w = tools["widx"]
+        ratios = [
+            f"{what} {w[what]['s'] / max(base[what]['s'], 1e-9):.3f}x time, "
+            f"{w[what]['hwm_added'] / max(base[what]['hwm_added'], 1):.3f}x peak"
+            for what in ("info", "subset")
+        ]
+        print("widx vs description: " + "; ".join(ratios))
+    return tools
 
 
 if __name__ == "__main__":
