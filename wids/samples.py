@@ -17,15 +17,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
+import numpy as np
+
 from .errors import SampleLayoutError
-from .tar import TarMember
+from .tar import BLOCK, LocalHeaders, TarMember
 
 __all__ = [
     "DUPLICATE_POLICIES",
     "DuplicatePolicy",
     "GroupedColumns",
     "GroupedSamples",
+    "SampleColumns",
     "group_columns",
+    "group_headers",
     "group_members",
     "group_regular",
     "split_name",
@@ -277,3 +281,98 @@ def group_columns(
             skipped[0],
         )
     return out
+
+
+@dataclass
+class SampleColumns:
+    """A shard's samples as member-table arrays (what :func:`group_headers` gives).
+
+    Attributes:
+        fields: Distinct fields in order of first appearance.
+        key_blob: The samples' keys, UTF-8 (surrogateescape), concatenated.
+        key_offsets: ``n + 1`` positions of the keys in ``key_blob``.
+        sample_start: ``n + 1`` member positions, as in :class:`GroupedColumns`.
+        member_field: Per member, its field's position in ``fields``.
+        member_offset: Per member, its data offset.
+        member_size: Per member, its size.
+        skipped: How many regular members belong to no sample.
+    """
+
+    fields: list[str]
+    key_blob: bytes
+    key_offsets: np.ndarray
+    sample_start: np.ndarray
+    member_field: np.ndarray
+    member_offset: np.ndarray
+    member_size: np.ndarray
+    skipped: int
+
+
+def group_headers(
+    headers: LocalHeaders, *, duplicates: DuplicatePolicy = "error", shard: str | None = None
+) -> SampleColumns | None:
+    """Like :func:`group_columns`, vectorised, for ``tar.scan_local_headers``' members.
+
+    Returns ``None`` when a key or field repeats (then :func:`group_columns` applies the
+    policy): without repeats every policy groups alike.
+
+    Raises:
+        ValueError: For an unknown policy.
+    """
+    if duplicates not in DUPLICATE_POLICIES:
+        raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}, not {duplicates!r}")
+    names, name_len = headers.name, headers.name_len
+    n, width = names.shape
+    col = np.arange(width)
+    slash = np.where((names == 47).any(1), width - 1 - (names[:, ::-1] == 47).argmax(1), -1)
+    dots = (names == 46) & (col > slash[:, None])
+    dot = np.where(dots.any(1), dots.argmax(1), -1)
+    valid = dot > slash + 1  # as split_name: a dot in the basename, not its first byte
+    skipped = np.flatnonzero(~valid)
+    example = names[skipped[0], : name_len[skipped[0]]].tobytes() if len(skipped) else b""
+    if len(skipped):
+        names, name_len, dot = names[valid], name_len[valid], dot[valid]
+    keys = names * (col < dot[:, None])
+    new = np.ones(len(keys), dtype=bool)
+    new[1:] = (keys[1:] != keys[:-1]).any(1)
+    starts = np.flatnonzero(new)
+    nsamples = len(starts)
+    # Fields, shifted to the start of their rows: equal fields give equal rows.
+    at = dot[:, None] + col
+    fields_arr = np.take_along_axis(names, np.minimum(at, width - 1), 1) * (at < name_len[:, None])
+    rows = np.ascontiguousarray(fields_arr).view(f"V{width}").ravel()
+    _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    rank = np.empty(len(order), dtype=np.int64)
+    rank[order] = np.arange(len(order))
+    member_field = rank[inverse.ravel()]
+    sample = np.cumsum(new) - 1
+    pairs = np.unique(sample * max(len(order), 1) + member_field)
+    key_rows = np.ascontiguousarray(keys[starts]).view(f"V{width}").ravel()
+    if len(pairs) != len(member_field) or len(np.unique(key_rows)) != nsamples:
+        return None  # a field twice in a sample, or a key in two places
+    key_len = dot[starts].astype(np.int64)
+    key_offsets = np.zeros(nsamples + 1, dtype=np.int64)
+    np.cumsum(key_len, out=key_offsets[1:])
+    sample_start = np.append(starts, len(keys)).astype(np.int64)
+    fields = [
+        fields_arr[first[k]].tobytes().rstrip(b"\0").decode("utf-8", "surrogateescape")
+        for k in order.tolist()
+    ]
+    if len(skipped):
+        logger.info(
+            "%s: %d member(s) without a key.field name skipped, e.g. %r",
+            shard,
+            len(skipped),
+            example.decode("utf-8", "surrogateescape"),
+        )
+    return SampleColumns(
+        fields=fields,
+        key_blob=keys[starts][col < key_len[:, None]].tobytes(),
+        key_offsets=key_offsets,
+        sample_start=sample_start,
+        member_field=member_field,
+        member_offset=headers.header_offset[valid] + BLOCK,
+        member_size=headers.size[valid],
+        skipped=int(n - len(keys)),
+    )

@@ -1,6 +1,8 @@
 """Scanning one shard: its headers, grouped into samples, as a member table.
 
-- Local shards: headers only (``tar.scan_local_rows``), member data is never read.
+- Local shards: headers only, member data is never read; archives of plain regular members
+  with distinct keys in bulk (``tar.scan_local_headers``, ``samples.group_headers``), any
+  other with the exact walker (``tar.scan_local_rows``, ``samples.group_columns``).
 - Remote shards: the first :data:`PROBE` bytes (one request) show how large the members are
   (``tar.header_stride``). Large members (at least :data:`HOP_STRIDE` bytes of archive per
   header): hop from header to header with ranged reads (``tar.iter_members_hopping``), pinned
@@ -13,13 +15,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..samples import DuplicatePolicy, GroupedColumns, group_columns, group_members
+from ..samples import (
+    DuplicatePolicy,
+    GroupedColumns,
+    SampleColumns,
+    group_columns,
+    group_headers,
+    group_members,
+)
 from ..storage import FileStat, IOStats, Source, redact_url
 from ..tar import (
     TarMember,
     header_stride,
     iter_members_hopping,
     iter_members_stream,
+    scan_local_headers,
     scan_local_rows,
 )
 from .members import ShardMembers
@@ -61,6 +71,13 @@ def scan_shard(
     name = redact_url(source.url)
     if source.local_path is not None:
         stat = source.info(stats)
+        # Plain archives in bulk (numpy); any other, or repeated keys: the exact walker.
+        headers = scan_local_headers(source.local_path, shard=name)
+        fast = (
+            None if headers is None else group_headers(headers, duplicates=duplicates, shard=name)
+        )
+        if fast is not None:
+            return stat, _columns(fast), fast.skipped
         rows = scan_local_rows(source.local_path, shard=name)
         cols = group_columns(rows, duplicates=duplicates, shard=name)
         return stat, _table(cols), len(cols.skipped)
@@ -89,6 +106,18 @@ def _table(cols: GroupedColumns) -> ShardMembers:
         member_field=np.array(cols.member_field, dtype=np.int64),
         member_offset=np.array(cols.member_offset, dtype=np.int64),
         member_size=np.array(cols.member_size, dtype=np.int64),
+    )
+
+
+def _columns(cols: SampleColumns) -> ShardMembers:
+    return ShardMembers(
+        fields=cols.fields,
+        key_blob=cols.key_blob,
+        key_offsets=cols.key_offsets,
+        sample_start=cols.sample_start,
+        member_field=cols.member_field,
+        member_offset=cols.member_offset,
+        member_size=cols.member_size,
     )
 
 

@@ -7,7 +7,9 @@ The entry points share one header walker:
 - :func:`iter_members_stream` — one sequential pass over a non-seekable stream (remote shards),
   read in large chunks; it never seeks and reads the stream to its end.
 - :func:`scan_local` (and :func:`scan_local_rows`) — a local file read with ``os.pread``, a small
-  window per header, the fastest path.
+  window per header, the fastest path. :func:`scan_local_headers` (:mod:`.bulk`) is faster still
+  for archives of plain regular members (it decodes their headers in bulk with numpy) and
+  returns ``None`` for any other archive.
 - :func:`iter_members_hopping` — remote archives of large members: one ranged read per header
   (a small block from it on, so nearby headers come together); :func:`header_stride` tells
   from an archive's first bytes whether its members are large enough for that to pay.
@@ -56,6 +58,7 @@ The package's modules: :mod:`.member` (the :class:`TarMember` record), :mod:`.he
 
 from __future__ import annotations
 
+from .bulk import LocalHeaders, scan_local_headers
 from .header import BLOCK, MAX_EXTENSION, MAX_MEMBER_SIZE, header_mismatch
 from .hop import header_stride, iter_members_hopping
 from .member import TarMember
@@ -63,6 +66,7 @@ from .walk import iter_members_fetch, iter_members_stream, scan_local, scan_loca
 
 __all__ = [
     "BLOCK",
+    "LocalHeaders",
     "MAX_EXTENSION",
     "MAX_MEMBER_SIZE",
     "TarMember",
@@ -72,5 +76,6 @@ __all__ = [
     "iter_members_hopping",
     "iter_members_stream",
     "scan_local",
+    "scan_local_headers",
     "scan_local_rows",
 ]

@@ -10,9 +10,13 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import HeaderChecksumError, TarFormatError, TruncatedTarError
 from .member import Row
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["BLOCK", "MAX_EXTENSION", "MAX_MEMBER_SIZE", "header_mismatch"]
 
@@ -55,8 +59,23 @@ def _verify_batch(hdrs: list[bytes], rows: list[Row], off: int, shard: str | Non
     """
     import numpy as np
 
-    u64 = np.uint64
     arr = np.frombuffer(b"".join(hdrs), dtype=np.uint8).reshape(-1, BLOCK)
+    for k in np.flatnonzero(~_canonical_checksums(arr)).tolist():
+        h = hdrs[k]
+        at = rows[k][1] - BLOCK if k < len(rows) else off
+        _bad_checksum(h, _unsigned_sum(h), at, shard, _Ext())
+    hdrs.clear()
+
+
+def _canonical_checksums(arr: np.ndarray) -> np.ndarray:
+    r"""Per header (rows of a ``(n, 512)`` uint8 array), whether its checksum is canonical.
+
+    Canonical: the field is ``"%06o\0 "`` of the header's unsigned sum. A header failing this
+    may still be valid (see :func:`_bad_checksum`).
+    """
+    import numpy as np
+
+    u64 = np.uint64
     total = arr.sum(1, dtype=np.uint32).astype(u64)
     # The 8-byte checksum field of each header as one little-endian integer (byte k at bit 8k).
     field = np.ascontiguousarray(arr[:, 148:156]).view("<u8").ravel()
@@ -67,11 +86,7 @@ def _verify_batch(hdrs: list[bytes], rows: list[Row], off: int, shard: str | Non
     for k in range(6):
         digit = ((unsigned >> u64(3 * (5 - k))) & u64(7)) | u64(48)
         expected = expected | (digit << u64(8 * k))
-    for k in np.flatnonzero(field != expected).tolist():
-        h = hdrs[k]
-        at = rows[k][1] - BLOCK if k < len(rows) else off
-        _bad_checksum(h, _unsigned_sum(h), at, shard, _Ext())
-    hdrs.clear()
+    return np.asarray(field == expected)
 
 
 class _Ext:

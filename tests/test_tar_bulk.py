@@ -1,0 +1,129 @@
+"""The bulk scan of local shards (tar.scan_local_headers + samples.group_headers) against the
+exact walker and grouping: the same member table, byte for byte, or the same typed error."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tarfixtures import FORMATS, Entry, make_samples, write_shard, write_tar
+
+from wids.errors import WidsError
+from wids.index.jsonwriter import render_sidecar
+from wids.index.model import ShardInfo
+from wids.index.scan import _table, scan_shard
+from wids.samples import DUPLICATE_POLICIES, group_columns, group_headers
+from wids.storage import Source
+from wids.tar import scan_local_headers, scan_local_rows
+
+INFO = ShardInfo(url="s.tar", nsamples=0, size=1, etag=None, mtime=None)
+
+
+def _outcome(fn):
+    try:
+        return "ok", render_sidecar(INFO, fn())
+    except WidsError as e:
+        return type(e).__name__, str(e)
+
+
+def _same_as_exact(path: Path) -> None:
+    """scan_shard (bulk where it applies) == the exact walker + group_columns, every policy."""
+    for policy in DUPLICATE_POLICIES:
+        bulk = _outcome(lambda policy=policy: scan_shard(Source(str(path)), duplicates=policy)[1])
+        exact = _outcome(
+            lambda policy=policy: _table(
+                group_columns(scan_local_rows(path), duplicates=policy, shard=str(path))
+            )
+        )
+        assert bulk == exact, policy
+    headers = scan_local_headers(path)
+    if headers is not None:  # then every member is a plain regular file, as the walker says
+        rows = scan_local_rows(path)
+        assert [(r[1] - 512, r[2], r[3]) for r in rows] == [
+            (int(o), int(s), "0") for o, s in zip(headers.header_offset, headers.size, strict=True)
+        ]
+        assert [r[0].encode("utf-8", "surrogateescape") for r in rows] == [
+            bytes(headers.name[i, : headers.name_len[i]]) for i in range(len(rows))
+        ]
+
+
+def test_every_fixture_and_its_truncations_and_corruptions(tar_fixture: Path) -> None:
+    raw = tar_fixture.read_bytes()
+    _same_as_exact(tar_fixture)
+    variants = [raw[:cut] for cut in (0, 100, 512, 700, 1024, len(raw) - 1024, len(raw) - 512)]
+    for at in (0, 124, 130, 148, 156, 345, 600):
+        if at < len(raw):
+            bad = bytearray(raw)
+            bad[at] ^= 0x11
+            variants.append(bytes(bad))
+    for k, data in enumerate(variants):
+        path = tar_fixture.with_name(f"variant-{k}.tar")
+        path.write_bytes(data)
+        _same_as_exact(path)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_plain_shards_take_the_bulk_path(tmp_path: Path, fmt: str) -> None:
+    path = write_shard(tmp_path / "s.tar", make_samples(20), format=fmt)
+    headers = scan_local_headers(path)
+    assert headers is not None and len(headers.size) == 60
+    cols = group_headers(headers)
+    assert (
+        cols is not None
+        and len(cols.key_offsets) == 21
+        and cols.fields
+        == [
+            ".jpg",
+            ".cls",
+            ".json",
+        ]
+    )
+    _same_as_exact(path)
+    # Anything else goes to the exact walker: a directory, a ustar prefix, a repeated key.
+    for k, extra in enumerate(
+        (Entry("d/", type="5"), Entry("p" * 90 + "/" + "q" * 20 + ".bin", b"x"))
+    ):
+        other = write_tar(tmp_path / f"o{k}.tar", [*make_samples(2), extra], format="ustar")
+        assert scan_local_headers(other) is None
+    again = write_shard(tmp_path / "r.tar", make_samples(2) * 2, format=fmt)
+    assert group_headers(scan_local_headers(again)) is None
+    _same_as_exact(again)
+
+
+_NAME = st.text(alphabet="ab./é_", min_size=0, max_size=8)
+_ENTRY = st.one_of(
+    st.tuples(_NAME, st.integers(0, 1100)).map(lambda t: Entry(t[0] or "x", b"z" * t[1])),
+    st.sampled_from([Entry("dir/", type="5"), Entry("ln.x", type="2", linkname="a.b")]),
+    st.integers(95, 130).map(lambda n: Entry("l" * n + ".txt", b"y")),
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    entries=st.lists(_ENTRY, max_size=12),
+    fmt=st.sampled_from(FORMATS),
+    damage=st.one_of(st.none(), st.tuples(st.booleans(), st.integers(0, 1 << 16))),
+)
+def test_random_tars_bulk_equals_exact(entries: list[Entry], fmt: str, damage) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "r.tar"
+        try:
+            write_tar(path, entries, format=fmt)
+        except (ValueError, UnicodeError):  # tarfile cannot write it in this format
+            return
+        if damage is not None:
+            cut, at = damage
+            raw = bytearray(path.read_bytes())
+            if cut:
+                del raw[at % (len(raw) + 1) :]
+            else:
+                raw[at % len(raw)] ^= 0x08
+            path.write_bytes(bytes(raw))
+        _same_as_exact(path)
+        os.remove(path)
