@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tarfixtures import FORMATS, Entry, make_samples, write_shard, write_tar
 
+from wids import open_index
 from wids.errors import WidsError
 from wids.index.jsonwriter import render_sidecar
 from wids.index.model import ShardInfo
@@ -127,3 +128,20 @@ def test_random_tars_bulk_equals_exact(entries: list[Entry], fmt: str, damage) -
             path.write_bytes(bytes(raw))
         _same_as_exact(path)
         os.remove(path)
+
+
+def test_a_rebuild_keeps_equal_sidecars_and_replaces_changed_ones(tmp_path: Path) -> None:
+    from wids.index.build import build_index
+    from wids.index.jsonformat import members_dir
+
+    shards = [write_shard(tmp_path / f"s{i}.tar", make_samples(5, seed=i)) for i in range(2)]
+    out = tmp_path / "ix.json"
+    build_index([str(s) for s in shards], str(out))
+    sidecars = [next(Path(members_dir(str(out))).glob(f"*-s{i}.tar.json")) for i in range(2)]
+    before = [(p.stat().st_ino, p.read_bytes()) for p in sidecars]
+    write_shard(shards[1], make_samples(6, seed=1))  # one shard changes
+    build_index([str(s) for s in shards], str(out), incremental=False)
+    after = [(p.stat().st_ino, p.read_bytes()) for p in sidecars]
+    assert after[0] == before[0]  # the same file: not replaced by an equal one
+    assert after[1][1] != before[1][1] and b'"nsamples":6' in after[1][1]
+    assert open_index(str(out)).members(1) is not None
