@@ -145,3 +145,16 @@ def test_a_rebuild_keeps_equal_sidecars_and_replaces_changed_ones(tmp_path: Path
     assert after[0] == before[0]  # the same file: not replaced by an equal one
     assert after[1][1] != before[1][1] and b'"nsamples":6' in after[1][1]
     assert open_index(str(out)).members(1) is not None
+
+
+def test_samples_of_many_fields(tmp_path: Path) -> None:
+    """Over 62 fields (no bitmask per sample): repeats still found, else bulk = exact."""
+    fields = [f".f{i}" for i in range(70)]
+    path = write_shard(tmp_path / "m.tar", make_samples(3, fields=fields, jpg_size=1))
+    cols = group_headers(scan_local_headers(path))
+    assert cols is not None and cols.fields == fields
+    _same_as_exact(path)
+    again = [*make_samples(1, fields=fields, jpg_size=1), ("000000.f3", b"x")]
+    path = write_shard(tmp_path / "r.tar", again)
+    assert group_headers(scan_local_headers(path)) is None
+    _same_as_exact(path)

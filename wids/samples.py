@@ -324,7 +324,10 @@ def group_headers(
     names, name_len = headers.name, headers.name_len
     n, width = names.shape
     col = np.arange(width)
-    slash = np.where((names == 47).any(1), width - 1 - (names[:, ::-1] == 47).argmax(1), -1)
+    is_slash = names == 47
+    slash = np.full(n, -1)
+    if is_slash.any():
+        slash = np.where(is_slash.any(1), width - 1 - is_slash[:, ::-1].argmax(1), -1)
     dots = (names == 46) & (col > slash[:, None])
     dot = np.where(dots.any(1), dots.argmax(1), -1)
     valid = dot > slash + 1  # as split_name: a dot in the basename, not its first byte
@@ -337,28 +340,16 @@ def group_headers(
     new[1:] = (keys[1:] != keys[:-1]).any(1)
     starts = np.flatnonzero(new)
     nsamples = len(starts)
-    # Fields, shifted to the start of their rows: equal fields give equal rows.
-    at = dot[:, None] + col
-    fields_arr = np.take_along_axis(names, np.minimum(at, width - 1), 1) * (at < name_len[:, None])
-    rows = np.ascontiguousarray(fields_arr).view(f"V{width}").ravel()
-    _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
-    order = np.argsort(first)
-    rank = np.empty(len(order), dtype=np.int64)
-    rank[order] = np.arange(len(order))
-    member_field = rank[inverse.ravel()]
-    sample = np.cumsum(new) - 1
-    pairs = np.unique(sample * max(len(order), 1) + member_field)
+    member_field, fields = _field_ids(names, dot, name_len)
     key_rows = np.ascontiguousarray(keys[starts]).view(f"V{width}").ravel()
-    if len(pairs) != len(member_field) or len(np.unique(key_rows)) != nsamples:
+    if not _distinct_fields(member_field, starts, len(fields)) or (
+        len(np.unique(key_rows)) != nsamples
+    ):
         return None  # a field twice in a sample, or a key in two places
     key_len = dot[starts].astype(np.int64)
     key_offsets = np.zeros(nsamples + 1, dtype=np.int64)
     np.cumsum(key_len, out=key_offsets[1:])
     sample_start = np.append(starts, len(keys)).astype(np.int64)
-    fields = [
-        fields_arr[first[k]].tobytes().rstrip(b"\0").decode("utf-8", "surrogateescape")
-        for k in order.tolist()
-    ]
     if len(skipped):
         logger.info(
             "%s: %d member(s) without a key.field name skipped, e.g. %r",
@@ -376,3 +367,37 @@ def group_headers(
         member_size=headers.size[valid],
         skipped=int(n - len(keys)),
     )
+
+
+def _field_ids(
+    names: np.ndarray, dot: np.ndarray, name_len: np.ndarray
+) -> tuple[np.ndarray, list[str]]:
+    """Per member, its field's position in the fields (in order of first appearance)."""
+    width = names.shape[1]
+    tails = names * (np.arange(width) >= dot[:, None])  # equal rows: equal dots and fields
+    weights = np.arange(1, width + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15) | 1
+    code = (tails.astype(np.uint64) * weights).sum(1)  # a hash; collisions checked below
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    if not bool((tails == tails[first[inverse]]).all()):
+        rows = np.ascontiguousarray(tails).view(f"V{width}").ravel()
+        _, first, inverse = np.unique(rows, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
+    ids: dict[str, int] = {}
+    field_of = np.empty(len(first), dtype=np.int64)
+    for k in np.argsort(first).tolist():
+        i = int(first[k])
+        name = names[i, dot[i] : name_len[i]].tobytes().decode("utf-8", "surrogateescape")
+        field_of[k] = ids.setdefault(name, len(ids))
+    return field_of[inverse], list(ids)
+
+
+def _distinct_fields(member_field: np.ndarray, starts: np.ndarray, nfields: int) -> bool:
+    """Whether no field appears twice in one sample (samples begin at ``starts``)."""
+    if not len(member_field):
+        return True
+    if nfields < 63:  # one bit per field: a repeat makes the sum differ from the union
+        bits = np.left_shift(np.int64(1), member_field)
+        return bool((np.bitwise_or.reduceat(bits, starts) == np.add.reduceat(bits, starts)).all())
+    sample = np.cumsum(np.isin(np.arange(len(member_field)), starts)) - 1
+    return len(np.unique(sample * nfields + member_field)) == len(member_field)
