@@ -172,13 +172,13 @@ class IndexKeeper:
 
     def _rebuild_sqlite(self, *, final: bool) -> None:
         """Write a new single file (SQLite, shard table): old shards, then the pending ones."""
-        from .index import create_index_writer, open_index
+        from .index import create_index_writer, iter_shards, open_index
 
         old = open_index(self.path, base=self.out_dir) if self._checkpoint_size else None
         writer = create_index_writer(self.path, name=self.name)
         try:
             if old is not None:
-                for i, info in enumerate(old.shards):
+                for i, info in enumerate(iter_shards(old)):  # one record at a time
                     stored = _stored_copy(info, self.out_dir)
                     writer.add(stored, old.members(i))
             for info, members in self._pending:
@@ -239,8 +239,7 @@ def whole_shards(
     """
     from .index import scan_shard
 
-    reader = _old_index(index, store)
-    known = {} if reader is None else {info.url: i for i, info in enumerate(reader.shards)}
+    reader, known = _old_index(index, store)
     try:
         n = start
         while True:
@@ -262,29 +261,33 @@ def whole_shards(
             reader.close()
 
 
-def _old_index(index: str | None, store: Store) -> IndexReader | None:
-    from .index import open_index
+def _old_index(index: str | None, store: Store) -> tuple[IndexReader | None, dict[str, int]]:
+    """The old index and its shards' numbers by URL (read one record at a time), if usable."""
+    from .index import iter_shards, open_index
     from .storage import is_remote
 
     if index is None or (not is_remote(index) and not os.path.exists(index)):
-        return None
+        return None, {}
+    reader = None
     try:
         reader = open_index(index, store)
-        reader.shards  # noqa: B018 - load it now, so a damaged index is noticed here
-        return reader
+        # every record read now, so a damaged index is noticed here
+        return reader, {info.url: i for i, info in enumerate(iter_shards(reader))}
     except ShardNotFoundError:
-        return None
+        pass
     except WidsError as e:
         logger.warning("existing index %s unusable (%s); scanning shards", index, e)
-        return None
+    if reader is not None:
+        reader.close()
+    return None, {}
 
 
 def _reusable(reader: IndexReader, i: int, stat: Any, src: Any) -> ShardMembers | None:
     """The old index's member table of a shard, if it still describes the file."""
-    from .index import unchanged
+    from .index import shard_getter, unchanged
     from .storage import redact_url
 
-    info = reader.shards[i]
+    info = shard_getter(reader)(i)
     try:
         members = reader.members(i)
         if members is None:
