@@ -162,7 +162,7 @@ class _Chunks(_Ranges):
             mask = k == part_no
             part = self._parts[part_no][0]
             local = (chunks[mask] - (ends[part_no - 1] if part_no else 0)) % len(part)
-            out[mask] = part.sizes(local)  # type: ignore[attr-defined]
+            out[mask] = part.sizes(local)
         return out
 
     def __iter__(self) -> Iterator[Range]:
