@@ -12,11 +12,15 @@ scenarios: nginx on loopback, where a request costs next to nothing, and nginx p
 ``--pace`` requests/s (``limit_req``), closer to an object store where every request costs.
 
 The goals (issue 4): ``auto`` downloads <= 1.1x the dataset, is at least as fast as
-``range`` and as ``shard``, and its first sample arrives as fast as ``range``'s. On this
-machine ``auto`` meets the bytes and first-sample goals and is 2-3x faster than ``range``
-when requests cost; it stays 10-50 % behind ``shard`` in epoch time, because the shard's
-first ``promote_share`` is read by range requests before the download is waited for (lower
-``--share`` narrows the gap; ``shard`` in turn pays ~50-100 ms before its first sample).
+``range`` and as ``shard``, and its first sample arrives as fast as ``range``'s. This bench
+reads batches with ``ds.__getitems__`` in the sampler's order but does not iterate the
+sampler, so no plan reaches the dataset: a shard is promoted on evidence from the reads (its
+first ``promote_share`` read by range, and most recent requests), and reads of it do not wait
+for the download; they go on by range until the cached copy is ready. On this machine (one run,
+load ~5) ``auto`` was 2x faster than ``range`` and 1.7-2.5x slower than ``shard``, and
+downloaded 1.4-1.5x the dataset (the shard whole plus the range reads made meanwhile). A
+sampler's plan through a DataLoader starts the download before the shard's first read, and
+its reads wait for it (``tools/bench_lookahead.py`` measures that).
 """
 
 from __future__ import annotations
