@@ -6,7 +6,10 @@ the first byte of every answer, 50 MB/s per connection, by default). Each row ru
 DataLoader (4 workers, batch 32) over the whole dataset in a fresh subprocess, with the wids
 found at ``--wids`` (repeatable: e.g. a checkout of the old code and this tree), and reports
 samples/s, the first batch's latency, bytes the proxy sent over the dataset's size and over
-the read samples' spans, and requests per sample. Rows: chunked and fully random orders with
+the read samples' spans, requests per sample, the requests in flight at the proxy while it
+was busy (mean, peak) and the request rate reached over the latency bound of that window
+(mean in flight / round trip, the round trip being the delay plus the mean answer's transfer
+time). Rows: chunked and fully random orders with
 ``access="range"`` and with ``access="auto"`` (cache budget a tenth of the dataset for the
 random order), webdataset 1.x's streaming pipeline (``--wds-python``) and the floor (every
 shard fetched whole, as many connections as workers).
@@ -41,6 +44,8 @@ kw = dict(transformations=[], access=args["access"])
 if args["cache"]:
     kw.update(cache_dir=tempfile.mkdtemp(), cache_size=args["budget"])
 ds = ShardListDataset(args["index"], **kw)
+if args["depth"] is not None:  # the lookahead's window, in batches (a test hook of the pool)
+    ds._pool.lookahead_limits = {{"depth": args["depth"]}}
 n = len(ds)
 if args["order"] == "chunked":
     sampler = ChunkedSampler(ds, chunksize=10**9, seed=0, shufflefirst=True,
@@ -98,6 +103,19 @@ def _run(python: str, code: str, *argv: str, env: dict[str, str] | None = None) 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _window(c: dict, r: dict, delay: float, rate: float) -> tuple[str, str]:
+    """The requests in flight at the proxy while busy (mean, peak), and the achieved request
+    rate over the latency bound of that window: mean in flight / (delay + mean answer / rate),
+    the rate a client keeping that many requests open would reach if only latency limited it.
+    """
+    if not c["requests"] or not c.get("active_us"):
+        return "", ""
+    mean = c["in_flight_us"] / c["active_us"]
+    rtt = delay + c["bytes_out"] / c["requests"] / rate
+    achieved = c["requests"] / r["seconds"]
+    return f"{mean:.0f}, {c['in_flight_peak']}", f"{achieved / (mean / rtt):.2f}"
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--wids", action="append", default=[], help="a tree holding wids/ (repeat)")
@@ -110,6 +128,11 @@ def main() -> None:
     p.add_argument("--delay-ms", type=float, default=25.0)
     p.add_argument("--mbps", type=float, default=50.0)
     p.add_argument("--rows", default="range-chunked,auto-chunked,range-random,auto-random")
+    p.add_argument(
+        "--depth",
+        default="",
+        help="lookahead depths to compare, in batches (e.g. 1,2,4; default: the dataset's)",
+    )
     a = p.parse_args()
     trees = [str(Path(t).resolve()) for t in (a.wids or [str(HERE.parent)])]
     sys.path.insert(0, str(HERE))
@@ -152,19 +175,21 @@ def main() -> None:
                 )
                 print(
                     "| row | wids | samples/s | first batch ms | bytes/dataset | "
-                    "bytes/spans | requests/sample |"
+                    "bytes/spans | requests/sample | in flight (mean, peak) | "
+                    "x latency bound |"
                 )
-                print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+                print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 
                 def show(name: str, tree: str, r: dict) -> None:
                     c = proxy.settled()
                     n = r["samples"] or 1
                     rate = r["samples"] / r["seconds"] if r["samples"] else 0
                     first = f"{r['first'] * 1000:.0f}" if r["first"] is not None else ""
+                    flight, ratio = _window(c, r, a.delay_ms / 1000, a.mbps * 1e6)
                     print(
                         f"| {name} | {tree} | {rate:,.0f} | {first} | "
                         f"{c['bytes_out'] / size:.2f} | {c['bytes_out'] / spans:.2f} | "
-                        f"{c['requests'] / n:.3f} |",
+                        f"{c['requests'] / n:.3f} | {flight} | {ratio} |",
                         flush=True,
                     )
 
@@ -178,7 +203,9 @@ def main() -> None:
                     show("webdataset 1.x", "-", r)
                 for row in a.rows.split(","):
                     access, order = row.split("-")
-                    for tree in trees:
+                    for tree, depth in [
+                        (t, int(d) if d else None) for t in trees for d in a.depth.split(",")
+                    ]:
                         args = {
                             "index": index,
                             "access": access,
@@ -187,10 +214,12 @@ def main() -> None:
                             "workers": a.workers,
                             "batch": a.batch,
                             "budget": size // 10 if order == "random" else None,
+                            "depth": depth,
                         }
                         proxy.reset_counts()
                         r = _run(sys.executable, _ROW.format(wids=tree, args=json.dumps(args)))
-                        show(f"{access} {order}", Path(tree).name, r)
+                        label = f"{access} {order}" + (f" depth {depth}" if depth else "")
+                        show(label, Path(tree).name, r)
                         time.sleep(0.5)
         finally:
             nginx.stop()
