@@ -158,3 +158,45 @@ def test_samples_of_many_fields(tmp_path: Path) -> None:
     path = write_shard(tmp_path / "r.tar", again)
     assert group_headers(scan_local_headers(path)) is None
     _same_as_exact(path)
+
+
+_INTS = st.lists(st.integers(0, (1 << 62) - 1) | st.integers(0, 1100), max_size=40)
+
+
+@settings(max_examples=200, deadline=None)
+@given(offsets=_INTS, extra=st.lists(st.integers(-5, 1 << 40), max_size=5))
+def test_sidecar_bytes_are_json_dumps_of_the_columns(offsets: list[int], extra: list[int]) -> None:
+    """render_sidecar's numpy digits == json.dumps of the columns, for any integer values."""
+    import json
+
+    import numpy as np
+
+    from wids.index.jsonformat import MEMBERS_FORMAT, VERSION
+    from wids.index.jsonwriter import _json_ints
+    from wids.index.members import ShardMembers
+
+    for values in (offsets, extra, sorted(offsets)):
+        arr = np.array(values, dtype=np.int64)
+        assert _json_ints(arr) == json.dumps(values, separators=(",", ":"))
+    n = len(offsets)
+    members = ShardMembers(
+        fields=[".a", ".é"],
+        key_blob=b"k\xff" * n,
+        key_offsets=np.arange(n + 1) * 2,
+        sample_start=np.arange(n + 1),
+        member_field=np.arange(n) % 2,
+        member_offset=512 + np.arange(n) * 1024,
+        member_size=np.array([v % 512 for v in offsets], dtype=np.int64),
+    )
+    info = ShardInfo(url="s\u00e9.tar", nsamples=n, size=1 << 40, etag='"e"', mtime=1.5)
+    doc = {
+        "format": MEMBERS_FORMAT,
+        "version": VERSION,
+        "url": info.url,
+        "nsamples": n,
+        "size": info.size,
+        "etag": info.etag,
+        "mtime": info.mtime,
+        **members.to_columns(),
+    }
+    assert render_sidecar(info, members) == json.dumps(doc, separators=(",", ":")).encode("ascii")

@@ -10,6 +10,8 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from .jsonformat import (
     FORMAT,
     MEMBERS_FORMAT,
@@ -41,9 +43,43 @@ def render_sidecar(info: ShardInfo, members: ShardMembers) -> bytes:
         "size": info.size,
         "etag": info.etag,
         "mtime": info.mtime,
+        "fields": list(members.fields),
+        "keys": members.keys(),
     }
-    doc.update(members.to_columns())
-    return json.dumps(doc, separators=(",", ":")).encode("ascii")
+    # As json.dumps(doc | members.to_columns()) writes it, the integer columns by numpy.
+    parts = [json.dumps(doc, separators=(",", ":"))[:-1]]
+    for name, column in (
+        ("sample_start", members.sample_start),
+        ("member_field", members.member_field),
+        ("member_offset", members.member_offset),
+        ("member_size", members.member_size),
+    ):
+        parts.append(f',"{name}":')
+        parts.append(_json_ints(column))
+    parts.append("}")
+    return "".join(parts).encode("ascii")
+
+
+def _json_ints(values: np.ndarray) -> str:
+    """A JSON array of integers, as ``json.dumps(values.tolist(), separators=(",", ":"))``.
+
+    Non-negative values are rendered digit by digit in numpy (a few vectorised operations per
+    decimal digit instead of a Python call per value).
+    """
+    n = len(values)
+    if n == 0 or int(values.min()) < 0:
+        return json.dumps(values.tolist(), separators=(",", ":"))
+    v = values.astype(np.uint64)
+    width = len(str(int(v.max())))
+    text = np.empty((n, width + 1), dtype=np.uint8)
+    text[:, width] = 44  # ","
+    for k in range(width - 1, -1, -1):
+        text[:, k] = v % 10 + 48
+        v //= 10
+    powers = 10 ** np.arange(1, width, dtype=np.uint64)
+    ndigits = np.searchsorted(powers, values.astype(np.uint64), side="right") + 1
+    keep = np.arange(width + 1) >= (width - ndigits)[:, None]
+    return "[" + text[keep].tobytes()[:-1].decode("ascii") + "]"
 
 
 def _render_list(entries: list[dict[str, Any]], indent: str) -> str:
