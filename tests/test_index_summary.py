@@ -12,6 +12,7 @@ import pytest
 from bigindex import SAMPLES, shard_name, write_big_index
 
 from wids import convert_index, open_index
+from wids.index import count_shards
 from wids.index.summary import FIELDS_FROM_ALL_UP_TO, SAMPLED_SHARDS, index_summary
 
 N = 100_000
@@ -24,7 +25,7 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _summary_peak(path: Path, **kwargs: object) -> tuple[dict, int]:
     idx = open_index(str(path))
-    idx.nshards  # noqa: B018 - opened (the columns are mapped, not allocated) before measuring
+    count_shards(idx)  # opened (a table's columns are mapped, not allocated) before measuring
     tracemalloc.start()
     try:
         got = index_summary(idx, **kwargs)  # type: ignore[arg-type]
@@ -81,3 +82,15 @@ def test_cli_info_of_a_big_table(big: Path) -> None:
         timeout=60,
     )
     assert bad.returncode != 0 and "out of range" in bad.stderr
+
+
+def test_a_big_json_index_does_not_guess_the_shards_without_tables(tmp_path: Path) -> None:
+    """A JSON reader cannot count tables from a column: sampled, the count is unknown."""
+    n = FIELDS_FROM_ALL_UP_TO + 1
+    path = write_big_index(tmp_path / "b.widx", n, ends=1)
+    convert_index(str(path), str(tmp_path / "b.json"))
+    got, _ = _summary_peak(tmp_path / "b.json")
+    assert got["fields_from"] == 2 * SAMPLED_SHARDS and got["shards_without_offsets"] is None
+    assert got["samples"] == n * SAMPLES
+    every, _ = _summary_peak(tmp_path / "b.json", all_shards=True)
+    assert every["shards_without_offsets"] == n - 2 and every["fields_from"] == n

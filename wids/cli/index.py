@@ -185,6 +185,8 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
     missing = info["shards_without_offsets"]
     if missing:
         print(f"  {missing} shard(s) have no member offsets (reference index): scanned on use")
+    elif missing is None:
+        print("  shards without member offsets: not counted (--all reads every table)")
     return 0
 
 

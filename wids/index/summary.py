@@ -49,7 +49,8 @@ def index_summary(
     Returns:
         ``name``, ``shards``, ``samples``, ``bytes``, ``fields`` (member counts per field),
         ``fields_from`` (how many shards' tables were counted), ``shards_without_offsets``
-        (of the whole index where the reader knows it cheaply, else of the counted shards),
+        (of the whole index; ``None`` when only some tables were read and the reader cannot
+        tell without reading them all),
         ``components`` and ``shard_detail`` (one dict per listed shard).
 
     Raises:
@@ -78,7 +79,7 @@ def index_summary(
         "bytes": shard_bytes(reader),
         "fields": dict(sorted(fields.items())),
         "fields_from": len(counted),
-        "shards_without_offsets": missing if without is None else without,
+        "shards_without_offsets": without if without is not None else missing if full else None,
         "components": [c.name for c in reader.components],
         "shard_detail": [_detail(k, get(k)) for k in listed],
     }
