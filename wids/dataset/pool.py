@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ..storage import DescriptorPool
 from .batchplan import plan_reads
 from .catalog import Catalog
+from .localread import LocalShard, read_local
 from .lookahead import Lookahead, fetch_prefetched, start_lookahead
 from .promotion import requested
 from .readers import (
@@ -112,13 +113,23 @@ class ReaderPool:
         self._pins: dict[int, str] = {}  # etags seen by readers since closed (LRU)
         self._tables: dict[int, MemberTable] = {}
         self._local: dict[int, ShardReader] = {}  # local shards' readers: never evicted
+        self._fast: dict[int, LocalShard] = {}  # their fast path (wids.dataset.localread)
         self._lock = threading.RLock()
         self._promoter: Promoter | None = None
         self._lookahead: Lookahead | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for k in ("readers", "_pins", "_tables", "_local", "_lock", "_promoter", "_lookahead"):
+        for k in (
+            "readers",
+            "_pins",
+            "_tables",
+            "_local",
+            "_fast",
+            "_lock",
+            "_promoter",
+            "_lookahead",
+        ):
             del state[k]
         return state
 
@@ -158,6 +169,7 @@ class ReaderPool:
             readers, self.readers = self.readers, OrderedDict()
             self._tables = {}
             local, self._local = self._local, {}
+            self._fast = {}
             promoter, self._promoter = self._promoter, None
             for r in [*readers.values(), *local.values()]:
                 r.close()
@@ -171,6 +183,13 @@ class ReaderPool:
     def read(self, i: int, shard: int, local: int) -> dict[str, Any]:
         """Sample ``local`` of ``shard`` (global index ``i``), untransformed."""
         # The hot path of random access: keep it flat (see tools/bench_read.py).
+        fast = self._fast.get(shard)
+        if fast is not None:  # a local shard, opened and checked: one pread
+            counts = self.counts
+            counts["accesses"] += 1
+            sample = fast.read(i, local)
+            counts["samples"] += 1
+            return sample
         reader = self.readers.get(shard)
         if reader is not None and self._promoter is None:  # the fast path of reader()
             self.counts["accesses"] += 1
@@ -214,6 +233,9 @@ class ReaderPool:
         Samples of one shard whose spans are adjacent or within ``merge_gap`` bytes are read
         with one request; all requests are issued concurrently.
         """
+        local_raws = read_local(self, located, merge_gap)  # local shards: few preads
+        if local_raws is not None:
+            return local_raws
         self.catalog.prefetch_members(shard for _, shard, _ in located)
         ahead = self._ahead(located, merge_gap)
         prefetched = ahead.observe([i for i, _, _ in located]) if ahead is not None else None
@@ -281,9 +303,11 @@ class ReaderPool:
                 except BaseException:
                     reader.close()
                     raise
-            self._tables[shard] = MemberTable(members[0], info.url, loaded.dataset_of[shard])
+            table = MemberTable(members[0], info.url, loaded.dataset_of[shard])
+            self._tables[shard] = table
             if isinstance(reader, LocalReader):
                 self._local[shard] = reader
+                self._fast[shard] = LocalShard(reader, table, catalog.store.stats)
             else:
                 self.readers[shard] = reader
             return reader

@@ -1,0 +1,188 @@
+"""The fast path of local shards: global index -> span -> one ``os.pread`` -> a sample dict.
+
+A local shard is read in place, and random access over local files is bounded by Python, not
+by the disk: a :class:`LocalShard` is made once per shard and process, when its reader opens
+(after the first-touch checks), and holds what a read needs as zero-copy memoryviews of
+the member table's arrays (indexing one gives a Python ``int`` without a numpy scalar) and the
+dataset's :class:`~wids.storage.DescriptorPool`. :meth:`LocalShard.read` is one sample with
+one ``pread``; :func:`read_local_batch` reads a batch of local samples, one ``pread`` per run
+of samples that follow each other in a shard. Anything unusual (a descriptor that cannot be
+opened, a short read) goes through the shard's reader, which raises the right error.
+
+The sample dicts are those of :meth:`~wids.dataset.tables.MemberTable.sample`, key for key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..storage import is_local
+
+if TYPE_CHECKING:
+    from ..storage import IOStats
+    from .readers import LocalReader
+    from .tables import MemberTable
+
+__all__ = ["LOCAL_GAP", "LocalShard", "read_local", "read_local_batch"]
+
+Located = Sequence[tuple[int, int, int]]
+
+LOCAL_GAP = 1024
+"""In a batch, local samples of one shard at most this many bytes apart share a ``pread``.
+
+Samples that follow each other in a tar file are less than 1,024 bytes apart (a header and
+padding). A wider ``merge_gap`` is not used locally: copying the gap costs more than a
+``pread``.
+"""
+
+
+def _view(values: np.ndarray) -> memoryview:
+    """A flat, native, contiguous view of an integer array (copied only if it is not one)."""
+    if not (values.flags.c_contiguous and values.dtype.isnative and values.ndim == 1):
+        values = np.ascontiguousarray(values.ravel(), dtype=np.int64)
+    return memoryview(values)  # type: ignore[arg-type]  # numpy arrays are buffers
+
+
+class LocalShard:
+    """One local shard's member table as memoryviews, and its ``pread``.
+
+    Args:
+        reader: The shard's open reader (opened and checked by the pool); reads that do not
+            come back whole go through it.
+        table: The shard's member-table view (its URL and dataset name too).
+        stats: The dataset's I/O counters (one request per ``pread``).
+    """
+
+    __slots__ = (
+        "blob",
+        "dataset",
+        "descriptors",
+        "fid",
+        "fields",
+        "ko",
+        "off",
+        "path",
+        "reader",
+        "size",
+        "ss",
+        "stats",
+        "url",
+    )
+
+    def __init__(self, reader: LocalReader, table: MemberTable, stats: IOStats) -> None:
+        self.reader = reader
+        self.path = reader.path
+        self.descriptors = reader.descriptors
+        self.stats = stats
+        self.url = table.url
+        self.dataset = table.dataset
+        self.fields = table.fields
+        self.blob = table.blob
+        self.ko = _view(table.ko)
+        self.ss = _view(table.ss)
+        self.fid = _view(table.fid)
+        self.off = _view(table.off)
+        self.size = _view(table.size)
+
+    def pread(self, start: int, end: int) -> bytes:
+        """Exactly the bytes ``[start, end)`` of the shard: one ``pread`` (the reader's if not)."""
+        n = end - start
+        try:
+            data = self.descriptors.pread(self.path, n, start)
+        except OSError:
+            data = b""
+        if len(data) != n:  # the reader raises the right error (or reads it after all)
+            return self.reader.read_span(start, end, self.stats)
+        stats = self.stats
+        stats.requests += 1
+        stats.bytes_read += n
+        return data
+
+    def read(self, index: int, j: int) -> dict[str, Any]:
+        """Sample ``j`` of the shard (global index ``index``), as the dataset returns it raw."""
+        ss, off, size = self.ss, self.off, self.size
+        first = ss[j]
+        last = ss[j + 1] - 1
+        start = off[first]
+        return self.sample(
+            index, j, first, last + 1, self.pread(start, off[last] + size[last]), start
+        )
+
+    def sample(
+        self, index: int, j: int, first: int, stop: int, buf: bytes, base: int
+    ) -> dict[str, Any]:
+        """Sample ``j`` (members ``first .. stop - 1``) from ``buf``, read from byte ``base``."""
+        fields, fid, off, size = self.fields, self.fid, self.off, self.size
+        sample: dict[str, Any] = {}
+        for m in range(first, stop):
+            a = off[m] - base
+            sample[fields[fid[m]]] = buf[a : a + size[m]]
+        ko = self.ko
+        sample["__key__"] = self.blob[ko[j] : ko[j + 1]].decode("utf-8", "surrogateescape")
+        sample["__index__"] = index
+        sample["__shard__"] = self.url
+        sample["__shardindex__"] = j
+        sample["__dataset__"] = self.dataset
+        return sample
+
+
+def read_local_batch(shards: dict[int, LocalShard], located: Located) -> list[dict[str, Any]]:
+    """The samples ``(global index, shard, index in shard)`` of local shards, in order.
+
+    Every shard must be in ``shards``. The spans are sorted by shard and offset, and samples
+    at most :data:`LOCAL_GAP` bytes apart share one ``pread``.
+    """
+    spans = []
+    for pos, (i, shard, j) in enumerate(located):
+        ls = shards[shard]
+        ss, off = ls.ss, ls.off
+        first = ss[j]
+        last = ss[j + 1] - 1
+        spans.append((shard, off[first], off[last] + ls.size[last], pos, i, j, first, last + 1))
+    spans.sort()
+    out: list[Any] = [None] * len(spans)
+    k, n = 0, len(spans)
+    while k < n:
+        shard, start, end = spans[k][:3]
+        m = k + 1
+        while m < n and spans[m][0] == shard and spans[m][1] <= end + LOCAL_GAP:
+            end = max(end, spans[m][2])
+            m += 1
+        ls = shards[shard]
+        buf = ls.pread(start, end)
+        for _, _, _, pos, i, j, first, stop in spans[k:m]:
+            out[pos] = ls.sample(i, j, first, stop, buf, start)
+        k = m
+    return out
+
+
+def read_local(pool: Any, located: Located, merge_gap: int) -> list[dict[str, Any]] | None:
+    """A batch read by the pool's fast path if every shard of it is local, else ``None``.
+
+    A local shard not open yet is opened (and checked) here, as the pool's other reads would.
+    ``pool`` is the dataset's :class:`~wids.dataset.pool.ReaderPool` (not imported: it imports
+    this module); its ``accesses``, ``misses`` and ``samples`` are counted as by its other reads.
+    """
+    fast, counts = pool._fast, pool.counts
+    for _, shard, _ in located:
+        if shard not in fast:
+            if shard in pool._tables or not is_local(pool.catalog.load().infos[shard].url):
+                return None
+            pool.reader(shard, count=False)
+            counts["misses"] += 1
+            if shard not in fast:
+                return None
+    ahead = pool._ahead(located, merge_gap) if pool.plan is not None else None
+    if ahead is not None:  # off for local shards, but it follows the sampler's order
+        ahead.observe([i for i, _, _ in located])
+    try:
+        raws = read_local_batch(fast, located)
+    finally:
+        if ahead is not None:
+            ahead.schedule()
+    counts["accesses"] += len(located)
+    counts["samples"] += len(located)
+    return raws
