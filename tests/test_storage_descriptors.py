@@ -105,6 +105,34 @@ def test_fork_child_closes_the_inherited_copies(files):
     pool.close()
 
 
+def test_check_process_then_pread_owned_in_a_fork_child(files):
+    """The local fast path's read: the caller checks the process once, then no getpid."""
+    pool = DescriptorPool(30)
+    for p in files:
+        pool.pread(p, 1, 0)
+    pool.check_process()  # the process that made it: nothing closed
+    assert len(pool) == len(files) and pool.pread_owned(files[3], 1, 0) == b"\x03"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            pool.check_process()
+            closed = sum(p in files for p in _open_paths())
+            ok = pool.pread_owned(files[5], 2, 0) == b"\x05\x05"
+            n = sum(p in files for p in _open_paths())
+            os.write(w, f"{closed} {int(ok)} {n} {len(pool)}".encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        answer = f.read()
+    os.waitpid(pid, 0)
+    assert answer == "0 1 1 1"
+    assert pool.pread_owned(files[7], 1, 0) == b"\x07" and len(pool) == len(files)
+    pool.close()
+
+
 def test_pickled_pool_is_new_and_empty(files):
     pool = DescriptorPool(3)
     pool.pread(files[0], 1, 0)

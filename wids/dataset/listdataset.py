@@ -20,7 +20,7 @@ import operator
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Generic, cast
+from typing import TYPE_CHECKING, Any, Generic
 
 import numpy as np
 
@@ -34,6 +34,7 @@ from .localcache import LocalCache
 from .pool import ACCESS_MODES, DatasetStats, ReaderPool
 
 __all__ = ["ShardListDataset"]
+_getpid = os.getpid  # the hot path of __getitem__: _raw inlined, local shards' fast path
 
 Transform = Callable[[dict[str, Any]], Any]
 
@@ -266,7 +267,7 @@ class ShardListDataset(_DatasetBase[T_co]):
     # -- samples ------------------------------------------------------------------------------
 
     def _raw(self, index: Any) -> dict[str, Any]:
-        if self._pid != os.getpid():
+        if self._pid != _getpid():
             self._check_process()
         return self._pool.read(*self._catalog.locate(index))
 
@@ -277,10 +278,14 @@ class ShardListDataset(_DatasetBase[T_co]):
             IndexError: ``index`` is out of range.
             TypeError: ``index`` is not an integer.
         """
-        sample: Any = self._raw(index)
+        if self._pid != _getpid():
+            self._check_process()
+        i, shard, j = self._catalog.locate(index)
+        fast = self._pool.fast.get(shard)
+        sample: Any = fast.read(i, j) if fast is not None else self._raw(i)  # same depth
         for t in self.transformations:
             sample = t(sample)
-        return cast("T_co", sample)
+        return sample  # type: ignore[no-any-return]
 
     def __getitems__(self, indices: Sequence[Any]) -> list[Any]:
         """Many samples at once (torch's DataLoader calls this for a batch).

@@ -54,17 +54,19 @@ class LocalShard:
             come back whole go through it.
         table: The shard's member-table view (its URL and dataset name too).
         stats: The dataset's I/O counters (one request per ``pread``).
+        counts: The pool's counters (``accesses`` and ``samples`` counted by :meth:`read`).
     """
 
     __slots__ = (
         "blob",
+        "counts",
         "dataset",
-        "descriptors",
         "fid",
         "fields",
         "ko",
         "off",
         "path",
+        "pread_owned",
         "reader",
         "size",
         "ss",
@@ -72,11 +74,16 @@ class LocalShard:
         "url",
     )
 
-    def __init__(self, reader: LocalReader, table: MemberTable, stats: IOStats) -> None:
+    def __init__(
+        self, reader: LocalReader, table: MemberTable, stats: IOStats, counts: dict[str, int]
+    ) -> None:
         self.reader = reader
         self.path = reader.path
-        self.descriptors = reader.descriptors
+        # the pool checks its process before it makes a LocalShard (reset_process), and the
+        # dataset before every read: no getpid() here
+        self.pread_owned = reader.descriptors.pread_owned
         self.stats = stats
+        self.counts = counts
         self.url = table.url
         self.dataset = table.dataset
         self.fields = table.fields
@@ -91,7 +98,7 @@ class LocalShard:
         """Exactly the bytes ``[start, end)`` of the shard: one ``pread`` (the reader's if not)."""
         n = end - start
         try:
-            data = self.descriptors.pread(self.path, n, start)
+            data = self.pread_owned(self.path, n, start)
         except OSError:
             data = b""
         if len(data) != n:  # the reader raises the right error (or reads it after all)
@@ -102,14 +109,40 @@ class LocalShard:
         return data
 
     def read(self, index: int, j: int) -> dict[str, Any]:
-        """Sample ``j`` of the shard (global index ``index``), as the dataset returns it raw."""
+        """Sample ``j`` of the shard (global index ``index``), as the dataset returns it raw.
+
+        The hot path of local random access: :meth:`pread` and :meth:`sample` inlined.
+        """
+        counts = self.counts
+        counts["accesses"] += 1
         ss, off, size = self.ss, self.off, self.size
         first = ss[j]
-        last = ss[j + 1] - 1
+        stop = ss[j + 1]
         start = off[first]
-        return self.sample(
-            index, j, first, last + 1, self.pread(start, off[last] + size[last]), start
-        )
+        n = off[stop - 1] + size[stop - 1] - start
+        try:
+            buf = self.pread_owned(self.path, n, start)
+        except OSError:
+            buf = b""
+        if len(buf) == n:
+            stats = self.stats
+            stats.requests += 1
+            stats.bytes_read += n
+        else:  # the reader raises the right error (or reads it after all)
+            buf = self.reader.read_span(start, start + n, self.stats)
+        fields, fid = self.fields, self.fid
+        sample: dict[str, Any] = {}
+        for m in range(first, stop):
+            a = off[m] - start
+            sample[fields[fid[m]]] = buf[a : a + size[m]]
+        ko = self.ko
+        sample["__key__"] = self.blob[ko[j] : ko[j + 1]].decode("utf-8", "surrogateescape")
+        sample["__index__"] = index
+        sample["__shard__"] = self.url
+        sample["__shardindex__"] = j
+        sample["__dataset__"] = self.dataset
+        counts["samples"] += 1
+        return sample
 
     def sample(
         self, index: int, j: int, first: int, stop: int, buf: bytes, base: int
@@ -166,7 +199,7 @@ def read_local(pool: Any, located: Located, merge_gap: int) -> list[dict[str, An
     ``pool`` is the dataset's :class:`~wids.dataset.pool.ReaderPool` (not imported: it imports
     this module); its ``accesses``, ``misses`` and ``samples`` are counted as by its other reads.
     """
-    fast, counts = pool._fast, pool.counts
+    fast, counts = pool.fast, pool.counts
     for _, shard, _ in located:
         if shard not in fast:
             if shard in pool._tables or not is_local(pool.catalog.load().infos[shard].url):

@@ -113,7 +113,9 @@ class ReaderPool:
         self._pins: dict[int, str] = {}  # etags seen by readers since closed (LRU)
         self._tables: dict[int, MemberTable] = {}
         self._local: dict[int, ShardReader] = {}  # local shards' readers: never evicted
-        self._fast: dict[int, LocalShard] = {}  # their fast path (wids.dataset.localread)
+        # their fast path (wids.dataset.localread), after this process's first-touch checks
+        self.fast: dict[int, LocalShard] = {}
+        self.descriptors.check_process()  # after a fork: the parent's descriptors closed
         self._lock = threading.RLock()
         self._promoter: Promoter | None = None
         self._lookahead: Lookahead | None = None
@@ -125,7 +127,7 @@ class ReaderPool:
             "_pins",
             "_tables",
             "_local",
-            "_fast",
+            "fast",
             "_lock",
             "_promoter",
             "_lookahead",
@@ -169,7 +171,7 @@ class ReaderPool:
             readers, self.readers = self.readers, OrderedDict()
             self._tables = {}
             local, self._local = self._local, {}
-            self._fast = {}
+            self.fast = {}
             promoter, self._promoter = self._promoter, None
             for r in [*readers.values(), *local.values()]:
                 r.close()
@@ -183,13 +185,9 @@ class ReaderPool:
     def read(self, i: int, shard: int, local: int) -> dict[str, Any]:
         """Sample ``local`` of ``shard`` (global index ``i``), untransformed."""
         # The hot path of random access: keep it flat (see tools/bench_read.py).
-        fast = self._fast.get(shard)
+        fast = self.fast.get(shard)
         if fast is not None:  # a local shard, opened and checked: one pread
-            counts = self.counts
-            counts["accesses"] += 1
-            sample = fast.read(i, local)
-            counts["samples"] += 1
-            return sample
+            return fast.read(i, local)
         reader = self.readers.get(shard)
         if reader is not None and self._promoter is None:  # the fast path of reader()
             self.counts["accesses"] += 1
@@ -307,7 +305,7 @@ class ReaderPool:
             self._tables[shard] = table
             if isinstance(reader, LocalReader):
                 self._local[shard] = reader
-                self._fast[shard] = LocalShard(reader, table, catalog.store.stats)
+                self.fast[shard] = LocalShard(reader, table, catalog.store.stats, self.counts)
             else:
                 self.readers[shard] = reader
             return reader

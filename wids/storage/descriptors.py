@@ -93,6 +93,19 @@ class DescriptorPool:
         """
         if self._pid != _getpid():
             self._forked()
+        return self.pread_owned(path, n, offset)
+
+    def check_process(self) -> None:
+        """In a forked child: close the inherited descriptors (before :meth:`pread_owned`)."""
+        if self._pid != _getpid():
+            self._forked()
+
+    def pread_owned(self, path: str, n: int, offset: int) -> bytes:
+        """:meth:`pread` for a caller that knows the pool is this process's (no ``getpid``).
+
+        The caller called :meth:`check_process` (or :meth:`pread`) since this process began:
+        the hot path of local reads, which checks the process once per read itself.
+        """
         lock = self._lock
         lock.acquire()
         try:

@@ -1,0 +1,128 @@
+"""The fast path of local shards (``wids.dataset.localread``): same samples, counts and checks."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+from tar_oracle import dataset_samples, strip_meta
+
+from wids import IndexMismatchError, ShardListDataset, build_index
+from wids.dataset.localread import LOCAL_GAP
+from wids.synth import write_dataset
+
+NS, NSAMPLES = 3, 10
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    """Local shards and a JSON index of them."""
+    d = tmp_path_factory.mktemp("localread")
+    paths = write_dataset(str(d), shards=NS, samples_per_shard=NSAMPLES, real_images=False)
+    index = str(d / "train.json")
+    build_index(paths, index, name="train")
+    return {"dir": d, "paths": paths, "index": index, "oracle": dataset_samples(paths)}
+
+
+def _span(ds: ShardListDataset, i: int) -> tuple[int, int]:
+    _, shard, j = ds._catalog.locate(i)
+    return ds._pool._tables[shard].span(j)
+
+
+def test_a_local_batch_reads_its_samples_bytes_only(local):
+    """Samples of a shard farther apart than a tar header share no read: no gap bytes copied.
+
+    Before, a local batch was merged as a remote one (``merge_gap``, 64 KiB): samples 0, 2
+    and 5 of a shard were one ``pread`` with samples 1, 3 and 4 in it.
+    """
+    ds = ShardListDataset(local["index"], transformations=[])
+    batch = [5, 0, 2, NSAMPLES + 3, NSAMPLES + 4]  # two runs apart in shard 0, one run in 1
+    ds[0], ds[NSAMPLES]  # opened and checked: the batch's reads alone are counted below
+    stats = ds._catalog.store.stats
+    requests, nbytes = stats.requests, stats.bytes_read
+    got = ds.__getitems__(batch)
+    assert [strip_meta(s) for s in got] == [local["oracle"][i] for i in batch]
+    assert [s["__index__"] for s in got] == batch
+    spans = {i: _span(ds, i) for i in batch}
+    assert spans[NSAMPLES + 4][0] - spans[NSAMPLES + 3][1] <= LOCAL_GAP  # one pread
+    assert spans[2][0] - spans[0][1] > LOCAL_GAP  # not merged locally (64 KiB remotely)
+    assert stats.requests - requests == 4
+    whole = spans[NSAMPLES + 4][1] - spans[NSAMPLES + 3][0]
+    assert stats.bytes_read - nbytes == sum(b - a for a, b in map(spans.get, (0, 2, 5))) + whole
+    ds.close()
+
+
+def test_fast_path_counts_as_the_other_reads(local):
+    ds = ShardListDataset(local["index"], transformations=[])
+    ds[0], ds[1], ds[NSAMPLES + 1]  # two shards opened: two misses
+    ds.__getitems__([2, 2 * NSAMPLES, 2 * NSAMPLES + 5, NSAMPLES])  # shard 2 opened in a batch
+    assert ds.get_stats() == (7, 3)
+    assert ds.stats.samples == 7
+    ds.close()
+
+
+def test_every_sample_of_every_order_and_batch_is_the_tars(local):
+    ds = ShardListDataset(local["index"], transformations=[])
+    n = len(ds)
+    order = [(7 * k + 3) % n for k in range(n)] + [n - 1, -1, -n, 4, 4]
+    singles = [ds[i] for i in order]
+    assert [strip_meta(s) for s in singles] == [local["oracle"][i % n] for i in order]
+    assert [s["__index__"] for s in singles] == [i % n for i in order]
+    assert ds.__getitems__(order) == singles
+    with pytest.raises(IndexError):
+        ds[n]
+    with pytest.raises(IndexError):
+        ds.__getitems__([0, -n - 1])
+    ds.close()
+
+
+def _copy(local, tmp_path) -> tuple[list[str], str]:
+    paths = [str(shutil.copy(p, tmp_path / os.path.basename(p))) for p in local["paths"]]
+    index = str(tmp_path / "copy.json")
+    build_index(paths, index, name="copy")
+    return paths, index
+
+
+def test_a_shard_changed_after_it_opened_raises_not_a_short_sample(local, tmp_path):
+    paths, index = _copy(local, tmp_path)
+    ds = ShardListDataset(index, transformations=[])
+    ds[0]
+    with open(paths[0], "r+b") as f:  # the fast path's pread comes back short
+        f.truncate(_span(ds, 3)[0] + 1)
+    with pytest.raises(Exception) as err:
+        ds[3]
+    assert not isinstance(err.value, (KeyError, IndexError, AssertionError))
+    with pytest.raises(type(err.value)):
+        ds.__getitems__([1, 3])
+    ds.close()
+
+
+def test_a_forked_child_checks_its_local_shards_again(local, tmp_path):
+    """The first-touch check runs once per shard and process, fast path or not."""
+    paths, index = _copy(local, tmp_path)
+    ds = ShardListDataset(index, transformations=[])
+    ds[0], ds.__getitems__([1, 2])  # shard 0 opened and on the fast path in the parent
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(r)
+            with open(paths[0], "ab") as f:  # another size: not the shard the index describes
+                f.write(b"\0" * 1024)
+            answers = []
+            for read in (lambda: ds[3], lambda: ds.__getitems__([4])):
+                try:
+                    read()
+                    answers.append("read")
+                except IndexMismatchError:
+                    answers.append("mismatch")
+            os.write(w, " ".join(answers).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        answer = f.read()
+    os.waitpid(pid, 0)
+    assert answer == "mismatch mismatch"
+    ds.close()
