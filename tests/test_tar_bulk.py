@@ -200,3 +200,24 @@ def test_sidecar_bytes_are_json_dumps_of_the_columns(offsets: list[int], extra: 
         **members.to_columns(),
     }
     assert render_sidecar(info, members) == json.dumps(doc, separators=(",", ":")).encode("ascii")
+
+
+@pytest.mark.parametrize("batches", [(64, 16384), (3, 5), (1, 1)])
+def test_batches(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, batches) -> None:
+    """Headers are checked in batches: any batch size gives the same table, and an odd member
+    after the first batch still sends the archive to the exact walker."""
+    from wids.tar import bulk
+
+    monkeypatch.setattr(bulk, "FIRST_BATCH", batches[0])
+    monkeypatch.setattr(bulk, "BATCH", batches[1])
+    members = make_samples(40, jpg_size=700)
+    path = write_shard(tmp_path / "p.tar", members)
+    headers = scan_local_headers(path)
+    assert headers is not None and len(headers.size) == 120
+    _same_as_exact(path)
+    for at in (100, 119):
+        odd = write_tar(
+            tmp_path / f"o{at}.tar", [*members[:at], Entry("d/", type="5"), *members[at:]]
+        )
+        assert scan_local_headers(odd) is None
+        _same_as_exact(odd)

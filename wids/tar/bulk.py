@@ -28,6 +28,10 @@ __all__ = ["LocalHeaders", "scan_local_headers"]
 # Bytes per pread: the headers of a few small members arrive together (as in walk.py).
 WINDOW = 3072
 NAME = 100  # bytes of the ustar name field
+# Headers checked at once: the first few (an archive of another kind is left soon), then more
+# (numpy's fixed costs spread, memory bounded by the name fields, not whole headers).
+FIRST_BATCH = 64
+BATCH = 16384
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +82,27 @@ def scan_local_headers(
         os.close(fd)
     if chain is None:
         return None
-    headers, sizes = chain
+    sizes, names_parts, len_parts = chain
     n = len(sizes)
+    name_len = np.concatenate(len_parts) if len_parts else np.zeros(0, dtype=np.int64)
+    width = max(int(name_len.max(initial=0)), 1)  # only the columns some name reaches
+    names = np.concatenate([part[:, :width] for part in names_parts]) if names_parts else None
+    names = (
+        names * (np.arange(width) < name_len[:, None])
+        if names is not None
+        else np.zeros((0, width), dtype=np.uint8)
+    )
+    sizes_arr = np.array(sizes, dtype=np.int64)
+    offsets = np.zeros(n, dtype=np.int64)
+    np.cumsum((sizes_arr[:-1] + (BLOCK + 511)) & -512, out=offsets[1:])
+    return LocalHeaders(offsets, sizes_arr, names, name_len)
+
+
+def _decode(headers: list[bytes]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Check a batch of headers; their name fields (raw) and name lengths, or ``None``."""
+    import numpy as np
+
+    n = len(headers)
     h = np.frombuffer(b"".join(headers), dtype=np.uint8).reshape(n, BLOCK)
     kind = h[:, 156]
     names = h[:, :NAME]
@@ -92,31 +115,38 @@ def scan_local_headers(
         & (h[:, 345] == 0)  # no ustar prefix
         & _canonical_checksums(h)
     )
-    if n and not bool(plain.all()):
+    if not bool(plain.all()):
         return None
-    width = max(int(name_len.max(initial=0)), 1)  # only the columns some name reaches
-    names = h[:, :width] * (np.arange(width) < name_len[:, None])
-    sizes_arr = np.array(sizes, dtype=np.int64)
-    offsets = np.zeros(n, dtype=np.int64)
-    np.cumsum((sizes_arr[:-1] + (BLOCK + 511)) & -512, out=offsets[1:])
-    return LocalHeaders(offsets, sizes_arr, names, name_len)
+    return names.copy(), name_len
 
 
-def _chain(fd: int) -> tuple[list[bytes], list[int]] | None:
-    """Follow the headers by their sizes to the end-of-archive block.
+def _chain(fd: int) -> tuple[list[int], list[np.ndarray], list[np.ndarray]] | None:
+    """Follow the headers by their sizes to the end-of-archive block, checking them in batches.
 
-    Returns ``None`` if anything on the way is not a plain size (the exact walker decides what
-    it is).
+    Returns the sizes, and per batch the raw name fields and name lengths; ``None`` as soon as
+    a header is not a plain regular member's (the exact walker decides what it is). The first
+    batch is small, so that other archives go to the exact walker after a few headers.
     """
     pread = os.pread
     headers: list[bytes] = []
     sizes: list[int] = []
+    names: list[np.ndarray] = []
+    lengths: list[np.ndarray] = []
     add_header, add_size = headers.append, sizes.append
     off = base = blen = 0
     buf = b""
+    flush_at = FIRST_BATCH
     while True:
         p = off - base
         if p + BLOCK > blen:
+            if len(headers) >= flush_at:
+                batch = _decode(headers)
+                if batch is None:
+                    return None
+                names.append(batch[0])
+                lengths.append(batch[1])
+                headers.clear()
+                flush_at = BATCH
             buf = pread(fd, WINDOW, off)
             base, p, blen = off, 0, len(buf)
             if blen < BLOCK:
@@ -131,4 +161,12 @@ def _chain(fd: int) -> tuple[list[bytes], list[int]] | None:
         add_header(h)
         add_size(size)
         off += BLOCK + ((size + 511) & -512)
-    return (headers, sizes) if h == _ZERO else None
+    if h != _ZERO:
+        return None
+    if headers:
+        batch = _decode(headers)
+        if batch is None:
+            return None
+        names.append(batch[0])
+        lengths.append(batch[1])
+    return sizes, names, lengths
