@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from procgroup import run_group
 
 from wids.synth import write_shard
 
@@ -42,7 +42,7 @@ def torchrun(shards_json: Path, outdir: Path, phase: str) -> dict:
         phase,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    proc = run_group(cmd, timeout=240, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads((outdir / f"{phase}.json").read_text())
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from procgroup import run_group
 
 from wids.synth import write_shard
 
@@ -46,7 +46,7 @@ def write_shards(root: Path) -> Path:
 def run(cmd: list[str], root: Path, mode: str) -> list[dict]:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(JOB.parent.parent)}
     env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", str(free_port())
-    proc = subprocess.run(cmd, env=env, cwd=root, capture_output=True, text=True, timeout=280)
+    proc = run_group(cmd, timeout=280, env=env, cwd=root)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return [json.loads((root / f"{mode}-rank{r}.json").read_text()) for r in range(RANKS)]
 
