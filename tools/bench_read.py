@@ -308,6 +308,8 @@ def run_reference(venv: str, script: str, argv: list[str], cwd: str, timeout: fl
             text=True,
             cwd=cwd,
             timeout=timeout,
+            # this checkout's wids may be on PYTHONPATH; the reference's must win
+            env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         )
     except subprocess.TimeoutExpired:
         print("reference run timed out; skipped", file=sys.stderr)
