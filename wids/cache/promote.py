@@ -110,16 +110,16 @@ class Promoter:
       (nearly all of the traffic); a random order over many shards spreads it, and is never
       promoted (it would download whole shards for a few samples each).
 
-    Reads of a shard promoted on evidence from the reads never wait for the download: until
-    it is done they go on by range (:meth:`open_if_ready` returns ``None``). A shard promoted
-    on a plan is announced after the batch that starts the plan, so the first samples come by
-    range as fast as with ``access="range"``, and later reads of it wait for the download (up
-    to the cache's ``lock_timeout``) instead of requesting the shard twice; so do all reads
-    with ``wait=True``. A failed fetch is logged and the
-    shard stays on range requests. A shard that must be promoted again by :meth:`requested`
-    (its copy was evicted) needs twice the share each time, so a cache too small for the
-    access pattern does not turn into repeated whole-shard downloads. One per process (holds
-    threads and futures).
+    The reads that start a promotion go on by range, so the first samples come as fast as
+    with ``access="range"``: a shard promoted on evidence is promoted by the batch whose reads
+    gave the evidence, and one promoted on a plan is announced after the batch that starts the
+    plan. Later reads of a promoted shard wait for the download (up to the cache's
+    ``lock_timeout``; a slower one is read by range meanwhile) instead of requesting the
+    shard twice; with ``wait=True`` every read of a shard being fetched waits. A failed fetch
+    is logged and the shard stays on range requests. A shard that must be promoted again by
+    :meth:`requested` (its copy was evicted) needs twice the share each time, so a cache too
+    small for the access pattern does not turn into repeated whole-shard downloads. One per
+    process (holds threads and futures).
 
     Args:
         cache: Where promoted shards go.
@@ -197,7 +197,10 @@ class Promoter:
                 return
             if self.share > 0 and not focused:  # spread over many shards: range reads win
                 return
-            self._start(source, shard_bytes, expected, stats, verify)
+            # the evidence says most of the shard comes next: like a plan's, later reads of it
+            # wait for the download rather than request it again by range
+            if self._start(source, shard_bytes, expected, stats, verify):
+                self._planned.add(url)
 
     def planned(
         self,
