@@ -113,7 +113,11 @@ def _may_hold_credentials(reader: TableIndex) -> bool:
 
 
 def _save_table(
-    reader: TableIndex, url: str, cache_dir: str | os.PathLike[str], store: Store, ident: dict[str, Any]
+    reader: TableIndex,
+    url: str,
+    cache_dir: str | os.PathLike[str],
+    store: Store,
+    ident: dict[str, Any],
 ) -> str:
     """Copy the remote table whole (bounded work: its bytes) unless the copy is current."""
     table, about = _table_paths(cache_dir, url)
