@@ -130,19 +130,8 @@ class LocalShard:
             stats.bytes_read += n
         else:  # the reader raises the right error (or reads it after all)
             buf = self.reader.read_span(start, start + n, self.stats)
-        fields, fid = self.fields, self.fid
-        sample: dict[str, Any] = {}
-        for m in range(first, stop):
-            a = off[m] - start
-            sample[fields[fid[m]]] = buf[a : a + size[m]]
-        ko = self.ko
-        sample["__key__"] = self.blob[ko[j] : ko[j + 1]].decode("utf-8", "surrogateescape")
-        sample["__index__"] = index
-        sample["__shard__"] = self.url
-        sample["__shardindex__"] = j
-        sample["__dataset__"] = self.dataset
         counts["samples"] += 1
-        return sample
+        return self.sample(index, j, first, stop, buf, start)
 
     def sample(
         self, index: int, j: int, first: int, stop: int, buf: bytes, base: int
