@@ -218,3 +218,18 @@ def test_chunked_and_unframed_answers_pass_through():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_heads_pass_byte_for_byte_unless_a_hop_header_goes():
+    """A head with no hop-by-hop header is forwarded as it came (no re-spacing, no reorder);
+    one with them loses exactly those. (The proxy parses each head once, for its lookups.)"""
+    from httprelay import Message
+
+    raw = b"GET /x HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Odd:a  b\r\nRange:bytes=0-9\r\n\r\n"
+    request = Message(raw)
+    assert request.encode() == raw
+    assert request.get(b"RANGE") == b"bytes=0-9" and request.get(b"x-odd") == b"a  b"
+    hop = Message(b"HTTP/1.1 206 Partial\r\nConnection: keep-alive\r\nContent-Length: 3\r\n\r\n")
+    assert hop.encode() == b"HTTP/1.1 206 Partial\r\nContent-Length: 3\r\n\r\n"
+    assert hop.encode([(b"Connection", b"close")]).endswith(b"Connection: close\r\n\r\n")
+    assert not hop.closes() and Message(b"GET / HTTP/1.0\r\n\r\n").closes()

@@ -18,30 +18,45 @@ HOP_BY_HOP = {b"connection", b"keep-alive", b"proxy-connection", b"expect"}
 
 
 class Message:
-    """A request's or response's head: start line and headers (raw, order kept)."""
+    """A request's or response's head: start line and headers (raw, order kept).
+
+    Parsed once: a name -> value map (lowercase names, the first of repeats) for lookups, and
+    the raw head kept to forward unchanged when it has no hop-by-hop header to drop.
+    """
+
+    __slots__ = ("_hop", "by_name", "headers", "raw", "start")
 
     def __init__(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
+        self.raw = head
         self.start = lines[0]
         self.headers: list[tuple[bytes, bytes]] = []
+        self.by_name: dict[bytes, bytes] = {}
+        hop = False
         for line in lines[1:]:
             if line:
                 name, _, value = line.partition(b":")
-                self.headers.append((name.strip(), value.strip()))
+                name, value = name.strip(), value.strip()
+                self.headers.append((name, value))
+                low = name.lower()
+                self.by_name.setdefault(low, value)
+                hop = hop or low in HOP_BY_HOP
+        self._hop = hop
 
     def get(self, name: bytes) -> bytes | None:
-        name = name.lower()
-        return next((v for k, v in self.headers if k.lower() == name), None)
+        return self.by_name.get(name.lower())
 
     def encode(self, extra: list[tuple[bytes, bytes]] | None = None) -> bytes:
         """The head with hop-by-hop headers replaced by ``extra``."""
+        if not self._hop and not extra:
+            return self.raw if self.raw.endswith(b"\r\n\r\n") else self.raw + b"\r\n\r\n"
         kept = [(k, v) for k, v in self.headers if k.lower() not in HOP_BY_HOP]
         lines = [self.start] + [k + b": " + v for k, v in kept + (extra or [])]
         return b"\r\n".join(lines) + b"\r\n\r\n"
 
     def closes(self) -> bool:
         """The sender asked to close the connection after this message."""
-        value = (self.get(b"connection") or b"").lower()
+        value = (self.by_name.get(b"connection") or b"").lower()
         return b"close" in value or self.start.endswith(b"HTTP/1.0") and b"keep-alive" not in value
 
 
@@ -90,9 +105,10 @@ async def relay_body(
     if length is not None:
         left = int(length)
         while left > 0:
-            data = await reader.read(min(CHUNK, left))
-            if not data:
-                raise ConnectionError("body ended early")
+            try:  # whole pieces: one pacing wait and one write each
+                data = await reader.readexactly(min(CHUNK, left))
+            except asyncio.IncompleteReadError:
+                raise ConnectionError("body ended early") from None
             left -= len(data)
             await put(data, len(data))
         return
