@@ -13,6 +13,7 @@ The only part of wids that imports fsspec. Other parts import from this package,
 - :mod:`.redact`: what is safe to show: :func:`redact_url`, :func:`redact_text` ...;
 - inside: :mod:`.retry` (policy, failure kinds, retry loops), :mod:`.backends` (fsspec
   backend specifics), :mod:`.conditional` (checked HTTP/S3 range GETs), :mod:`.streams`,
+  :mod:`.parts` (whole-file downloads in concurrent checked parts),
   :mod:`.local` (``os.pread`` on local files).
 """
 

@@ -40,10 +40,11 @@ from ..errors import CorruptReadError, PermanentRemoteError, ShardNotFoundError
 from .backends import file_stat, is_http, is_s3, url_to_fs, with_defaults
 from .conditional import AnswerCheck, check_length, http_range, s3_range
 from .local import LocalFile
+from .parts import download
 from .redact import _secret_values, redact_url
 from .retry import Attempts, RetryPolicy, retry_async, retry_sync
 from .stats import FileStat, IOStats
-from .streams import LOCAL_BLOCK, REMOTE_BLOCK, BlockStream, HttpStream, Stream, download
+from .streams import LOCAL_BLOCK, REMOTE_BLOCK, BlockStream, HttpStream, Stream
 from .urls import is_local, local_file
 
 __all__ = ["Check", "Source", "Store", "check_range"]
@@ -406,9 +407,8 @@ class Source:
         """Copy the whole file to local path ``dest`` and verify its size.
 
         ``dest`` is removed again if anything fails; publishing it atomically is the caller's job.
-
-        A download of several blocks (not over HTTP, where one GET is pinned to the etag) ends
-        with a second stat: a file that changed meanwhile is refused, not stitched together.
+        HTTP, S3: concurrent ranged GETs pinned to one etag (:mod:`wids.storage.parts`); else
+        several blocks end with a second stat (a file changed meanwhile is refused).
 
         Raises:
             IndexMismatchError: The file's size differs from ``expected_size``, or it changed

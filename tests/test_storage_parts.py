@@ -1,0 +1,130 @@
+"""wids.storage.parts: whole-file downloads as concurrent checked ranged parts (real servers)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from latencyproxy import LatencyProxy
+
+from wids.cache import ShardCache
+from wids.errors import IndexMismatchError
+from wids.storage import IOStats, RetryPolicy, Store
+from wids.storage.parts import PART_MAX, PART_MIN, download, part_spans
+
+pytestmark = pytest.mark.servers
+
+FAST = RetryPolicy(attempts=2, max_time=30.0, backoff=0.01, max_backoff=0.02, timeout=30.0)
+KB = 1 << 10
+
+
+def test_part_spans_cover_the_file_in_bounded_parts():
+    assert part_spans(0) == []
+    assert part_spans(10) == [(0, 10)]
+    spans = part_spans(100 << 20)
+    assert spans[0] == (0, PART_MAX) and spans[-1][1] == 100 << 20
+    assert all(b[0] == a[1] for a, b in zip(spans, spans[1:], strict=False))  # contiguous
+    assert part_spans(9 << 20) == [(0, PART_MIN), (PART_MIN, 2 * PART_MIN), (2 * PART_MIN, 9 << 20)]
+    assert part_spans(10, part_size=4) == [(0, 4), (4, 8), (8, 10)]
+
+
+@pytest.mark.parametrize("server", ["http_server", "s3_server"])
+def test_parted_download_equals_the_file(request, server, tmp_path):
+    """Every part lands at its offset; no stat when the size is known; one request a part."""
+    srv = request.getfixturevalue(server)
+    data = os.urandom(300 * KB + 7)
+    url = srv.put_bytes(data, f"parts/{server}.bin")
+    stats = IOStats()
+    src = Store(srv.storage_options, FAST).source(url)
+    if server == "http_server":
+        srv.reset_counts()
+    st = download(src, str(tmp_path / "copy"), stats, len(data), part_size=64 * KB, connections=3)
+    assert (tmp_path / "copy").read_bytes() == data
+    assert st.size == len(data) and st.etag  # the answers' etag, pinned
+    assert stats.requests == 5 and stats.bytes_read == len(data)  # 5 parts, no HEAD
+    if server == "http_server":
+        assert srv.request_count(f"parts/{server}.bin") == 5
+
+
+def test_parts_are_concurrent(http_server, tmp_path):
+    """Up to ``connections`` parts are in flight at once (counted by a latency proxy)."""
+    data = os.urandom(256 * KB)
+    http_server.put_bytes(data, "parts/concurrent.bin")
+    with LatencyProxy(http_server.base, delay=0.2, mbps=0) as proxy:
+        src = Store(None, FAST).source(proxy.url("parts/concurrent.bin"))
+        download(src, str(tmp_path / "copy"), None, len(data), part_size=32 * KB, connections=4)
+        counts = proxy.settled()
+    assert (tmp_path / "copy").read_bytes() == data
+    assert counts["GET"] == 8 and counts.get("HEAD", 0) == 0
+    assert counts["in_flight_peak"] == 4
+
+
+def test_a_file_changed_midway_is_refused_and_not_cached(http_server, tmp_path):
+    """Parts after a replacement carry If-Match the first answer's etag: a typed error, and
+    the cache keeps neither an entry nor a temporary file."""
+    name = "parts/changing.bin"
+    data = os.urandom(512 * KB)
+    http_server.put_bytes(data, name)
+    path = http_server.path(name)
+    cache = ShardCache(tmp_path / "cache")
+    with LatencyProxy(http_server.base, delay=0.05, mbps=0) as proxy:
+        url = proxy.url(name)
+        src = Store(None, FAST).source(url)
+
+        def replace_after_the_first_parts() -> None:
+            deadline = time.monotonic() + 30
+            while proxy.counts()["requests"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            http_server.put_bytes(os.urandom(len(data)), name)  # same size, new version
+            os.utime(path, (time.time() + 100, time.time() + 100))  # nginx's etag: mtime-size
+
+        changer = threading.Thread(target=replace_after_the_first_parts)
+        changer.start()
+        try:
+            with pytest.raises(IndexMismatchError, match="changed"):
+                cache.open_with(
+                    url,
+                    lambda dest: download(
+                        src, dest, None, len(data), part_size=32 * KB, connections=1
+                    ),
+                    size=len(data),
+                )
+        finally:
+            changer.join()
+    assert not cache.contains(url)
+    assert cache.entries() == []
+    assert os.listdir(Path(cache.cache_dir) / "tmp") == []
+
+
+def test_answers_without_etag_fall_back_to_one_sequential_pass(http_server, tmp_path):
+    """Nothing ties parts to one version without an etag: the file is fetched again whole."""
+    data = os.urandom(100 * KB)
+    http_server.put_bytes(data, "parts/plain.bin")
+    src = Store(None, FAST).source(f"{http_server.base}/noetag/parts/plain.bin")
+    st = download(src, str(tmp_path / "copy"), None, len(data), part_size=32 * KB)
+    assert (tmp_path / "copy").read_bytes() == data and st.etag is None
+
+
+def test_a_shorter_file_than_expected_is_a_mismatch(http_server, tmp_path):
+    data = os.urandom(100 * KB)
+    url = http_server.put_bytes(data, "parts/short.bin")
+    src = Store(None, FAST).source(url)
+    with pytest.raises(IndexMismatchError):
+        download(src, str(tmp_path / "copy"), None, len(data) + 10, part_size=32 * KB)
+    assert not (tmp_path / "copy").exists()
+
+
+def test_the_cache_downloads_a_shard_in_concurrent_parts(http_server, tmp_path):
+    """``ShardCache.open`` (what promotion runs) fetches a known-size file in parts, no HEAD."""
+    data = os.urandom(2 * PART_MIN + 100)
+    http_server.put_bytes(data, "parts/shard.tar")
+    with LatencyProxy(http_server.base, delay=0.05, mbps=0) as proxy:
+        src = Store(None, FAST).source(proxy.url("parts/shard.tar"))
+        with ShardCache(tmp_path / "cache").open(src, size=len(data)) as shard:
+            assert Path(shard.path).read_bytes() == data
+        counts = proxy.settled()
+    assert counts["GET"] == 3 and counts.get("HEAD", 0) == 0
+    assert counts["in_flight_peak"] == 3

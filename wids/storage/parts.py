@@ -1,0 +1,202 @@
+"""Whole-file downloads as concurrent ranged parts (HTTP, S3), each checked, written in place.
+
+One connection to an object store carries far less than a process can take in (S3's guidance:
+~85-90 MB/s per connection, and parallel byte-range GETs for throughput), so :func:`download`
+fetches a file of ``size`` bytes in parts of ``clamp(size / connections, PART_MIN, PART_MAX)``
+bytes, at most ``connections`` of them in flight. Every part is a checked range read
+(:mod:`wids.storage.conditional`): its ``Content-Range`` must be the part asked for and its
+total the file's size, and it carries ``If-Match`` (S3 ``IfMatch``) the etag every part is
+pinned to, so a file replaced midway fails with
+:class:`~wids.errors.IndexMismatchError` instead of mixing two versions. Each part has its own
+retries and is written at its offset into ``dest`` as it arrives; memory holds at most
+``connections`` parts. ``dest`` is removed on any failure; publishing it (atomically) is the
+caller's job, as for :meth:`Source.download <wids.storage.source.Source.download>`.
+
+No stat precedes the parts when the size and etag are known (from the index); otherwise one
+stat gives them. Files whose answers do not say their size and etag (GCS, chained URLs), local
+files, and files without an etag are downloaded sequentially
+(:func:`wids.storage.streams.download`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import fsspec.asyn
+
+from ..errors import ShortReadError
+from .backends import is_http, is_s3
+from .conditional import AnswerCheck, changed, http_range, s3_range
+from .retry import Attempts, retry_async
+from .stats import FileStat, IOStats
+from .streams import Readable
+from .streams import download as download_stream
+
+__all__ = ["CONNECTIONS", "PART_MAX", "PART_MIN", "download", "part_spans"]
+
+PART_MIN = 4 << 20  # below this a part's round trip costs more than its transfer at the cap
+PART_MAX = 8 << 20  # bounds the memory of a download: CONNECTIONS parts at most
+CONNECTIONS = 8
+
+
+class Partable(Readable, Protocol):
+    """What a parted download reads: a :class:`~wids.storage.source.Source`."""
+
+    etag: str | None
+
+    @property
+    def answers_with_stat(self) -> bool:
+        """Whether each range read's answer says the file's size and etag."""
+        ...
+
+    def _filesystem(self) -> tuple[Any, str]: ...
+
+
+@dataclass
+class _Pin:
+    """The version every part must be (:class:`~wids.storage.conditional.Pinned`)."""
+
+    url: str
+    size: int | None
+    etag: str | None
+    answer_check: AnswerCheck | None = None
+
+
+def part_spans(
+    size: int, connections: int = CONNECTIONS, part_size: int | None = None
+) -> list[tuple[int, int]]:
+    """The ``[start, end)`` parts of a file of ``size`` bytes (none for an empty file)."""
+    if part_size is None:
+        part_size = min(PART_MAX, max(PART_MIN, -(-size // max(1, connections))))
+    return [(s, min(s + part_size, size)) for s in range(0, size, part_size)]
+
+
+def download(
+    source: Partable,
+    dest: str,
+    stats: IOStats | None,
+    expected_size: int | None = None,
+    *,
+    connections: int = CONNECTIONS,
+    part_size: int | None = None,
+) -> FileStat:
+    """Copy the whole file to local path ``dest`` in concurrent checked parts (see the module).
+
+    Args:
+        source: The file.
+        dest: Where the copy goes; removed again if anything fails.
+        stats: I/O counters (every part is a request).
+        expected_size: The size the index records: an answer announcing another is refused.
+        connections: Parts in flight at most.
+        part_size: Bytes per part (the module's rule when ``None``).
+
+    Returns:
+        What the download knows of the file (its ``mtime`` only when a stat was needed).
+
+    Raises:
+        IndexMismatchError: The file's size is not ``expected_size``, or it changed midway.
+        ShortReadError, CorruptReadError, ShardNotFoundError, PermanentRemoteError,
+            RetriesExhaustedError: As for a range read.
+    """
+    if connections < 1:
+        raise ValueError(f"connections must be >= 1, got {connections!r}")
+    if source.is_local or not source.answers_with_stat:
+        return download_stream(source, dest, stats, expected_size)
+    fs, path = source._filesystem()
+    if not fs.async_impl or not (is_http(fs) or is_s3(fs)):
+        return download_stream(source, dest, stats, expected_size)
+    if expected_size is None:  # the parts need the size: one stat
+        stat = source.info(stats)
+        if stat.etag is None:  # nothing ties parts to one version: one sequential pass
+            return download_stream(source, dest, stats, expected_size)
+    else:  # no stat: the first answer's etag pins the others (each answer is compared)
+        stat = FileStat(expected_size, source.etag, None)
+    pin = _Pin(source.url, stat.size, stat.etag)
+    spans = part_spans(stat.size, connections, part_size)
+    _fetch_all(pin, fs, path, spans, dest, connections, source, stats)
+    if pin.etag is None and len(spans) > 1:  # the answers had no etag: parts may mix versions
+        return download_stream(source, dest, stats, expected_size)
+    return FileStat(stat.size, pin.etag, stat.mtime)
+
+
+def _fetch_all(
+    pin: _Pin,
+    fs: Any,
+    path: str,
+    spans: list[tuple[int, int]],
+    dest: str,
+    connections: int,
+    source: Partable,
+    stats: IOStats | None,
+) -> None:
+    """Fetch ``spans`` of the file into ``dest`` (created), which is removed on failure."""
+    get = http_range if is_http(fs) else s3_range
+    try:
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            if spans:
+                jobs = [
+                    (s, e, source.attempts(f"could not read bytes {s}-{e}", stats))
+                    for s, e in spans
+                ]
+                fsspec.asyn.sync(fs.loop, _fetch_parts, jobs, pin, fs, path, get, fd, connections)
+        finally:
+            os.close(fd)
+    except BaseException:
+        try:
+            os.unlink(dest)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _nbytes(data: bytes) -> int:
+    return len(data)
+
+
+async def _fetch_parts(
+    jobs: list[tuple[int, int, Attempts]],
+    pin: _Pin,
+    fs: Any,
+    path: str,
+    get: Any,
+    fd: int,
+    connections: int,
+) -> None:
+    """Fetch every part (``connections`` at once) and write it at its offset; first error wins."""
+    gate = asyncio.Semaphore(connections)
+
+    async def one(start: int, end: int, attempts: Attempts) -> None:
+        async with gate:
+
+            async def op() -> bytes:
+                try:
+                    data: bytes = await get(pin, fs, path, start, end)
+                except ShortReadError:
+                    if end == pin.size:  # is the file shorter than expected? a stat tells
+                        got = int((await fs._info(path))["size"])
+                        if got != pin.size:
+                            raise changed(pin.url, f"its size is {got}, not {pin.size}") from None
+                    raise
+                return data
+
+            data = await retry_async(attempts, op, _nbytes, fs)
+        view = memoryview(data)
+        offset = start
+        while view:
+            n = os.pwrite(fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    tasks = [asyncio.ensure_future(one(*job)) for job in jobs]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for t in tasks:
+            t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for t in tasks:  # the first part (in file order) that failed, not one cancelled for it
+        if t in done and t.exception() is not None:
+            raise t.exception()  # type: ignore[misc]
