@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 
+import fsspec
 import pytest
 from tar_oracle import dataset_samples, strip_meta
 
 from wids import IndexMismatchError, ShardListDataset, build_index
 from wids.dataset.localread import LOCAL_GAP
+from wids.dataset.tables import MemberTable
 from wids.synth import write_dataset
 
 NS, NSAMPLES = 3, 10
@@ -126,3 +128,29 @@ def test_a_forked_child_checks_its_local_shards_again(local, tmp_path):
     os.waitpid(pid, 0)
     assert answer == "mismatch mismatch"
     ds.close()
+
+
+def test_local_and_remote_reads_build_the_same_sample_dicts(local):
+    """One builder of sample dicts: the local fast path's shard table is a ``MemberTable``.
+
+    Before, ``LocalShard`` built its samples with a copy of ``MemberTable.sample``.
+    """
+    fs = fsspec.filesystem("memory")
+    infos = []
+    for p in local["paths"]:
+        url = f"memory://wids-localread/{os.path.basename(p)}"
+        with open(p, "rb") as f:
+            fs.pipe_file(url, f.read())
+        infos.append({"url": url, "nsamples": NSAMPLES})
+    remote = ShardListDataset(infos, transformations=[])
+    ds = ShardListDataset(local["index"], transformations=[])
+    order = [3, NSAMPLES + 7, 2 * NSAMPLES, 1]
+    for got, want in zip([ds[i] for i in order], [remote[i] for i in order], strict=True):
+        assert list(got.items())[:-3] == list(want.items())[:-3]  # fields, key, index in order
+        assert list(got)[-3:] == list(want)[-3:] == ["__shard__", "__shardindex__", "__dataset__"]
+    tables = ds._pool._tables
+    assert all(tables[s] is ds._pool.fast[s] for s in ds._pool.fast)  # one table per shard
+    assert isinstance(ds._pool.fast[0], MemberTable)
+    assert type(ds._pool.fast[0]).sample is MemberTable.sample
+    ds.close()
+    remote.close()

@@ -2,14 +2,14 @@
 
 A local shard is read in place, and random access over local files is bounded by Python, not
 by the disk: a :class:`LocalShard` is made once per shard and process, when its reader opens
-(after the first-touch checks), and holds what a read needs as zero-copy memoryviews of
-the member table's arrays (indexing one gives a Python ``int`` without a numpy scalar) and the
-dataset's :class:`~wids.storage.DescriptorPool`. :meth:`LocalShard.read` is one sample with
+(after the first-touch checks), and holds what a read needs: the member table's memoryviews
+and the dataset's :class:`~wids.storage.DescriptorPool`. :meth:`LocalShard.read` is one sample with
 one ``pread``; :func:`read_local_batch` reads a batch of local samples, one ``pread`` per run
 of samples that follow each other in a shard. Anything unusual (a descriptor that cannot be
 opened, a short read) goes through the shard's reader, which raises the right error.
 
-The sample dicts are those of :meth:`~wids.dataset.tables.MemberTable.sample`, key for key.
+:class:`LocalShard` is a :class:`~wids.dataset.tables.MemberTable`: its samples are built by
+:meth:`~wids.dataset.tables.MemberTable.sample`, as every other read's.
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..storage import is_local
+from .tables import MemberTable
 
 if TYPE_CHECKING:
+    from ..index import ShardMembers
     from ..storage import IOStats
     from .readers import LocalReader
-    from .tables import MemberTable
 
 __all__ = ["LOCAL_GAP", "LocalShard", "read_local", "read_local_batch"]
 
@@ -39,44 +38,33 @@ padding). A wider ``merge_gap`` is not used locally: copying the gap costs more 
 """
 
 
-def _view(values: np.ndarray) -> memoryview:
-    """A flat, native, contiguous view of an integer array (copied only if it is not one)."""
-    if not (values.flags.c_contiguous and values.dtype.isnative and values.ndim == 1):
-        values = np.ascontiguousarray(values.ravel(), dtype=np.int64)
-    return memoryview(values)  # type: ignore[arg-type]  # numpy arrays are buffers
+class LocalShard(MemberTable):
+    """One local shard's member table (a :class:`MemberTable`) and its ``pread``.
 
-
-class LocalShard:
-    """One local shard's member table as memoryviews, and its ``pread``.
+    The pool keeps it as the shard's member table too: one object per shard and process.
 
     Args:
         reader: The shard's open reader (opened and checked by the pool); reads that do not
             come back whole go through it.
-        table: The shard's member-table view (its URL and dataset name too).
+        members: The shard's member table.
+        url: The shard's URL (``__shard__``).
+        dataset: The name of its dataset component (``__dataset__``).
         stats: The dataset's I/O counters (one request per ``pread``).
         counts: The pool's counters (``accesses`` and ``samples`` counted by :meth:`read`).
     """
 
-    __slots__ = (
-        "blob",
-        "counts",
-        "dataset",
-        "fid",
-        "fields",
-        "ko",
-        "off",
-        "path",
-        "pread_owned",
-        "reader",
-        "size",
-        "ss",
-        "stats",
-        "url",
-    )
+    __slots__ = ("counts", "path", "pread_owned", "reader", "stats")
 
     def __init__(
-        self, reader: LocalReader, table: MemberTable, stats: IOStats, counts: dict[str, int]
+        self,
+        reader: LocalReader,
+        members: ShardMembers,
+        url: str,
+        dataset: str,
+        stats: IOStats,
+        counts: dict[str, int],
     ) -> None:
+        super().__init__(members, url, dataset)
         self.reader = reader
         self.path = reader.path
         # the pool checks its process before it makes a LocalShard (reset_process), and the
@@ -84,15 +72,6 @@ class LocalShard:
         self.pread_owned = reader.descriptors.pread_owned
         self.stats = stats
         self.counts = counts
-        self.url = table.url
-        self.dataset = table.dataset
-        self.fields = table.fields
-        self.blob = table.blob
-        self.ko = _view(table.ko)
-        self.ss = _view(table.ss)
-        self.fid = _view(table.fid)
-        self.off = _view(table.off)
-        self.size = _view(table.size)
 
     def pread(self, start: int, end: int) -> bytes:
         """Exactly the bytes ``[start, end)`` of the shard: one ``pread`` (the reader's if not)."""
@@ -111,15 +90,15 @@ class LocalShard:
     def read(self, index: int, j: int) -> dict[str, Any]:
         """Sample ``j`` of the shard (global index ``index``), as the dataset returns it raw.
 
-        The hot path of local random access: :meth:`pread` and :meth:`sample` inlined.
+        The hot path of local random access: :meth:`pread` inlined.
         """
         counts = self.counts
         counts["accesses"] += 1
         ss, off, size = self.ss, self.off, self.size
         first = ss[j]
-        stop = ss[j + 1]
+        last = ss[j + 1] - 1
         start = off[first]
-        n = off[stop - 1] + size[stop - 1] - start
+        n = off[last] + size[last] - start
         try:
             buf = self.pread_owned(self.path, n, start)
         except OSError:
@@ -131,24 +110,7 @@ class LocalShard:
         else:  # the reader raises the right error (or reads it after all)
             buf = self.reader.read_span(start, start + n, self.stats)
         counts["samples"] += 1
-        return self.sample(index, j, first, stop, buf, start)
-
-    def sample(
-        self, index: int, j: int, first: int, stop: int, buf: bytes, base: int
-    ) -> dict[str, Any]:
-        """Sample ``j`` (members ``first .. stop - 1``) from ``buf``, read from byte ``base``."""
-        fields, fid, off, size = self.fields, self.fid, self.off, self.size
-        sample: dict[str, Any] = {}
-        for m in range(first, stop):
-            a = off[m] - base
-            sample[fields[fid[m]]] = buf[a : a + size[m]]
-        ko = self.ko
-        sample["__key__"] = self.blob[ko[j] : ko[j + 1]].decode("utf-8", "surrogateescape")
-        sample["__index__"] = index
-        sample["__shard__"] = self.url
-        sample["__shardindex__"] = j
-        sample["__dataset__"] = self.dataset
-        return sample
+        return self.sample(j, index, buf, start)
 
 
 def read_local_batch(shards: dict[int, LocalShard], located: Located) -> list[dict[str, Any]]:
@@ -163,7 +125,7 @@ def read_local_batch(shards: dict[int, LocalShard], located: Located) -> list[di
         ss, off = ls.ss, ls.off
         first = ss[j]
         last = ss[j + 1] - 1
-        spans.append((shard, off[first], off[last] + ls.size[last], pos, i, j, first, last + 1))
+        spans.append((shard, off[first], off[last] + ls.size[last], pos, i, j))
     spans.sort()
     out: list[Any] = [None] * len(spans)
     k, n = 0, len(spans)
@@ -175,8 +137,8 @@ def read_local_batch(shards: dict[int, LocalShard], located: Located) -> list[di
             m += 1
         ls = shards[shard]
         buf = ls.pread(start, end)
-        for _, _, _, pos, i, j, first, stop in spans[k:m]:
-            out[pos] = ls.sample(i, j, first, stop, buf, start)
+        for _, _, _, pos, i, j in spans[k:m]:
+            out[pos] = ls.sample(j, i, buf, start)
         k = m
     return out
 

@@ -202,14 +202,11 @@ class ReaderPool:
             else:  # a local file's: a path over the descriptor pool, not in the LRU
                 self.counts["accesses"] += 1
         table = self._tables[shard]
-        rows = table.rows(local)
-        fids, offs, sizes = rows
-        start, end = offs[0], offs[-1] + sizes[-1]
+        start, end = table.span(local)
         check = None
         if reader.verifies:  # read the first member's tar header too, and check it
             start -= HEADER
-            name = table.key(local) + table.fields[fids[0]]
-            check = header_check(((0, name, sizes[0]),), start)
+            check = header_check(((0, *table.first_member(local)),), start)
         try:
             if self._promotable:  # before the read: a promotion then overlaps with it
                 requested(self, shard, reader, end - start)
@@ -221,7 +218,7 @@ class ReaderPool:
         counts["samples"] += 1
         if reader.cached:
             counts["cache_hits"] += 1
-        return table.sample(local, i, buf, start, rows)
+        return table.sample(local, i, buf, start)
 
     def read_batch(
         self, located: Sequence[tuple[int, int, int]], merge_gap: int
@@ -301,12 +298,13 @@ class ReaderPool:
                 except BaseException:
                     reader.close()
                     raise
-            table = MemberTable(members[0], info.url, loaded.dataset_of[shard])
-            self._tables[shard] = table
-            if isinstance(reader, LocalReader):
+            url, dataset, stats = info.url, loaded.dataset_of[shard], catalog.store.stats
+            if isinstance(reader, LocalReader):  # its table is its fast path's
+                fast = LocalShard(reader, members[0], url, dataset, stats, self.counts)
+                self._tables[shard] = self.fast[shard] = fast
                 self._local[shard] = reader
-                self.fast[shard] = LocalShard(reader, table, catalog.store.stats, self.counts)
             else:
+                self._tables[shard] = MemberTable(members[0], url, dataset)
                 self.readers[shard] = reader
             return reader
 
