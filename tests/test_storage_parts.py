@@ -128,3 +128,23 @@ def test_the_cache_downloads_a_shard_in_concurrent_parts(http_server, tmp_path):
         counts = proxy.settled()
     assert counts["GET"] == 3 and counts.get("HEAD", 0) == 0
     assert counts["in_flight_peak"] == 3
+
+
+@pytest.mark.parametrize("server", ["http_server", "s3_server"])
+def test_read_whole_is_one_request(request, server, tmp_path):
+    """Index files and member-table sidecars (``index.spec.read_bytes``) cost one request
+    each, not a stat and then a read."""
+    from wids.errors import ShardNotFoundError
+    from wids.index.spec import read_bytes
+
+    srv = request.getfixturevalue(server)
+    data = os.urandom(10 * KB)
+    url = srv.put_bytes(data, f"parts/whole-{server}.json")
+    store = Store(srv.storage_options, FAST)
+    assert read_bytes(url, store) == data
+    assert store.stats.requests == 1 and store.stats.bytes_read == len(data)
+    with pytest.raises(ShardNotFoundError):
+        read_bytes(url + ".missing", store)
+    local = tmp_path / "local.json"
+    local.write_bytes(data)
+    assert read_bytes(str(local)) == data

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import IndexFormatError, UntrustedLocationError
-from ..storage import Store, redact_url
+from ..storage import Store, read_whole, redact_url
 from .model import MAX_NSAMPLES, MAX_SHARD_SIZE, Component, ShardInfo, max_samples
 from .urls import (
     UrlMap,
@@ -87,10 +87,10 @@ class Spec:
 
 
 def read_bytes(url: str, store: Store | None = None) -> bytes:
-    """Read a whole (small) file from a path or any fsspec URL."""
+    """Read a whole (small) file from a path or any fsspec URL (remotely: one request)."""
     src = (store or Store()).source(url)
     try:
-        return src.read_range(0, src.info().size)
+        return read_whole(src)
     finally:
         src.close()
 

@@ -13,7 +13,7 @@ The only part of wids that imports fsspec. Other parts import from this package,
 - :mod:`.redact`: what is safe to show: :func:`redact_url`, :func:`redact_text` ...;
 - inside: :mod:`.retry` (policy, failure kinds, retry loops), :mod:`.backends` (fsspec
   backend specifics), :mod:`.conditional` (checked HTTP/S3 range GETs), :mod:`.streams`,
-  :mod:`.parts` (whole-file downloads in concurrent checked parts),
+  :mod:`.parts` (whole-file downloads in concurrent checked parts; :func:`read_whole`),
   :mod:`.local` (``os.pread`` on local files).
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 from .backends import preload
 from .batch import read_ranges
 from .descriptors import DescriptorPool
+from .parts import read_whole
 from .publish import check_writable, destination, put_file, read_head, same_place
 from .redact import RedactingFilter, escape_controls, redact_text, redact_url
 from .retry import RetryPolicy
@@ -51,6 +52,7 @@ __all__ = [
     "put_file",
     "read_head",
     "read_ranges",
+    "read_whole",
     "redact_text",
     "redact_url",
     "same_place",
