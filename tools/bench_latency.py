@@ -342,6 +342,13 @@ def run(args: argparse.Namespace) -> dict[str, dict]:
     return results
 
 
+def _proxy_loop() -> str:
+    """The proxy's event loop (uvloop where installed: less of the 2 cores per request)."""
+    import importlib.util
+
+    return "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+
+
 def main(argv: list[str] | None = None) -> dict[str, dict]:
     args = parse_args(argv)
     load = os.getloadavg()
@@ -351,7 +358,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     print(
         f"{args.shards} shards x {args.samples} samples, {size / 1e6:.0f} MB "
         f"(samples' bytes {sample_bytes / 1e6:.0f} MB); proxy +{args.delay_ms:g} ms, "
-        f"{args.mbps:g} MB/s per connection; DataLoader {args.workers} workers, batch "
+        f"{args.mbps:g} MB/s per connection (on {_proxy_loop()}); DataLoader {args.workers} "
+        f"workers, batch "
         f"{args.batch}; raw bytes"
     )
     print(

@@ -19,7 +19,9 @@ the same cores as the client it measures): each head is parsed once into a looku
 forwarded as it came unless a hop-by-hop header must go; an idle connection's wait for its
 next request is bounded by ``asyncio.timeout`` (no task per request, as ``wait_for`` makes);
 a ``Content-Length`` body is relayed in whole pieces of up to 256 KiB (one pacing wait and
-one write per piece: a small answer's body is one piece); counters are plain increments.
+one write per piece: a small answer's body is one piece); counters are plain increments; the
+event loop is uvloop's where it is installed (the test extra installs it). In one run (load
+3.5) these took it from ~290 to ~180 us of CPU per 23 KB ranged GET.
 What it emulates is unchanged: each answer's head leaves ``delay`` after the request's head
 arrived, and the body's byte ``n`` no earlier than ``n / mbps`` after the head.
 
@@ -192,7 +194,7 @@ class LatencyProxy:
         errors: list[BaseException] = []
 
         def run() -> None:
-            loop = asyncio.new_event_loop()
+            loop = _new_loop()
             self._loop = loop
             try:
                 loop.run_until_complete(self._open())
@@ -345,6 +347,17 @@ class LatencyProxy:
 
 
 _timeout = getattr(asyncio, "timeout", None)
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    """uvloop's event loop where it is installed (a fraction of asyncio's CPU per request),
+    else asyncio's; the proxy behaves the same on either."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
 
 
 async def _within(seconds: float, awaitable: Awaitable[bytes]) -> bytes:

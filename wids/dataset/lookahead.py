@@ -37,7 +37,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from ..storage import is_local, read_ranges
+from ..storage import Window, is_local, read_ranges
 from .batchplan import plan_reads
 from .prediction import PlannedBatches
 from .promotion import planned
@@ -83,7 +83,7 @@ class Lookahead:
         *,
         depth: int = 4,
         max_bytes: int = 64 << 20,
-        max_requests: int = 256,
+        max_requests: int = 32,
         horizon: int = 2048,
         stats: Any = None,
     ) -> None:
@@ -96,13 +96,15 @@ class Lookahead:
         self.announce_share = 0.5
         self._stats = stats
         self._jobs: dict[int, Future[Prefetched]] = {}  # batch number -> its prefetch
-        self._held = 0  # bytes and requests held or in flight
-        self._requests = 0
+        self._held = 0  # bytes held or in flight
+        # the prefetches' requests take turns in one window (first come, first served): it
+        # stays full while batches are queued, and the nearest batch's requests go first
+        self._window = Window(max_requests)
         self._announced: set[int] = set()
         self._whole: set[int] = set()  # announced shards being fetched whole: not by range
         # what it did, for tests and benchmarks: batches served with prefetched blocks, and
         # the most bytes and requests held or in flight at once
-        self.hits = self.peak_bytes = self.peak_requests = 0
+        self.hits = self.peak_bytes = 0
         self._mutex = threading.Lock()
         self._closed = False
         self._executor: ThreadPoolExecutor | None = None
@@ -196,30 +198,27 @@ class Lookahead:
         requests = [r for r in self._prepare(batch) if r[0].shard not in self._whole]
         nbytes = sum(b.end - b.start for b, _, _ in requests)
         with self._mutex:
-            if (
-                not requests
-                or (self._held and (self._held + nbytes > self.max_bytes))
-                or self._requests + len(requests) > self.max_requests
-            ):
+            if not requests or (self._held and (self._held + nbytes > self.max_bytes)):
                 return {}
             self._held += nbytes
-            self._requests += len(requests)
             self.peak_bytes = max(self.peak_bytes, self._held)
-            self.peak_requests = max(self.peak_requests, self._requests)
         try:
             data = read_ranges(
                 [(src, b.start, b.end) for b, src, _ in requests],
                 self._stats,
                 checks=[check for _, _, check in requests],
+                window=self._window,
             )
         except BaseException:
             with self._mutex:
                 self._held -= nbytes
             raise
-        finally:
-            with self._mutex:
-                self._requests -= len(requests)
         return {b: d for (b, _, _), d in zip(requests, data, strict=True)}
+
+    @property
+    def peak_requests(self) -> int:
+        """The most prefetch requests in flight at once."""
+        return self._window.peak
 
     def _release(self, job: Future[Prefetched]) -> None:
         if job.cancelled() or not job.done() or job.exception() is not None:

@@ -20,13 +20,14 @@ The only part of wids that imports fsspec. Other parts import from this package,
 from __future__ import annotations
 
 from .backends import preload
-from .batch import read_ranges
+from .batch import Window, read_ranges
 from .descriptors import DescriptorPool
 from .parts import read_whole
 from .publish import check_writable, destination, put_file, read_head, same_place
+from .rangeread import Check
 from .redact import RedactingFilter, escape_controls, redact_text, redact_url
 from .retry import RetryPolicy
-from .source import Check, Source, Store
+from .source import Source, Store
 from .stats import FileStat, IOStats, comparable_etag
 from .urls import is_local, is_remote, local_file, local_path, output_dir, stored_url, url_name
 
@@ -39,6 +40,7 @@ __all__ = [
     "RetryPolicy",
     "Source",
     "Store",
+    "Window",
     "check_writable",
     "comparable_etag",
     "destination",

@@ -2,6 +2,7 @@
 
 - :func:`with_defaults`: storage options that make S3, HTTP and GCS honour the retry policy's
   timeout and leave retries to wids (a user's own settings win).
+- :func:`request_timeout`: the timeout of each ranged HTTP request wids makes itself.
 - :func:`file_stat`: a :class:`~wids.storage.stats.FileStat` from a backend's ``info()``
   answer, whatever its keys for the etag and modification time.
 - :func:`is_http` / :func:`is_s3`: filesystems whose range requests wids makes itself,
@@ -26,7 +27,15 @@ from typing import Any
 from .retry import RetryPolicy
 from .stats import FileStat
 
-__all__ = ["file_stat", "is_http", "is_s3", "preload", "url_to_fs", "with_defaults"]
+__all__ = [
+    "file_stat",
+    "is_http",
+    "is_s3",
+    "preload",
+    "request_timeout",
+    "url_to_fs",
+    "with_defaults",
+]
 
 
 def url_to_fs(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
@@ -70,6 +79,23 @@ def with_defaults(url: str, options: Mapping[str, Any], policy: RetryPolicy) -> 
     elif protocol in ("gs", "gcs"):
         opts.setdefault("requests_timeout", policy.timeout)
     return opts
+
+
+def request_timeout(url: str, options: Mapping[str, Any], policy: RetryPolicy) -> Any:
+    """The ``aiohttp.ClientTimeout`` of each ranged HTTP request wids makes itself, or ``None``.
+
+    Every such request runs inside an attempt bounded by ``policy.timeout`` as a whole
+    (:func:`~wids.storage.retry.retry_async`), so only connecting keeps a timer of its own:
+    the session's per-read timer (:func:`with_defaults`) would be re-armed for every piece of
+    every answer. ``None`` (the session's) where the user set the client's timeout, or for
+    other protocols.
+    """
+    if "::" in url or url.split("://", 1)[0].lower() not in ("http", "https"):
+        return None
+    if "timeout" in (options.get("client_kwargs") or {}):
+        return None
+    aiohttp = importlib.import_module("aiohttp")
+    return aiohttp.ClientTimeout(total=None, sock_connect=policy.timeout, sock_read=None)
 
 
 def _mtime(info: Mapping[str, Any]) -> float | None:

@@ -1,22 +1,57 @@
-"""Many byte ranges at once: grouped by filesystem, concurrent where it is asynchronous."""
+"""Many byte ranges at once: grouped by filesystem, concurrent where it is asynchronous.
+
+A :class:`Window` bounds the requests in flight across many :func:`read_ranges` calls of a
+process (a lookahead's prefetches, each from its own thread): first come, first served, so the
+requests of an earlier call go out before a later call's, and the window stays full as long
+as calls are queued, instead of a burst per call.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import fsspec.asyn
 
+from .rangeread import Check
 from .retry import retry_async
-from .source import Check, Source, check_range
+from .source import Source, check_range
 from .stats import IOStats
 
-__all__ = ["read_ranges"]
+__all__ = ["Window", "read_ranges"]
 
 
 def _nbytes(data: bytes) -> int:
     return len(data)
+
+
+class Window:
+    """At most ``size`` requests in flight at once, over any number of :func:`read_ranges` calls.
+
+    Requests wait their turn in the order they were issued (FIFO). Used from the event loop
+    the reads run on (fsspec's, one per process); ``peak`` is the most in flight at once.
+
+    Args:
+        size: Requests in flight at most.
+    """
+
+    def __init__(self, size: int) -> None:
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"size must be an int >= 1, not {size!r}")
+        self.size = size
+        self.in_flight = self.peak = 0
+        self._gate = asyncio.Semaphore(size)
+
+    async def __aenter__(self) -> None:
+        await self._gate.acquire()
+        self.in_flight += 1
+        self.peak = max(self.peak, self.in_flight)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.in_flight -= 1
+        self._gate.release()
 
 
 def read_ranges(
@@ -24,6 +59,7 @@ def read_ranges(
     stats: IOStats | None = None,
     max_concurrency: int = 32,
     checks: Sequence[Check | None] | None = None,
+    window: Window | None = None,
 ) -> list[bytes]:
     """Read many byte ranges, concurrently where the filesystem is asynchronous.
 
@@ -31,7 +67,8 @@ def read_ranges(
     only failed ones are repeated), at most ``max_concurrency`` in flight; local ranges are read
     with ``os.pread``. ``checks`` (one per request, or ``None``) are passed to each remote
     read as :meth:`Source.read_range` describes. Without ``stats``, each range counts into its
-    source's store.
+    source's store. With a ``window``, the remote requests take their turns in it (shared with
+    other calls) instead of ``max_concurrency``.
 
     Returns:
         One ``bytes`` per request, in order, each exactly ``end - start`` long.
@@ -46,17 +83,20 @@ def read_ranges(
         raise ValueError("checks must have one entry per request")
     out: list[bytes | None] = [None] * len(requests)
     groups: dict[int, tuple[Any, list[int]]] = {}
+    fs_of: dict[int, Any] = {}  # by source: its reader is made (or checked) once per call
     for i, (src, start, end) in enumerate(requests):
         check_range(start, end)
         if src.is_local or start == end:
             out[i] = src.read_range(start, end, stats)
             continue
-        fs, _ = src._filesystem()
+        fs = fs_of.get(id(src))
+        if fs is None:
+            fs = fs_of[id(src)] = src._range_read().fs
         groups.setdefault(id(fs), (fs, []))[1].append(i)
     for fs, idxs in groups.values():
         if fs.async_impl:
             jobs = [(*requests[i], checks[i] if checks else None) for i in idxs]
-            results = fsspec.asyn.sync(fs.loop, _gather, jobs, stats, max_concurrency)
+            results = fsspec.asyn.sync(fs.loop, _gather, jobs, stats, max_concurrency, window)
             for i, data in zip(idxs, results, strict=True):
                 out[i] = data
         else:
@@ -67,16 +107,24 @@ def read_ranges(
 
 
 async def _gather(
-    jobs: list[tuple[Source, int, int, Check | None]], stats: IOStats | None, max_concurrency: int
+    jobs: list[tuple[Source, int, int, Check | None]],
+    stats: IOStats | None,
+    max_concurrency: int,
+    window: Window | None,
 ) -> list[bytes]:
-    gate = asyncio.Semaphore(max_concurrency)
+    # a gate only when there are more jobs than may be in flight: it costs per request
+    gate: Any = window
+    if gate is None and len(jobs) > max_concurrency:
+        gate = asyncio.Semaphore(max_concurrency)
 
     async def one(src: Source, start: int, end: int, check: Check | None) -> bytes:
-        fs, path = src._filesystem()
+        read = src._reader or src._range_read()  # made in this process by read_ranges
         attempts = src.attempts(f"could not read bytes {start}-{end}", stats)
+        op = partial(read, start, end, check)
+        if gate is None:
+            return await retry_async(attempts, op, _nbytes, read.fs)
         async with gate:
-            op = src._aread_op(fs, path, start, end, check)
-            return await retry_async(attempts, op, _nbytes, fs)
+            return await retry_async(attempts, op, _nbytes, read.fs)
 
     results = await asyncio.gather(*(one(*job) for job in jobs), return_exceptions=True)
     for r in results:

@@ -36,6 +36,7 @@ from .stats import FileStat, comparable_etag
 
 __all__ = [
     "AnswerCheck",
+    "HttpTarget",
     "Pinned",
     "changed",
     "check_answer",
@@ -171,16 +172,42 @@ def check_answer(
         raise changed(pin.url, f"its size is {total.strip()}, the index says {pin.size}")
 
 
-async def http_range(pin: Pinned, fs: Any, path: str, start: int, end: int) -> bytes:
+class HttpTarget:
+    """What every ranged GET of one file repeats, made once per file and process.
+
+    fsspec's ``_cat_file`` makes these anew for each request (the encoded URL, the request
+    options and headers); kept, a request costs only its own work.
+
+    Args:
+        fs: fsspec's HTTP filesystem.
+        path: The file's path (URL) on it.
+        timeout: An ``aiohttp.ClientTimeout`` for each request (``None``: the session's). The
+            caller's per-attempt timeout bounds a request whole, so the session's per-read
+            timer need not be re-armed for every piece of every answer.
+    """
+
+    __slots__ = ("fs", "headers", "kwargs", "path", "url")
+
+    def __init__(self, fs: Any, path: str, timeout: Any = None) -> None:
+        self.fs, self.path = fs, path
+        kwargs = dict(fs.kwargs)
+        self.headers: dict[str, str] = dict(kwargs.pop("headers", None) or {})
+        if timeout is not None:
+            kwargs.setdefault("timeout", timeout)
+        self.kwargs = kwargs
+        self.url = fs.encode_url(path)
+
+
+async def http_range(pin: Pinned, target: HttpTarget, start: int, end: int) -> bytes:
     """One ranged GET as in fsspec's ``_cat_file``, but conditional and checked."""
+    fs, path = target.fs, target.path
     session = await fs.set_session()
-    kwargs = dict(fs.kwargs)
-    headers = dict(kwargs.pop("headers", None) or {})
+    headers = target.headers.copy()
     headers["Range"] = f"bytes={start}-{end - 1}"
     condition = if_match(pin.etag) if pin.answer_check is None else None
     if condition is not None:
         headers["If-Match"] = condition
-    async with session.get(fs.encode_url(path), headers=headers, **kwargs) as resp:
+    async with session.get(target.url, headers=headers, **target.kwargs) as resp:
         if resp.status == 412:
             raise changed(pin.url, f"HTTP 412 for If-Match {condition}")
         if resp.status == 404:

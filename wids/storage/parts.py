@@ -33,7 +33,7 @@ import fsspec.asyn
 
 from ..errors import ShortReadError
 from .backends import is_http, is_s3
-from .conditional import AnswerCheck, changed, http_range, s3_range
+from .conditional import AnswerCheck, HttpTarget, changed, http_range, s3_range
 from .retry import Attempts, retry_async, retry_sync
 from .stats import FileStat, IOStats
 from .streams import Readable
@@ -137,7 +137,13 @@ def _fetch_all(
     stats: IOStats | None,
 ) -> None:
     """Fetch ``spans`` of the file into ``dest`` (created), which is removed on failure."""
-    get = http_range if is_http(fs) else s3_range
+    get: Any = s3_range
+    if is_http(fs):
+        target = HttpTarget(fs, path)
+
+        async def get(pin: _Pin, fs: Any, path: str, start: int, end: int) -> bytes:
+            return await http_range(pin, target, start, end)
+
     try:
         fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:

@@ -29,28 +29,27 @@ secret values of the storage options are masked; the backend's exception is desc
 from __future__ import annotations
 
 import os
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
+from functools import partial
 from types import MappingProxyType
 from typing import Any, BinaryIO
 
 import fsspec
 import fsspec.asyn
 
-from ..errors import CorruptReadError, PermanentRemoteError, ShardNotFoundError
-from .backends import file_stat, is_http, is_s3, url_to_fs, with_defaults
-from .conditional import AnswerCheck, check_length, http_range, s3_range
+from ..errors import PermanentRemoteError, ShardNotFoundError
+from .backends import file_stat, is_http, request_timeout, url_to_fs, with_defaults
+from .conditional import AnswerCheck, check_length
 from .local import LocalFile
 from .parts import download
+from .rangeread import Check, RangeRead, checked, stat_check
 from .redact import _secret_values, redact_url
 from .retry import Attempts, RetryPolicy, retry_async, retry_sync
 from .stats import FileStat, IOStats
 from .streams import LOCAL_BLOCK, REMOTE_BLOCK, BlockStream, HttpStream, Stream
 from .urls import is_local, local_file
 
-__all__ = ["Check", "Source", "Store", "check_range"]
-
-Check = Callable[[bytes], "str | None"]
-"""A check of the bytes of one range read: ``None`` if they are right, else what is wrong."""
+__all__ = ["Source", "Store", "check_range"]
 
 
 def _nbytes(data: bytes) -> int:
@@ -189,6 +188,7 @@ class Source:
         self._fs: Any = None
         self._path: str | None = None
         self._pid: int | None = None
+        self._reader: RangeRead | None = None
         self.answer_check: AnswerCheck | None = None
 
     @property
@@ -206,7 +206,7 @@ class Source:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_fs=None, _path=None, _pid=None, answer_check=None)
+        state.update(_fs=None, _path=None, _pid=None, _reader=None, answer_check=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -245,6 +245,7 @@ class Source:
             options = with_defaults(self.url, self.storage_options, self.retry)
             self._fs, self._path = url_to_fs(self.url, options)
             self._pid = pid
+            self._reader = None
         if self._path is None:  # an invariant, kept under python -O
             raise RuntimeError("internal error: self._path is not set")
         return self._fs, self._path
@@ -311,54 +312,26 @@ class Source:
         fs, path = self._filesystem()
         attempts = self.attempts(f"could not read bytes {start}-{end}", stats)
         if fs.async_impl:
-            op = self._aread_op(fs, path, start, end, check)
+            op = partial(self._range_read(), start, end, check)
             data: bytes = fsspec.asyn.sync(fs.loop, retry_async, attempts, op, _nbytes, fs)
             return data
 
         def sync_op() -> bytes:
             if self.answer_check is not None:
-                self._stat_check(fs.info(path))
+                stat_check(self, fs.info(path))
             data = check_length(self.url, fs.cat_file(path, start=start, end=end), start, end)
-            return self._checked(data, start, end, check)
+            return checked(self.url, data, start, end, check)
 
         return retry_sync(attempts, sync_op, _nbytes)
 
-    def _aread_op(
-        self, fs: Any, path: str, start: int, end: int, check: Check | None = None
-    ) -> Callable[[], Awaitable[bytes]]:
-        if is_http(fs):
-            get = http_range
-        elif is_s3(fs):
-            get = s3_range
-        else:
-            get = None
-
-        async def op() -> bytes:
-            if get is not None:
-                data = await get(self, fs, path, start, end)
-            else:
-                if self.answer_check is not None:
-                    self._stat_check(await fs._info(path))
-                data = await fs._cat_file(path, start=start, end=end)
-            return self._checked(check_length(self.url, data, start, end), start, end, check)
-
-        return op
-
-    def _stat_check(self, info: Mapping[str, Any]) -> None:
-        check = self.answer_check
-        if check is not None:
-            check(file_stat(info, int(info["size"])))
-            self.answer_check = None
-
-    def _checked(self, data: bytes, start: int, end: int, check: Check | None) -> bytes:
-        if check is not None:
-            problem = check(data)
-            if problem is not None:
-                raise CorruptReadError(
-                    f"bytes {start}-{end} are not the ones asked for: {problem}",
-                    shard=redact_url(self.url),
-                )
-        return data
+    def _range_read(self) -> RangeRead:
+        """This process's :class:`~wids.storage.rangeread.RangeRead` of the (remote) file."""
+        fs, path = self._filesystem()
+        reader = self._reader
+        if reader is None:
+            timeout = request_timeout(self.url, self.storage_options, self.retry)
+            reader = self._reader = RangeRead(self, fs, path, timeout)
+        return reader
 
     @property
     def pins_version(self) -> bool:

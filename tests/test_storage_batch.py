@@ -1,0 +1,44 @@
+"""wids.storage.batch: a Window bounds the requests in flight over concurrent read_ranges calls."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from latencyproxy import LatencyProxy
+
+from wids import RetryPolicy
+from wids.storage import Store, Window, read_ranges
+
+DATA = bytes((i * 13 + i // 509) % 256 for i in range(200_000))
+
+
+def test_window_bounds_requests_in_flight_across_calls(http_server):
+    """Three threads' calls share one window of 4: never more than 4 requests at the server
+    (the proxy's own count), each call's bytes right, and the window was used to the full."""
+    http_server.put_bytes(DATA, "batch/window.bin")
+    window = Window(4)
+    spans = [(k * 5_000, k * 5_000 + 3_000) for k in range(10)]
+    out: dict[int, list[bytes]] = {}
+    with LatencyProxy(http_server.base, delay=0.03, mbps=0) as proxy:
+        store = Store(retry=RetryPolicy(timeout=10.0))
+        src = store.source(proxy.url("batch/window.bin"), size=len(DATA))
+
+        def call(k: int) -> None:
+            out[k] = read_ranges([(src, s, e) for s, e in spans], window=window)
+
+        threads = [threading.Thread(target=call, args=(k,)) for k in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        counts = proxy.settled()
+    assert all(out[k] == [DATA[s:e] for s, e in spans] for k in range(3))
+    assert counts["GET"] == 30
+    assert counts["in_flight_peak"] <= 4  # without the window: up to 30 at once
+    assert window.peak == 4 and window.in_flight == 0
+
+
+def test_window_size_is_checked():
+    with pytest.raises(ValueError):
+        Window(0)
