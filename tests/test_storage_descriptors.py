@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import sys
 import threading
 
 import pytest
@@ -72,10 +73,15 @@ def test_threads_never_read_a_closed_or_reused_descriptor(files):
                 errors.append(f"file {i}: {got[:4]!r}")
 
     threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave between any two steps of a read
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
     assert errors == []
     assert len(pool) <= 2
     pool.close()
@@ -177,3 +183,55 @@ def test_out_of_descriptors_gives_back_idle_ones(files):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert 1 <= int(out.stdout) <= 6
+
+
+def test_a_kept_descriptor_reads_its_file_and_says_when_it_is_dropped(files):
+    """A hot path keeps a ``Descriptor``; the pool still bounds them and keeps the recent ones."""
+    pool = DescriptorPool(2)
+    da, db = pool.descriptor(files[0]), pool.descriptor(files[1])
+    assert pool.descriptor(files[0]) is da
+    assert da.pread(4, 10) == b"\0" * 4
+    pool.descriptor(files[2])  # room made: b was not read since it opened, a was
+    assert db.dropped and db.pread(4, 10) == b""
+    assert not da.dropped and da.pread(2, 4095) == b"\0"  # short at the end, like pread
+    assert files[1] not in _open_paths() and files[0] in _open_paths()
+    pool.close()
+    assert da.dropped and da.pread(1, 0) == b""
+    assert not set(files) & set(_open_paths())
+    assert DescriptorPool.GONE.pread(1, 0) == b""
+
+
+def test_threads_reading_kept_descriptors_never_read_another_file(files):
+    """Capacity 2, eight threads keeping descriptors of 24 files and taking new ones."""
+    pool = DescriptorPool(2)
+    kept = [DescriptorPool.GONE] * len(files)
+    errors: list[str] = []
+
+    def work(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(3000):
+            i = rng.randrange(len(files))
+            try:
+                got = kept[i].pread(64, rng.randrange(4000))
+            except OSError as e:  # a closed descriptor read
+                errors.append(f"file {i}: {e}")
+                continue
+            if got == b"":  # dropped: take the pool's again (as a LocalShard does)
+                kept[i] = pool.descriptor(files[i])
+            elif got != bytes([i]) * 64:
+                errors.append(f"file {i}: {got[:4]!r}")
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave between any two steps of a read
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert len(pool) <= 2
+    pool.close()
+    assert not set(files) & set(_open_paths())

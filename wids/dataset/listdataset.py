@@ -27,14 +27,13 @@ import numpy as np
 from ..decode import Decoder, interpret_transformations
 from ..index import check_url_map
 from ..samples import DUPLICATE_POLICIES, DuplicatePolicy
-from ..storage import RetryPolicy, Store
+from ..storage import RetryPolicy, Store, forks
 from .catalog import Catalog, display_url
 from .description import DatasetComponent
 from .localcache import LocalCache
 from .pool import ACCESS_MODES, DatasetStats, ReaderPool
 
 __all__ = ["ShardListDataset"]
-_getpid = os.getpid  # the hot path of __getitem__: _raw inlined, local shards' fast path
 
 Transform = Callable[[dict[str, Any]], Any]
 
@@ -228,7 +227,7 @@ class ShardListDataset(_DatasetBase[T_co]):
         self._pool = ReaderPool(
             self._catalog, lru_size=lru_size, access=access, promote_share=promote_share
         )
-        self._pid = os.getpid()
+        self._made = forks.stamp()  # the process this copy reads in (see _check_process)
 
     # The settings of the dataset's parts, as attributes of the dataset (reference API).
     cache_dir = _Setting("_local")
@@ -250,24 +249,24 @@ class ShardListDataset(_DatasetBase[T_co]):
     # -- per-process state --------------------------------------------------------------------
 
     def _check_process(self) -> None:
-        if self._pid != os.getpid():  # forked: the parent's readers are not ours to use
+        if self._made != forks.generation:  # forked: the parent's readers are not ours
             self._catalog.reset_process()
             self._pool.reset_process()
-            self._pid = os.getpid()
+            self._made = forks.stamp()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_pid"]  # the parts drop their per-process state themselves
+        del state["_made"]  # the parts drop their per-process state themselves
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._pid = os.getpid()
+        self._made = forks.stamp()
 
     # -- samples ------------------------------------------------------------------------------
 
     def _raw(self, index: Any) -> dict[str, Any]:
-        if self._pid != _getpid():
+        if self._made != forks.generation:
             self._check_process()
         return self._pool.read(*self._catalog.locate(index))
 
@@ -278,7 +277,7 @@ class ShardListDataset(_DatasetBase[T_co]):
             IndexError: ``index`` is out of range.
             TypeError: ``index`` is not an integer.
         """
-        if self._pid != _getpid():
+        if self._made != forks.generation:
             self._check_process()
         i, shard, j = self._catalog.locate(index)
         fast = self._pool.fast.get(shard)

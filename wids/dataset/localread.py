@@ -3,10 +3,12 @@
 A local shard is read in place, and random access over local files is bounded by Python, not
 by the disk: a :class:`LocalShard` is made once per shard and process, when its reader opens
 (after the first-touch checks), and holds what a read needs: the member table's memoryviews
-and the dataset's :class:`~wids.storage.DescriptorPool`. :meth:`LocalShard.read` is one sample with
-one ``pread``; :func:`read_local_batch` reads a batch of local samples, one ``pread`` per run
-of samples that follow each other in a shard. Anything unusual (a descriptor that cannot be
-opened, a short read) goes through the shard's reader, which raises the right error.
+and its file's :class:`~wids.storage.descriptors.Descriptor` from the dataset's
+:class:`~wids.storage.DescriptorPool`, read without the pool's lock or a look-up by path.
+:meth:`LocalShard.read` is one sample with one ``pread``; :func:`read_local_batch` reads a
+batch of local samples, one ``pread`` per run of samples that follow each other in a shard.
+Anything unusual (a descriptor not open yet or dropped by the pool, a short read) goes through
+the shard's reader, which raises the right error.
 
 :class:`LocalShard` is a :class:`~wids.dataset.tables.MemberTable`: its samples are built by
 :meth:`~wids.dataset.tables.MemberTable.sample`, as every other read's.
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..storage import is_local
+from ..storage import DescriptorPool, is_local
 from .tables import MemberTable
 
 if TYPE_CHECKING:
@@ -53,7 +55,7 @@ class LocalShard(MemberTable):
         counts: The pool's counters (``accesses`` and ``samples`` counted by :meth:`read`).
     """
 
-    __slots__ = ("counts", "path", "pread_owned", "reader", "stats")
+    __slots__ = ("counts", "descriptor", "descriptors", "path", "reader", "stats")
 
     def __init__(
         self,
@@ -69,7 +71,8 @@ class LocalShard(MemberTable):
         self.path = reader.path
         # the pool checks its process before it makes a LocalShard (reset_process), and the
         # dataset before every read: no getpid() here
-        self.pread_owned = reader.descriptors.pread_owned
+        self.descriptors = reader.descriptors
+        self.descriptor = DescriptorPool.GONE  # opened by the first read
         self.stats = stats
         self.counts = counts
 
@@ -77,15 +80,28 @@ class LocalShard(MemberTable):
         """Exactly the bytes ``[start, end)`` of the shard: one ``pread`` (the reader's if not)."""
         n = end - start
         try:
-            data = self.pread_owned(self.path, n, start)
+            data = self.descriptor.pread(n, start)
         except OSError:
             data = b""
-        if len(data) != n:  # the reader raises the right error (or reads it after all)
-            return self.reader.read_span(start, end, self.stats)
+        if len(data) != n:
+            return self.reread(start, end)
         stats = self.stats
         stats.requests += 1
         stats.bytes_read += n
         return data
+
+    def reread(self, start: int, end: int) -> bytes:
+        """``[start, end)`` by the reader: after a short read, or when the descriptor is gone.
+
+        A descriptor the pool dropped (or the first read's) is taken again for the next reads;
+        the reader raises the right error (or reads the bytes after all).
+        """
+        if self.descriptor.dropped:
+            try:
+                self.descriptor = self.descriptors.descriptor(self.path)
+            except OSError:
+                pass
+        return self.reader.read_span(start, end, self.stats)
 
     def read(self, index: int, j: int) -> dict[str, Any]:
         """Sample ``j`` of the shard (global index ``index``), as the dataset returns it raw.
@@ -100,15 +116,15 @@ class LocalShard(MemberTable):
         start = off[first]
         n = off[last] + size[last] - start
         try:
-            buf = self.pread_owned(self.path, n, start)
+            buf = self.descriptor.pread(n, start)
         except OSError:
             buf = b""
         if len(buf) == n:
             stats = self.stats
             stats.requests += 1
             stats.bytes_read += n
-        else:  # the reader raises the right error (or reads it after all)
-            buf = self.reader.read_span(start, start + n, self.stats)
+        else:
+            buf = self.reread(start, start + n)
         counts["samples"] += 1
         return self.sample(j, index, buf, start)
 

@@ -7,6 +7,7 @@ The only part of wids that imports fsspec. Other parts import from this package,
 - :mod:`.batch`: :func:`read_ranges`, many ranges at once;
 - :mod:`.descriptors`: :class:`DescriptorPool`, local files' descriptors kept open within the
   process's file limit;
+- :mod:`.forks`: whether this is still the process an object was made in (no ``getpid``);
 - :mod:`.stats`: :class:`FileStat`, :class:`IOStats`, :func:`comparable_etag`;
 - :mod:`.urls`: local or remote, how an index records a shard, :func:`url_name`;
 - :mod:`.publish`: writing: :func:`check_writable`, :func:`put_file`, :func:`destination`;
@@ -19,6 +20,7 @@ The only part of wids that imports fsspec. Other parts import from this package,
 
 from __future__ import annotations
 
+from . import forks
 from .backends import preload
 from .batch import Window, read_ranges
 from .descriptors import DescriptorPool
@@ -45,6 +47,7 @@ __all__ = [
     "comparable_etag",
     "destination",
     "escape_controls",
+    "forks",
     "is_local",
     "is_remote",
     "local_file",
