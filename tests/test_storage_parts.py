@@ -148,3 +148,39 @@ def test_read_whole_is_one_request(request, server, tmp_path):
     local = tmp_path / "local.json"
     local.write_bytes(data)
     assert read_bytes(str(local)) == data
+
+
+def test_downloads_of_a_process_share_its_connections_first_come_first_served(
+    http_server, tmp_path
+):
+    """Two downloads at once: at most ``CONNECTIONS`` parts in flight for both, and the one
+    started first gets its parts first, so it is complete first (a reader of shards one after
+    another reads the first while the next arrives)."""
+    from wids.storage.parts import CONNECTIONS
+
+    data = [os.urandom(CONNECTIONS * 16 * KB) for _ in range(2)]
+    for k, d in enumerate(data):
+        http_server.put_bytes(d, f"parts/shared-{k}.bin")
+    done: list[int] = []
+    with LatencyProxy(http_server.base, delay=0.2, mbps=0) as proxy:
+        store = Store(None, FAST)
+
+        def fetch(k: int) -> None:
+            src = store.source(proxy.url(f"parts/shared-{k}.bin"))
+            download(src, str(tmp_path / f"copy-{k}"), None, len(data[k]), part_size=16 * KB)
+            done.append(k)
+
+        first = threading.Thread(target=fetch, args=(0,))
+        first.start()
+        deadline = time.monotonic() + 30
+        while proxy.counts()["requests"] < CONNECTIONS and time.monotonic() < deadline:
+            time.sleep(0.005)
+        second = threading.Thread(target=fetch, args=(1,))
+        second.start()
+        first.join()
+        second.join()
+        counts = proxy.settled()
+    assert [(tmp_path / f"copy-{k}").read_bytes() == data[k] for k in (0, 1)] == [True, True]
+    assert counts["GET"] == 2 * CONNECTIONS
+    assert counts["in_flight_peak"] == CONNECTIONS  # not 2 * CONNECTIONS
+    assert done == [0, 1]

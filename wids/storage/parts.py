@@ -3,19 +3,23 @@
 One connection to an object store carries far less than a process can take in (S3's guidance:
 ~85-90 MB/s per connection, and parallel byte-range GETs for throughput), so :func:`download`
 fetches a file of ``size`` bytes in parts of ``clamp(size / connections, PART_MIN, PART_MAX)``
-bytes, at most ``connections`` of them in flight. Every part is a checked range read
-(:mod:`wids.storage.conditional`): its ``Content-Range`` must be the part asked for and its
-total the file's size, and it carries ``If-Match`` (S3 ``IfMatch``) the etag every part is
-pinned to, so a file replaced midway fails with
+bytes, at most ``connections`` of them in flight, and at most :data:`CONNECTIONS` for all the
+downloads through one filesystem in a process, first come first served: the parts of the
+download that started first go first, so a process that reads its shards one after another
+gets the first one whole soonest and reads it while the next arrives. Every part is a checked
+range read (:mod:`wids.storage.conditional`): its ``Content-Range`` must be the part asked for
+and its total the file's size, and it carries ``If-Match`` (S3 ``IfMatch``) the etag every part
+is pinned to, so a file replaced midway fails with
 :class:`~wids.errors.IndexMismatchError` instead of mixing two versions. Each part has its own
 retries and is written at its offset into ``dest`` as it arrives; memory holds at most
-``connections`` parts. ``dest`` is removed on any failure; publishing it (atomically) is the
-caller's job, as for :meth:`Source.download <wids.storage.source.Source.download>`.
+:data:`CONNECTIONS` parts per filesystem. ``dest`` is removed on any failure; publishing it
+(atomically) is the caller's job, as for :meth:`Source.download
+<wids.storage.source.Source.download>`.
 
-No stat precedes the parts when the size and etag are known (from the index); otherwise one
-stat gives them. Files whose answers do not say their size and etag (GCS, chained URLs), local
-files, and files without an etag are downloaded sequentially
-(:func:`wids.storage.streams.download`).
+No stat precedes the parts when the size is known (from the index): the index's etag, or else
+the first answer's, pins the others; otherwise one stat gives them. Files whose answers do not
+say their size and etag (GCS, chained URLs), local files, and files without an etag are
+downloaded sequentially (:func:`wids.storage.streams.download`).
 
 :func:`read_whole` reads a small whole file (an index, a member-table sidecar) into memory
 with one request, not a stat and then a read: one round trip fewer for each index file a
@@ -43,7 +47,7 @@ __all__ = ["CONNECTIONS", "PART_MAX", "PART_MIN", "download", "part_spans", "rea
 
 PART_MIN = 4 << 20  # below this a part's round trip costs more than its transfer at the cap
 PART_MAX = 8 << 20  # bounds the memory of a download: CONNECTIONS parts at most
-CONNECTIONS = 8
+CONNECTIONS = 8  # parts in flight per download, and per filesystem in a process
 
 
 class Partable(Readable, Protocol):
@@ -163,6 +167,20 @@ def _fetch_all(
         raise
 
 
+def _shared_gate(fs: Any) -> asyncio.Semaphore:
+    """The parts in flight of all downloads through filesystem ``fs`` in this process (FIFO).
+
+    Made on the event loop that runs them; a forked child makes its own.
+    """
+    loop = asyncio.get_running_loop()
+    held = getattr(fs, "_wids_parts_gate", None)  # (pid, loop, gate)
+    if held is None or held[0] != os.getpid() or held[1] is not loop:
+        held = (os.getpid(), loop, asyncio.Semaphore(CONNECTIONS))
+        fs._wids_parts_gate = held
+    gate: asyncio.Semaphore = held[2]
+    return gate
+
+
 def _nbytes(data: bytes) -> int:
     return len(data)
 
@@ -178,9 +196,10 @@ async def _fetch_parts(
 ) -> None:
     """Fetch every part (``connections`` at once) and write it at its offset; first error wins."""
     gate = asyncio.Semaphore(connections)
+    shared = _shared_gate(fs)
 
     async def one(start: int, end: int, attempts: Attempts) -> None:
-        async with gate:
+        async with gate, shared:
 
             async def op() -> bytes:
                 try:
