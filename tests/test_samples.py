@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from wids import SampleLayoutError
-from wids.samples import group_members, split_name
+from wids.samples import group_columns, group_members, split_name
 from wids.tar import TarMember
 
 
@@ -74,3 +74,41 @@ def test_keep_first_drops_repeated_fields():
 def test_unknown_policy_is_rejected():
     with pytest.raises(ValueError, match="duplicates must be one of"):
         group_members([], duplicates="merge")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["a.jpg", "b.jpg", "a.cls"],  # a key reappears
+        ["a.jpg", "a.jpg", "a.cls", "b.jpg"],  # a field twice in one sample
+        ["a.jpg", "README", "a.cls", "b.jpg", "b.jpg", "a.txt"],  # both, and a keyless member
+    ],
+)
+@pytest.mark.parametrize("policy", ["error", "split", "keep_first"])
+def test_group_columns_applies_each_policy_as_group_members(names, policy):
+    members = [m(name, 512 + 1024 * k) for k, name in enumerate(names)]
+    rows = [(x.name, x.offset, x.size, x.type, x.header_offset) for x in members]
+
+    def outcome(fn):
+        try:
+            return fn()
+        except SampleLayoutError as e:
+            return type(e), str(e), e.shard
+
+    samples = outcome(lambda: group_members(members, duplicates=policy, shard="x.tar"))
+    columns = outcome(lambda: group_columns(rows, duplicates=policy, shard="x.tar"))
+    if policy == "error":
+        assert samples[0] is SampleLayoutError and columns == samples
+        return
+    starts = columns.sample_start
+    assert [
+        (
+            key,
+            [
+                (columns.fields[columns.member_field[j]], columns.member_offset[j], 10)
+                for j in range(starts[i], starts[i + 1])
+            ],
+        )
+        for i, key in enumerate(columns.keys)
+    ] == samples
+    assert (columns.dropped, columns.skipped) == (samples.dropped, samples.skipped)

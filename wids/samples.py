@@ -65,6 +65,35 @@ def split_name(name: str) -> tuple[str, str] | None:
     return name[:dot], name[dot:]
 
 
+def _check_policy(duplicates: str) -> None:
+    if duplicates not in DUPLICATE_POLICIES:
+        raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}, not {duplicates!r}")
+
+
+def _repeated(
+    duplicates: DuplicatePolicy, key: str, field: str | None, offset: int, shard: str | None
+) -> bool:
+    """Apply the duplicate policy to a member repeating ``field`` in its sample, or ``key``.
+
+    ``field`` is ``None`` when ``key`` names an earlier sample. Returns whether the member is
+    dropped (``keep_first``, a repeated field); otherwise it starts a new sample. Raises
+    ``SampleLayoutError`` with ``duplicates="error"``.
+    """
+    if duplicates != "error":
+        return field is not None and duplicates == "keep_first"
+    if field is not None:
+        message = (
+            f"field {field!r} appears twice in sample {key!r} (member at byte {offset}); "
+            "pass duplicates='split' or 'keep_first' to accept this"
+        )
+    else:
+        message = (
+            f"key {key!r} reappears after other samples (member at byte {offset}); "
+            "pass duplicates='split' to index it as a separate sample"
+        )
+    raise SampleLayoutError(message, shard=shard)
+
+
 class GroupedSamples(list[Sample]):
     """The samples of one shard, in tar order, plus what grouping skipped.
 
@@ -117,8 +146,7 @@ def group_regular(
 
     The index builder's hot path: it skips building a ``TarMember`` per member.
     """
-    if duplicates not in DUPLICATE_POLICIES:
-        raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}, not {duplicates!r}")
+    _check_policy(duplicates)
     out = GroupedSamples()
     seen: set[str] = set()
     key: str | None = None
@@ -136,21 +164,11 @@ def group_regular(
             names.add(field)
             continue
         if k == key:  # the same field twice in one sample
-            if duplicates == "error":
-                raise SampleLayoutError(
-                    f"field {field!r} appears twice in sample {k!r} (member at byte "
-                    f"{offset}); pass duplicates='split' or 'keep_first' to accept this",
-                    shard=shard,
-                )
-            if duplicates == "keep_first":
+            if _repeated(duplicates, k, field, offset, shard):
                 out.dropped.append((k, field))
                 continue
-        elif k in seen and duplicates == "error":
-            raise SampleLayoutError(
-                f"key {k!r} reappears after other samples (member at byte {offset}); "
-                "pass duplicates='split' to index it as a separate sample",
-                shard=shard,
-            )
+        elif k in seen:
+            _repeated(duplicates, k, None, offset, shard)
         if key is not None:
             out.append((key, fields))
             seen.add(key)
@@ -218,8 +236,7 @@ def group_columns(
         SampleLayoutError: On a duplicate, with ``duplicates="error"``.
         ValueError: For an unknown policy.
     """
-    if duplicates not in DUPLICATE_POLICIES:
-        raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}, not {duplicates!r}")
+    _check_policy(duplicates)
     out = GroupedColumns()
     keys, starts, skipped = out.keys, out.sample_start, out.skipped
     fids: dict[str, int] = {}
@@ -247,21 +264,11 @@ def group_columns(
                 add_offset(offset)
                 add_size(size)
                 continue
-            if duplicates == "error":
-                raise SampleLayoutError(
-                    f"field {f!r} appears twice in sample {k!r} (member at byte "
-                    f"{offset}); pass duplicates='split' or 'keep_first' to accept this",
-                    shard=shard,
-                )
-            if duplicates == "keep_first":
+            if _repeated(duplicates, k, f, offset, shard):
                 out.dropped.append((k, f))
                 continue
-        elif k in seen and duplicates == "error":
-            raise SampleLayoutError(
-                f"key {k!r} reappears after other samples (member at byte {offset}); "
-                "pass duplicates='split' to index it as a separate sample",
-                shard=shard,
-            )
+        elif k in seen:
+            _repeated(duplicates, k, None, offset, shard)
         if key is not None:
             seen.add(key)
         key, names = k, [f]
@@ -319,8 +326,7 @@ def group_headers(
     Raises:
         ValueError: For an unknown policy.
     """
-    if duplicates not in DUPLICATE_POLICIES:
-        raise ValueError(f"duplicates must be one of {DUPLICATE_POLICIES}, not {duplicates!r}")
+    _check_policy(duplicates)
     names, name_len = headers.name, headers.name_len
     n, width = names.shape
     col = np.arange(width)
