@@ -22,7 +22,7 @@ from .jsonformat import (
     sidecar_name,
 )
 from .members import ShardMembers
-from .model import ShardInfo, check_entry
+from .model import BaseIndexWriter, ShardInfo
 from .spec import KIND
 
 __all__ = ["JsonIndexWriter", "render_sidecar"]
@@ -88,7 +88,7 @@ def _render_list(entries: list[dict[str, Any]], indent: str) -> str:
     return "[" + ",".join(f"\n{indent}  {json.dumps(e)}" for e in entries) + f"\n{indent}]"
 
 
-class JsonIndexWriter:
+class JsonIndexWriter(BaseIndexWriter):
     """Writes a JSON index: sidecars as shards are added, the description on :meth:`close`.
 
     Shards added before any :meth:`start_component` call form the main ``shardlist``;
@@ -104,51 +104,23 @@ class JsonIndexWriter:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
-        self.path = os.path.abspath(os.fspath(path))
-        self.name = name
+        super().__init__(path, name=name)
         self.members_dir = members_dir(self.path)
         self._main: list[dict[str, Any]] = []
         self._datasets: list[dict[str, Any]] = []
         self._current = self._main
-        self._report: dict[str, Any] = {}
         self._written: set[str] = set()
-        self._closed = False
 
-    def start_component(self, name: str, weight: float | None = None) -> None:
-        """Start a sub-dataset; shards added from now on belong to it.
-
-        Args:
-            name: The component's name (``__dataset__`` in its samples).
-            weight: Its mixing weight, if any.
-        """
-        self._check_open()
+    def _start_component(self, name: str, weight: float | None) -> None:
         entry: dict[str, Any] = {"name": name}
         if weight is not None:
             entry["weight"] = weight
         entry["shardlist"] = self._current = []
         self._datasets.append(entry)
 
-    def add(
-        self,
-        info: ShardInfo,
-        members: ShardMembers | None,
-        extra: Mapping[str, Any] | None = None,
+    def _add(
+        self, info: ShardInfo, members: ShardMembers | None, extra: Mapping[str, Any] | None
     ) -> None:
-        """Record one shard and write its member sidecar.
-
-        Args:
-            info: The shard; its ``url`` is stored as given (relative to the index's directory
-                or absolute).
-            members: Its member table, or ``None`` to record the shard without offsets.
-            extra: More keys for the shard's entry (must not redefine the format's keys).
-
-        Raises:
-            IndexFormatError: ``info`` or ``members`` is malformed, or they disagree (see
-                :func:`~wids.index.model.check_entry`).
-            ValueError: ``extra`` redefines a key of the format.
-        """
-        self._check_open()
-        check_entry(info, members)
         entry: dict[str, Any] = {"url": info.url, "nsamples": info.nsamples}
         for key, value in (
             ("filesize", info.size),
@@ -194,11 +166,6 @@ class JsonIndexWriter:
         self._check_open()
         self.add(info, None)
         self._current[-1]["members"] = self._record(sidecar_name(info.url))
-
-    def set_report(self, report: Mapping[str, Any]) -> None:
-        """Store the builder's report (JSON-serialisable) in the index."""
-        self._check_open()
-        self._report = dict(report)
 
     def flush(self, *, fsync: bool = True) -> None:
         """Publish the description of the shards added so far; the writer stays open.
@@ -270,16 +237,3 @@ class JsonIndexWriter:
                     os.unlink(os.path.join(self.members_dir, name))
                 except FileNotFoundError:
                     pass
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError(f"{self.path}: writer is closed")
-
-    def __enter__(self) -> JsonIndexWriter:
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

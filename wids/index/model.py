@@ -8,14 +8,18 @@
   offers; :mod:`wids.index.registry` picks the backend for a file.
 - :func:`check_entry` — what every writer checks before it records a shard, so an index
   written from offsets a tool already knows is as sound as a scanned one.
+- :class:`BaseIndexWriter` — what the writers share: that protocol's checks (open, the
+  entry), the report, the context manager; :func:`component_rows` for the ones keeping
+  components as ranges of shards.
 - The member table of a shard is :class:`~wids.index.members.ShardMembers`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..errors import IndexFormatError, UntrustedLocationError
 from .fingerprint import Fingerprint
@@ -23,6 +27,7 @@ from .members import ShardMembers
 
 __all__ = [
     "REPAIR_HINT",
+    "BaseIndexWriter",
     "Component",
     "IndexReader",
     "IndexWriter",
@@ -30,6 +35,7 @@ __all__ = [
     "MAX_SHARD_SIZE",
     "ShardInfo",
     "check_entry",
+    "component_rows",
     "max_samples",
     "with_repair_hint",
 ]
@@ -264,3 +270,107 @@ class IndexWriter(Protocol):
 
     def abort(self) -> None:
         """Give up: publish nothing more."""
+
+
+_W = TypeVar("_W", bound="BaseIndexWriter")
+
+
+class BaseIndexWriter:
+    """The part of :class:`IndexWriter` every backend shares; a backend adds the storage.
+
+    A subclass implements ``_start_component``, ``_add`` (called once the writer is known
+    open and the entry checked), ``close`` and ``abort``, and sets ``_closed`` in both.
+
+    Args:
+        path: Local path of the index to write.
+        name: The dataset's name.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.name = name
+        self._report: dict[str, Any] = {}
+        self._closed = False
+
+    def start_component(self, name: str, weight: float | None = None) -> None:
+        """Start a sub-dataset; shards added from now on belong to it.
+
+        Args:
+            name: The component's name (``__dataset__`` in its samples).
+            weight: Its mixing weight, if any.
+        """
+        self._check_open()
+        self._start_component(name, weight)
+
+    def add(
+        self,
+        info: ShardInfo,
+        members: ShardMembers | None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record one shard and its member table.
+
+        Args:
+            info: The shard; its ``url`` is stored as given (relative to the index's directory
+                or absolute).
+            members: Its member table, or ``None`` to record the shard without offsets.
+            extra: More JSON-serialisable keys to keep with the shard (in a JSON index they
+                must not redefine the format's keys).
+
+        Raises:
+            IndexFormatError: ``info`` or ``members`` is malformed, or they disagree (see
+                :func:`check_entry`).
+            ValueError: ``extra`` cannot be stored (a JSON index: it redefines a key).
+        """
+        self._check_open()
+        check_entry(info, members)
+        self._add(info, members, extra)
+
+    def set_report(self, report: Mapping[str, Any]) -> None:
+        """Store the builder's report (JSON-serialisable) in the index."""
+        self._check_open()
+        self._report = dict(report)
+
+    def close(self) -> None:
+        """Publish the index atomically."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        """Give up: publish nothing more."""
+        raise NotImplementedError
+
+    def _start_component(self, name: str, weight: float | None) -> None:
+        raise NotImplementedError
+
+    def _add(
+        self, info: ShardInfo, members: ShardMembers | None, extra: Mapping[str, Any] | None
+    ) -> None:
+        raise NotImplementedError
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ValueError(f"{self.path}: writer is closed")
+
+    def __enter__(self: _W) -> _W:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def component_rows(
+    components: Sequence[tuple[str, float | None, int]], nshards: int
+) -> list[tuple[str, float | None, int, int]]:
+    """``(name, weight, first_shard, stop_shard)`` of components given by their first shards.
+
+    ``components[0]`` is the main component (shards added before any sub-dataset); when it is
+    empty beside sub-datasets, it is no component.
+    """
+    bounds = [c[2] for c in components[1:]] + [nshards]
+    rows = [(*c, stop) for c, stop in zip(components, bounds, strict=True)]
+    if len(rows) > 1 and rows[0][2] == rows[0][3]:
+        rows = rows[1:]
+    return rows

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .members import ShardMembers
-from .model import ShardInfo, check_entry
+from .model import BaseIndexWriter, ShardInfo, component_rows
 from .sqlitereader import FORMAT, SCHEMA_VERSION
 
 __all__ = ["SqliteIndexWriter"]
@@ -36,7 +36,7 @@ def _keys(members: ShardMembers) -> list[str | bytes]:
         return out
 
 
-class SqliteIndexWriter:
+class SqliteIndexWriter(BaseIndexWriter):
     """Builds an SQLite index in a temporary file and publishes it atomically on :meth:`close`.
 
     Shards added before any :meth:`start_component` call form the main component (named
@@ -48,15 +48,12 @@ class SqliteIndexWriter:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
-        self.path = os.path.abspath(os.fspath(path))
-        self.name = name
+        super().__init__(path, name=name)
         self._tmp: Any = None
         self._db: Any = None
         self._nshards = 0
         self._field_ids: dict[str, int] = {}
-        self._components: list[list[Any]] = [[name or "", None, 0]]
-        self._report: dict[str, Any] = {}
-        self._closed = False
+        self._components: list[tuple[str, float | None, int]] = [(name or "", None, 0)]
 
     def _open(self) -> sqlite3.Connection:
         if self._db is not None:
@@ -105,30 +102,12 @@ class SqliteIndexWriter:
         self._db = db
         return conn
 
-    def start_component(self, name: str, weight: float | None = None) -> None:
-        """Start a sub-dataset; shards added from now on belong to it."""
-        self._check_open()
-        self._components.append([name, weight, self._nshards])
+    def _start_component(self, name: str, weight: float | None) -> None:
+        self._components.append((name, weight, self._nshards))
 
-    def add(
-        self,
-        info: ShardInfo,
-        members: ShardMembers | None,
-        extra: Mapping[str, Any] | None = None,
+    def _add(
+        self, info: ShardInfo, members: ShardMembers | None, extra: Mapping[str, Any] | None
     ) -> None:
-        """Record one shard and its member rows.
-
-        Args:
-            info: The shard; its ``url`` is stored as given.
-            members: Its member table, or ``None`` to record the shard without offsets.
-            extra: More JSON-serialisable keys to keep with the shard.
-
-        Raises:
-            IndexFormatError: ``info`` or ``members`` is malformed, or they disagree (see
-                :func:`~wids.index.model.check_entry`).
-        """
-        self._check_open()
-        check_entry(info, members)
         conn = self._open()
         sid = self._nshards
         conn.execute(
@@ -173,11 +152,6 @@ class SqliteIndexWriter:
             conn.execute("INSERT INTO fields VALUES (?, ?)", (fid, name))
         return fid
 
-    def set_report(self, report: Mapping[str, Any]) -> None:
-        """Store the builder's report (JSON-serialisable) in the index."""
-        self._check_open()
-        self._report = dict(report)
-
     def close(self) -> None:
         """Finish the tables and indexes and publish the file atomically."""
         if self._closed:
@@ -185,10 +159,7 @@ class SqliteIndexWriter:
         conn = self._open()
         self._closed = True
         try:
-            bounds = [c[2] for c in self._components[1:]] + [self._nshards]
-            comps = [(*c, stop) for c, stop in zip(self._components, bounds, strict=True)]
-            if len(comps) > 1 and comps[0][2] == comps[0][3]:
-                comps = comps[1:]  # an empty main list beside sub-datasets is no component
+            comps = component_rows(self._components, self._nshards)
             conn.executemany(
                 "INSERT INTO components VALUES (?, ?, ?, ?, ?)",
                 [(i, *c) for i, c in enumerate(comps)],
@@ -219,16 +190,3 @@ class SqliteIndexWriter:
             self._db.conn.close()
         if self._tmp is not None:
             self._tmp.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError(f"{self.path}: writer is closed")
-
-    def __enter__(self) -> SqliteIndexWriter:
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()

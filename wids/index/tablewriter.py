@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .members import ShardMembers
-from .model import ShardInfo, check_entry
+from .model import BaseIndexWriter, ShardInfo, component_rows
 from .tableformat import (
     FORMAT,
     HAS_ETAG,
@@ -64,7 +64,7 @@ class _Strings:
         return off, b"".join(self.sparse[k] for k in keys)
 
 
-class TableIndexWriter:
+class TableIndexWriter(BaseIndexWriter):
     """Builds a shard-table index in a temporary file and publishes it atomically on close.
 
     Shards added before any :meth:`start_component` call form the main component (named
@@ -76,8 +76,7 @@ class TableIndexWriter:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
-        self.path = os.path.abspath(os.fspath(path))
-        self.name = name
+        super().__init__(path, name=name)
         self._tmp: Any = None
         self._end = PREAMBLE.size
         self._nsamples = array("q")
@@ -87,9 +86,7 @@ class TableIndexWriter:
         self._mem_len = array("q")
         self._flags = bytearray()
         self._strings = {s: _Strings() for s in STRINGS}
-        self._components: list[list[Any]] = [[name or "", None, 0]]
-        self._report: dict[str, Any] = {}
-        self._closed = False
+        self._components: list[tuple[str, float | None, int]] = [(name or "", None, 0)]
 
     def _file(self) -> int:
         if self._tmp is None:
@@ -106,37 +103,12 @@ class TableIndexWriter:
         self._end = at + len(data)
         return at
 
-    def start_component(self, name: str, weight: float | None = None) -> None:
-        """Start a sub-dataset; shards added from now on belong to it."""
-        self._check_open()
-        self._components.append([name, weight, len(self._nsamples)])
+    def _start_component(self, name: str, weight: float | None) -> None:
+        self._components.append((name, weight, len(self._nsamples)))
 
-    def add(
-        self,
-        info: ShardInfo,
-        members: ShardMembers | None,
-        extra: Mapping[str, Any] | None = None,
+    def _add(
+        self, info: ShardInfo, members: ShardMembers | None, extra: Mapping[str, Any] | None
     ) -> None:
-        """Record one shard and its member table.
-
-        Args:
-            info: The shard; its ``url`` is stored as given.
-            members: Its member table, or ``None`` to record the shard without offsets.
-            extra: More JSON-serialisable keys to keep with the shard.
-
-        Raises:
-            IndexFormatError: ``info`` or ``members`` is malformed, or they disagree (see
-                :func:`~wids.index.model.check_entry`).
-            ValueError: A value cannot be stored.
-        """
-        self._check_open()
-        check_entry(info, members)
-        if members is not None and len(members) != info.nsamples:
-            raise ValueError(
-                f"{info.url}: member table has {len(members)} samples, nsamples is {info.nsamples}"
-            )
-        if not isinstance(info.url, str) or not info.url:
-            raise ValueError(f"shard url must be a non-empty string, not {info.url!r}")
         url, size, etag, mtime, md5 = info.url, info.size, info.etag, info.mtime, info.md5sum
         k = len(self._nsamples)
         flags = 0
@@ -229,11 +201,6 @@ class TableIndexWriter:
         self._mem_len.frombytes(zeros)
         self._flags += flags.tobytes()
 
-    def set_report(self, report: Mapping[str, Any]) -> None:
-        """Store the builder's report (JSON-serialisable) in the index."""
-        self._check_open()
-        self._report = dict(report)
-
     def _columns(self) -> dict[str, np.ndarray | bytes]:
         nsamples = np.frombuffer(self._nsamples, dtype=np.int64)
         if len(nsamples) and int(nsamples.min()) < 0:
@@ -290,13 +257,9 @@ class TableIndexWriter:
             raise
 
     def _component_list(self) -> list[dict[str, Any]]:
-        n = len(self._nsamples)
-        bounds = [c[2] for c in self._components[1:]] + [n]
-        comps = [(*c, stop) for c, stop in zip(self._components, bounds, strict=True)]
-        if len(comps) > 1 and comps[0][2] == comps[0][3]:
-            comps = comps[1:]  # an empty main list beside sub-datasets is no component
         return [
-            {"name": c[0], "weight": c[1], "first_shard": c[2], "stop_shard": c[3]} for c in comps
+            {"name": c[0], "weight": c[1], "first_shard": c[2], "stop_shard": c[3]}
+            for c in component_rows(self._components, len(self._nsamples))
         ]
 
     def abort(self) -> None:
@@ -307,16 +270,3 @@ class TableIndexWriter:
     def _discard(self) -> None:
         if self._tmp is not None:
             self._tmp.close()
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise ValueError(f"{self.path}: writer is closed")
-
-    def __enter__(self) -> TableIndexWriter:
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
