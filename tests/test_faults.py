@@ -271,7 +271,10 @@ def test_dataset_through_faults(
     policy = RetryPolicy(attempts=8, max_time=30.0, backoff=0.01, max_backoff=0.1, timeout=0.5)
     through.proxy.set_plan(FaultPlan(kinds, rate=0.25, only=prefix, delay=0.05, seed=11))
     index = str(tmp_path / "index.json")
-    build_index(urls, index, storage_options=through.storage_options, name="faulty", jobs=2)
+    # The build runs under the same policy (a Store passes through ``storage_options``): with
+    # the default one, each stall injected into the scan would cost its 30 s timeout.
+    store = Store(through.storage_options, policy)
+    build_index(urls, index, storage_options=store, name="faulty", jobs=2)
     ds = ShardListDataset(
         index,
         transformations=[],
