@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from ..errors import CorruptReadError, IndexMismatchError, PermanentRemoteError, ShortReadError
 from .backends import file_stat
+from .http1 import Http1Pool, HttpStatusError
 from .redact import redact_url
 from .stats import FileStat, comparable_etag
 
@@ -41,6 +42,7 @@ __all__ = [
     "changed",
     "check_answer",
     "check_length",
+    "http1_range",
     "http_range",
     "if_match",
     "s3_range",
@@ -229,6 +231,38 @@ async def http_range(pin: Pinned, target: HttpTarget, start: int, end: int) -> b
         check_length(pin.url, data, start, end)  # a short answer is a short read
         content_range = resp.headers.get("Content-Range") if resp.status == 206 else None
         check_answer(pin, start, end, content_range, resp.headers.get("ETag"))
+    return data
+
+
+async def http1_range(pin: Pinned, pool: Http1Pool, target: str, start: int, end: int) -> bytes:
+    """:func:`http_range` on a plain keep-alive connection (:mod:`wids.storage.http1`).
+
+    For a pinned reader (no ``answer_check`` pending); the same checks of the answer.
+
+    Raises:
+        Unsupported: The answer needs aiohttp (nothing of it was used).
+    """
+    headers = f"Range: bytes={start}-{end - 1}\r\n"
+    condition = if_match(pin.etag)
+    if condition is not None:
+        headers += f"If-Match: {condition}\r\n"
+    answer = await pool.get(target, headers)
+    status = answer.status
+    if status == 412:
+        raise changed(pin.url, f"HTTP 412 for If-Match {condition}")
+    if status == 404:
+        raise FileNotFoundError(redact_url(pin.url))
+    if status >= 400:
+        raise HttpStatusError(status, "")
+    data = answer.body
+    if status == 200 and start > 0 and len(data) == end - start:
+        raise CorruptReadError(
+            f"asked for bytes {start}-{end} and got a whole file (HTTP 200) of that length",
+            shard=redact_url(pin.url),
+        )
+    check_length(pin.url, data, start, end)  # a short answer is a short read
+    content_range = answer.headers.get("content-range") if status == 206 else None
+    check_answer(pin, start, end, content_range, answer.headers.get("etag"))
     return data
 
 

@@ -6,7 +6,9 @@ in a process (:meth:`wids.storage.source.Source._range_read`): which transport m
 request (:func:`~wids.storage.conditional.http_range` and
 :func:`~wids.storage.conditional.s3_range`, conditional and checked, else fsspec's
 ``_cat_file``), and for HTTP the encoded URL, the request's options and headers
-(:class:`~wids.storage.conditional.HttpTarget`) and the per-request timeout.
+(:class:`~wids.storage.conditional.HttpTarget`) and the per-request timeout, and whether its
+pinned reads can go on plain keep-alive connections (:mod:`wids.storage.http1`) instead of
+aiohttp.
 
 Every check stays per request: the answer's ``Content-Range`` and total size, the pinned etag
 (``If-Match`` / ``IfMatch``), the length, the caller's ``check`` of the bytes (a tar header)
@@ -20,7 +22,8 @@ from typing import Any
 
 from ..errors import CorruptReadError
 from .backends import file_stat, is_http, is_s3
-from .conditional import HttpTarget, Pinned, check_length, http_range, s3_range
+from .conditional import HttpTarget, Pinned, check_length, http1_range, http_range, s3_range
+from .http1 import Http1Pool, Http1Pools, Unsupported
 from .redact import redact_url
 
 __all__ = ["Check", "RangeRead", "checked", "stat_check"]
@@ -58,19 +61,39 @@ class RangeRead:
         fs: Its asynchronous fsspec filesystem, opened in this process.
         path: Its path on ``fs``.
         timeout: Per-request HTTP timeout (see :class:`~wids.storage.conditional.HttpTarget`).
+        plain: The store's pools of plain HTTP/1.1 connections, where the file's options allow
+            them (:func:`~wids.storage.http1.plain_options`): its pinned reads go through
+            :mod:`wids.storage.http1`, not aiohttp.
     """
 
-    __slots__ = ("_http", "_s3", "fs", "path", "src")
+    __slots__ = ("_http", "_plain", "_s3", "_target", "fs", "path", "src")
 
-    def __init__(self, src: Pinned, fs: Any, path: str, timeout: Any = None) -> None:
+    def __init__(
+        self, src: Pinned, fs: Any, path: str, timeout: Any = None, plain: Http1Pools | None = None
+    ) -> None:
         self.src, self.fs, self.path = src, fs, path
         self._http = HttpTarget(fs, path, timeout) if is_http(fs) else None
         self._s3 = self._http is None and is_s3(fs)
+        self._plain: Http1Pool | None = None
+        self._target = ""
+        if (
+            self._http is not None
+            and plain is not None
+            and not self._http.kwargs.keys() - {"timeout"}
+        ):
+            self._plain = plain.pool(self._http.url)
+            self._target = self._http.url.raw_path_qs
 
     async def __call__(self, start: int, end: int, check: Check | None = None) -> bytes:
         """Exactly bytes ``[start, end)``, checked (one request; no retries: the caller's)."""
         src = self.src
-        if self._http is not None:
+        if self._plain is not None and src.answer_check is None:
+            try:
+                data = await http1_range(src, self._plain, self._target, start, end)
+            except Unsupported:  # a redirect, another framing: aiohttp from now on
+                self._plain = None
+                data = await http_range(src, self._http, start, end)  # type: ignore[arg-type]
+        elif self._http is not None:
             data = await http_range(src, self._http, start, end)
         elif self._s3:
             data = await s3_range(src, self.fs, self.path, start, end)

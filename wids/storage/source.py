@@ -40,6 +40,7 @@ import fsspec.asyn
 from ..errors import PermanentRemoteError, ShardNotFoundError
 from .backends import file_stat, is_http, request_timeout, url_to_fs, with_defaults
 from .conditional import AnswerCheck, check_length
+from .http1 import Http1Pools, plain_options
 from .local import LocalFile
 from .parts import download
 from .rangeread import Check, RangeRead, checked, stat_check
@@ -87,7 +88,7 @@ class Store:
         >>> store.source("s3://bucket/shard-000.tar").read_range(512, 1024)  # doctest: +SKIP
     """
 
-    __slots__ = ("_options", "_retry", "_secrets", "stats")
+    __slots__ = ("_options", "_plain", "_retry", "_secrets", "stats")
 
     def __init__(
         self,
@@ -102,6 +103,7 @@ class Store:
         self._retry = retry if retry is not None else RetryPolicy()
         self._secrets = tuple(_secret_values(self._options))
         self.stats = stats if stats is not None else IOStats()
+        self._plain = Http1Pools()  # this process's plain HTTP connections (storage/http1.py)
 
     @classmethod
     def of(cls, store: Store | Mapping[str, Any] | None, retry: RetryPolicy | None = None) -> Store:
@@ -330,7 +332,8 @@ class Source:
         reader = self._reader
         if reader is None:
             timeout = request_timeout(self.url, self.storage_options, self.retry)
-            reader = self._reader = RangeRead(self, fs, path, timeout)
+            plain = plain_options(self.url, self.storage_options) and self.store._plain
+            reader = self._reader = RangeRead(self, fs, path, timeout, plain or None)
         return reader
 
     @property

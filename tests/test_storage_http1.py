@@ -1,0 +1,122 @@
+"""wids.storage.http1: pinned HTTP range reads on plain keep-alive connections, and when not.
+
+A real HTTP/1.1 server on 127.0.0.1 (``http.server``) answers ranges in the ways servers do:
+kept alive, closing idle connections, redirecting, chunked. Every read must return the right
+bytes; the plain client must be the one used where it can be (the server sees its
+``Accept-Encoding: identity``), and aiohttp everywhere else.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from wids import IOStats, RetryPolicy
+from wids.storage import Store, read_ranges
+
+DATA = bytes((i * 31 + i // 97) % 256 for i in range(100_000))
+ETAG = '"v1"'
+SPANS = [(k * 7_000, k * 7_000 + 3_000) for k in range(12)]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    seen: list[tuple[str, str | None]]  # (path, Accept-Encoding) of each GET
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server API
+        self.seen.append((self.path, self.headers.get("Accept-Encoding")))
+        if self.path.startswith("/redirect"):
+            self.send_response(302)
+            self.send_header("Location", "/plain")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        match = self.headers.get("If-Match")
+        if match is not None and match != ETAG:
+            self.send_response(412)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        first, last = (int(x) for x in self.headers["Range"].split("=")[1].split("-"))
+        body = DATA[first : last + 1]
+        self.send_response(206)
+        self.send_header("Content-Range", f"bytes {first}-{last}/{len(DATA)}")
+        self.send_header("ETag", ETAG)
+        if self.path.startswith("/chunked"):
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+            return
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        if self.path.startswith("/close-idle"):  # kept alive by its headers, then dropped
+            self.wfile.flush()
+            self.close_connection = True
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[str, list]]:
+    seen: list[tuple[str, str | None]] = []
+    handler = type("Handler", (_Handler,), {"seen": seen})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}", seen
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def _read(base: str, path: str, options: dict | None = None) -> tuple[list[bytes], IOStats]:
+    stats = IOStats()
+    store = Store(options, RetryPolicy(attempts=3, backoff=0.01, timeout=10.0))
+    src = store.source(f"{base}/{path}", size=len(DATA), etag="v1")
+    got = []
+    for _ in range(2):  # twice: the second round reuses (or replaces) connections
+        got += read_ranges([(src, s, e) for s, e in SPANS], stats)
+    return got, stats
+
+
+@pytest.mark.parametrize("path", ["plain", "close-idle"])
+def test_pinned_reads_use_plain_connections(server, path):
+    base, seen = server
+    seen.clear()
+    got, stats = _read(base, path)
+    assert got == [DATA[s:e] for s, e in SPANS] * 2
+    assert [enc for _, enc in seen] == ["identity"] * len(got)  # never aiohttp's gzip offer
+    assert stats.requests == len(got) and stats.retries == 0  # a dropped idle one: no retry
+
+
+@pytest.mark.parametrize("path", ["redirect", "chunked"])
+def test_answers_it_does_not_handle_go_to_aiohttp(server, path):
+    base, seen = server
+    seen.clear()
+    got, stats = _read(base, path)
+    assert got == [DATA[s:e] for s, e in SPANS] * 2
+    assert any(enc != "identity" for _, enc in seen)  # aiohttp took over
+    assert stats.retries == 0
+
+
+def test_request_options_keep_aiohttp(server):
+    base, seen = server
+    seen.clear()
+    got, _ = _read(base, "plain", {"headers": {"X-Token": "t"}})
+    assert got == [DATA[s:e] for s, e in SPANS] * 2
+    assert all(enc != "identity" for _, enc in seen)
+
+
+def test_a_replaced_file_is_refused(server):
+    from wids.errors import IndexMismatchError
+
+    base, _ = server
+    src = Store().source(f"{base}/plain", size=len(DATA), etag="v0")  # the index's: stale
+    with pytest.raises(IndexMismatchError, match="412"):
+        read_ranges([(src, s, e) for s, e in SPANS[:3]])

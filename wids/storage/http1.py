@@ -1,0 +1,231 @@
+"""Ranged GETs over plain HTTP/1.1 keep-alive connections, without aiohttp's per-request work.
+
+Remote random access is one small ranged GET per sample. aiohttp spends ~200 us of CPU on
+each (request and response objects, header multidicts, timers, cookie and redirect handling),
+several times what the request itself needs; on a machine whose cores also decode and train,
+that is the cost of remote reading. :class:`Http1Pool` sends exactly one request line and
+its headers on a kept-alive connection and reads back a ``Content-Length`` answer through an
+``asyncio.Protocol``: about a third of the CPU (tools/bench_reqcpu.py).
+
+It is used only where it does what fsspec's HTTP filesystem would
+(:class:`~wids.storage.rangeread.RangeRead` decides): ``http://`` URLs, no storage options
+that change requests (headers, auth, client settings other than the timeout), and reads whose
+reader is pinned (no ``answer_check`` pending: a shard's first answer goes through aiohttp).
+An answer it does not handle (a redirect, a body framed otherwise than by ``Content-Length``)
+raises :class:`Unsupported` before any byte is used: the caller turns to aiohttp for that file.
+
+Every answer is checked as :func:`~wids.storage.conditional.http_range` checks it (status,
+``If-Match``, ``Content-Range``, length, etag); failures are typed for the retry loop: a lost or
+cut connection is ``ConnectionResetError`` (transient), an HTTP error :class:`HttpStatusError`
+(classified by its ``status``). A connection is reused only after a complete answer; one that
+the server closed while idle is replaced once, transparently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from typing import Any
+
+__all__ = ["Http1Pool", "Http1Pools", "HttpStatusError", "Unsupported", "plain_options"]
+
+_HEAD_LIMIT = 64 * 1024
+
+
+class Unsupported(Exception):
+    """An answer this client does not handle (redirect, no ``Content-Length``): use aiohttp."""
+
+
+class HttpStatusError(Exception):
+    """An HTTP error answer; ``status`` is what the retry loop classifies."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(f"HTTP {status} {reason}")
+        self.status = status
+
+
+class _Answer:
+    __slots__ = ("body", "headers", "status")
+
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+
+def _parse_head(head: bytes) -> tuple[int, str, dict[str, str], bool]:
+    """``(status, reason, headers by lowercase name, closes)`` of a response head."""
+    lines = head.decode("latin-1").split("\r\n")
+    version, _, rest = lines[0].partition(" ")
+    code, _, reason = rest.partition(" ")
+    if not version.startswith("HTTP/1.") or not code.isdigit():
+        raise ConnectionResetError(errno.ECONNRESET, f"not an HTTP/1.x answer: {lines[0]!r}")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers.setdefault(name.strip().lower(), value.strip())
+    conn = headers.get("connection", "").lower()
+    closes = "close" in conn or (version == "HTTP/1.0" and "keep-alive" not in conn)
+    return int(code), reason, headers, closes
+
+
+class _Conn(asyncio.Protocol):
+    """One connection: at most one request outstanding; its answer resolves ``waiter``."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.waiter: asyncio.Future[_Answer] | None = None
+        self.buf = bytearray()
+        self.head: tuple[int, str, dict[str, str], bool] | None = None
+        self.length = 0
+        self.got_any = False
+        self.reusable = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.got_any = True
+        self.buf += data
+        waiter = self.waiter
+        if waiter is None or waiter.done():
+            return
+        try:
+            if self.head is None:
+                end = self.buf.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(self.buf) > _HEAD_LIMIT:
+                        raise ConnectionResetError(errno.ECONNRESET, "answer head too long")
+                    return
+                head = self.head = _parse_head(bytes(self.buf[:end]))
+                del self.buf[: end + 4]
+                status, _, headers, _ = head
+                if 300 <= status < 400 or "transfer-encoding" in headers:
+                    raise Unsupported(f"HTTP {status}, {headers.get('transfer-encoding')}")
+                length = headers.get("content-length")
+                if length is None or not length.isdigit():
+                    raise Unsupported("no Content-Length")
+                self.length = int(length)
+            if len(self.buf) >= self.length:
+                status, _, headers, closes = self.head
+                body = bytes(self.buf[: self.length])
+                extra = len(self.buf) > self.length  # bytes nobody asked for: do not reuse
+                self.buf.clear()
+                self.head = None
+                self.reusable = not closes and not extra
+                waiter.set_result(_Answer(status, headers, body))
+        except Exception as exc:  # noqa: BLE001 - handed to the request
+            self.reusable = False
+            waiter.set_exception(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.reusable = False
+        waiter = self.waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(
+                ConnectionResetError(errno.ECONNRESET, "connection closed before the answer ended")
+            )
+
+
+class Http1Pool:
+    """Kept-alive connections to one ``host:port``, for one process and event loop.
+
+    Args:
+        host: The server's host name or address.
+        port: Its port.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.host_header = host if port == 80 else f"{host}:{port}"
+        self._idle: list[_Conn] = []
+        self.pid = os.getpid()
+
+    async def _connect(self) -> _Conn:
+        loop = asyncio.get_running_loop()
+        _, conn = await loop.create_connection(_Conn, self.host, self.port)
+        return conn
+
+    async def get(self, target: str, headers: str) -> _Answer:
+        """``GET target`` with ``headers`` (CRLF-ended ``Name: value`` lines); the whole answer.
+
+        Raises:
+            Unsupported: The answer needs aiohttp (redirect, other framing).
+            ConnectionResetError: The connection failed or closed mid-answer.
+        """
+        request = (
+            f"GET {target} HTTP/1.1\r\nHost: {self.host_header}\r\n"
+            f"Accept-Encoding: identity\r\n{headers}\r\n"
+        ).encode("latin-1")
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.transport is None or conn.transport.is_closing():
+                continue
+            try:
+                return await self._exchange(conn, request)
+            except ConnectionResetError:
+                if conn.got_any:  # it answered, then failed: a real failure
+                    raise
+                # closed by the server while idle: a new connection, once (as aiohttp does)
+            break
+        return await self._exchange(await self._connect(), request)
+
+    async def _exchange(self, conn: _Conn, request: bytes) -> _Answer:
+        transport = conn.transport
+        if transport is None:
+            raise ConnectionResetError(errno.ECONNRESET, "not connected")
+        conn.got_any = conn.reusable = False
+        conn.waiter = asyncio.get_running_loop().create_future()
+        done = False
+        try:
+            transport.write(request)
+            answer = await conn.waiter
+            done = conn.reusable
+            return answer
+        finally:
+            conn.waiter = None
+            if done:
+                self._idle.append(conn)
+            else:  # failed, cancelled (a timeout) or not reusable: never half-read again
+                transport.close()
+
+    def close(self) -> None:
+        """Close the idle connections."""
+        for conn in self._idle:
+            if conn.transport is not None:
+                conn.transport.close()
+        self._idle.clear()
+
+
+class Http1Pools:
+    """This process's :class:`Http1Pool` per ``host:port``.
+
+    A store keeps one; after a fork the child starts afresh (the parent's connections belong
+    to the parent's event loop).
+    """
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._pools: dict[tuple[str, int], Http1Pool] = {}
+
+    def pool(self, url: Any) -> Http1Pool | None:
+        """The pool for a ``yarl.URL`` (``http://`` only, not IPv6 literals), or ``None``."""
+        if url.scheme != "http" or not url.raw_host or ":" in url.raw_host:
+            return None
+        if self._pid != os.getpid():
+            self._pid, self._pools = os.getpid(), {}
+        key = (str(url.raw_host), int(url.port or 80))
+        found = self._pools.get(key)
+        if found is None:
+            found = self._pools[key] = Http1Pool(*key)
+        return found
+
+
+def plain_options(url: str, options: Any) -> bool:
+    """Whether fsspec would send ``url``'s range requests as plain GETs with these options.
+
+    That is: ``http://``, and no option but the client's timeout (no headers, auth, proxies).
+    """
+    if not url.lower().startswith("http://") or "::" in url:
+        return False
+    extra = set(options) - {"client_kwargs"}
+    return not extra and set(options.get("client_kwargs") or {}) <= {"timeout"}
