@@ -132,9 +132,17 @@ class LocalShard(MemberTable):
 def read_local_batch(shards: dict[int, LocalShard], located: Located) -> list[dict[str, Any]]:
     """The samples ``(global index, shard, index in shard)`` of local shards, in order.
 
-    Every shard must be in ``shards``. The spans are sorted by shard and offset, and samples
-    at most :data:`LOCAL_GAP` bytes apart share one ``pread``.
+    Every shard must be in ``shards``; the pool's ``accesses`` and ``samples`` are counted. The
+    spans are sorted by shard and offset, and samples at most :data:`LOCAL_GAP` bytes apart
+    share one ``pread``. A batch of which no sample follows another (a random order) is read
+    sample by sample, as ``ds[i]``: nothing to merge, no spans to sort.
     """
+    seen = {(shard, j) for _, shard, j in located}
+    if not any((shard, j - 1) in seen for _, shard, j in located):
+        return [shards[shard].read(i, j) for i, shard, j in located]
+    counts = shards[located[0][1]].counts  # the pool's, shared by its shards
+    counts["accesses"] += len(located)
+    counts["samples"] += len(located)
     spans = []
     for pos, (i, shard, j) in enumerate(located):
         ls = shards[shard]
@@ -179,10 +187,7 @@ def read_local(pool: Any, located: Located, merge_gap: int) -> list[dict[str, An
     if ahead is not None:  # off for local shards, but it follows the sampler's order
         ahead.observe([i for i, _, _ in located])
     try:
-        raws = read_local_batch(fast, located)
+        return read_local_batch(fast, located)
     finally:
         if ahead is not None:
             ahead.schedule()
-    counts["accesses"] += len(located)
-    counts["samples"] += len(located)
-    return raws
