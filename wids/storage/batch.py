@@ -16,7 +16,7 @@ from typing import Any
 import fsspec.asyn
 
 from .rangeread import Check
-from .retry import retry_async
+from .retry import retry_async, start_session
 from .source import Source, check_range
 from .stats import IOStats
 
@@ -122,9 +122,12 @@ async def _gather(
         attempts = src.attempts(f"could not read bytes {start}-{end}", stats)
         op = partial(read, start, end, check)
         if gate is None:
-            return await retry_async(attempts, op, _nbytes, read.fs)
+            return await retry_async(attempts, op, _nbytes, None)
         async with gate:
-            return await retry_async(attempts, op, _nbytes, read.fs)
+            return await retry_async(attempts, op, _nbytes, None)
+
+    # the filesystem's client, once per batch and before any attempt's clock starts
+    await start_session((jobs[0][0]._reader or jobs[0][0]._range_read()).fs)
 
     results = await asyncio.gather(*(one(*job) for job in jobs), return_exceptions=True)
     for r in results:

@@ -45,7 +45,7 @@ from ..errors import (
 from .redact import _scrub, redact_url
 from .stats import IOStats
 
-__all__ = ["Attempts", "RetryPolicy", "classify", "retry_async", "retry_sync"]
+__all__ = ["Attempts", "RetryPolicy", "classify", "retry_async", "retry_sync", "start_session"]
 
 logger = logging.getLogger(__name__)
 
@@ -306,7 +306,7 @@ def retry_sync(attempts: Attempts, fn: Callable[[], T], size: Callable[[T], int]
         return result
 
 
-async def _start_session(fs: Any) -> None:
+async def start_session(fs: Any) -> None:
     """Create the backend's client before the first timed attempt.
 
     Creating it is mostly CPU work (botocore loads its service models: ~0.5 s, more on a busy
@@ -328,12 +328,14 @@ async def retry_async(
 ) -> T:
     """Await ``fn()`` until it succeeds or ``attempts`` gives up, each attempt under its timeout.
 
-    ``fs`` is the (asynchronous fsspec) filesystem whose client is created first.
+    ``fs`` is the (asynchronous fsspec) filesystem whose client is created first (``None``: the
+    caller did that, as :func:`~wids.storage.batch.read_ranges` does once per batch).
     """
     while True:
         timeout = attempts.begin()
         try:
-            await _start_session(fs)
+            if fs is not None:
+                await start_session(fs)
             # asyncio.timeout (3.11+) bounds the attempt without wrapping it in a new task,
             # which wait_for does: a measurable cost at thousands of ranges per second.
             if _timeout_cm is not None:
