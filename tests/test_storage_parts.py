@@ -184,3 +184,38 @@ def test_downloads_of_a_process_share_its_connections_first_come_first_served(
     assert counts["GET"] == 2 * CONNECTIONS
     assert counts["in_flight_peak"] == CONNECTIONS  # not 2 * CONNECTIONS
     assert done == [0, 1]
+
+
+class _Interrupted(Exception):
+    pass
+
+
+def test_an_interrupted_download_never_writes_into_another_file(http_server, tmp_path):
+    """A caller interrupted while parts are in flight (a signal, ``KeyboardInterrupt``) stops
+    waiting; the parts still arriving are written through the download's own descriptor, never
+    through a descriptor number the caller's process has reused for another file."""
+    import signal
+
+    data = os.urandom(4 * 64 * KB)
+    http_server.put_bytes(data, "parts/interrupted.bin")
+
+    def interrupt(*_: object) -> None:
+        raise _Interrupted
+
+    with LatencyProxy(http_server.base, delay=0.4, mbps=0) as proxy:
+        src = Store(None, FAST).source(proxy.url("parts/interrupted.bin"))
+        assert src.read_range(0, 10) == data[:10]  # the client is set up: parts go out at once
+        old = signal.signal(signal.SIGALRM, interrupt)
+        signal.setitimer(signal.ITIMER_REAL, 0.2)  # while the parts wait for their answers
+        try:
+            with pytest.raises(_Interrupted):
+                download(src, str(tmp_path / "copy"), None, len(data), part_size=64 * KB)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old)
+        with open(tmp_path / "other", "wb") as other:  # may get the number of a closed fd
+            time.sleep(0.6)  # the answers arrive meanwhile
+            other.write(b"mine")
+        proxy.settled()
+    assert (tmp_path / "other").read_bytes() == b"mine"
+    assert not (tmp_path / "copy").exists()

@@ -149,16 +149,12 @@ def _fetch_all(
             return await http_range(pin, target, start, end)
 
     try:
-        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
-        try:
-            if spans:
-                jobs = [
-                    (s, e, source.attempts(f"could not read bytes {s}-{e}", stats))
-                    for s, e in spans
-                ]
-                fsspec.asyn.sync(fs.loop, _fetch_parts, jobs, pin, fs, path, get, fd, connections)
-        finally:
-            os.close(fd)
+        os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666))
+        if spans:
+            jobs = [
+                (s, e, source.attempts(f"could not read bytes {s}-{e}", stats)) for s, e in spans
+            ]
+            fsspec.asyn.sync(fs.loop, _fetch_parts, jobs, pin, fs, path, get, dest, connections)
     except BaseException:
         try:
             os.unlink(dest)
@@ -191,10 +187,30 @@ async def _fetch_parts(
     fs: Any,
     path: str,
     get: Any,
+    dest: str,
+    connections: int,
+) -> None:
+    """Fetch every part (``connections`` at once) and write it at its offset; first error wins.
+
+    The descriptor is this coroutine's own: a caller that stops waiting (interrupted) cannot
+    close it under a part still being written.
+    """
+    fd = os.open(dest, os.O_WRONLY)
+    try:
+        await _write_parts(jobs, pin, fs, path, get, fd, connections)
+    finally:
+        os.close(fd)
+
+
+async def _write_parts(
+    jobs: list[tuple[int, int, Attempts]],
+    pin: _Pin,
+    fs: Any,
+    path: str,
+    get: Any,
     fd: int,
     connections: int,
 ) -> None:
-    """Fetch every part (``connections`` at once) and write it at its offset; first error wins."""
     gate = asyncio.Semaphore(connections)
     shared = _shared_gate(fs)
 
