@@ -9,6 +9,7 @@ bytes; the plain client must be the one used where it can be (the server sees it
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -120,3 +121,50 @@ def test_a_replaced_file_is_refused(server):
     src = Store().source(f"{base}/plain", size=len(DATA), etag="v0")  # the index's: stale
     with pytest.raises(IndexMismatchError, match="412"):
         read_ranges([(src, s, e) for s, e in SPANS[:3]])
+
+
+def test_a_connection_that_spoke_out_of_turn_is_not_reused():
+    """Bytes a server sends on an idle connection are never read as the next answer."""
+    import socket
+
+    body = DATA[:100]
+    answer = (
+        b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes 0-99/%d\r\nETag: %s\r\n"
+        b"Content-Length: 100\r\n\r\n%s" % (len(DATA), ETAG.encode(), body)
+    )
+    junk = b"HTTP/1.1 206 Partial Content\r\nContent-Length: 100\r\n\r\n" + b"x" * 100
+    listener = socket.create_server(("127.0.0.1", 0))
+    conns: list[socket.socket] = []
+
+    def answer_all(conn: socket.socket, first: bool) -> None:
+        try:
+            while conn.recv(65536):
+                conn.sendall(answer)
+                if first:
+                    time.sleep(0.05)  # the answer was taken: the connection is idle
+                    conn.sendall(junk)  # unasked
+                    first = False
+        except OSError:  # closed by the client or at the end of the test
+            pass
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conns.append(conn)
+            threading.Thread(target=answer_all, args=(conn, len(conns) == 1), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        base = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        src = Store().source(f"{base}/x", size=len(DATA), etag="v1")
+        assert src.read_range(0, 100) == body
+        time.sleep(0.2)  # the junk has arrived on the idle connection
+        assert src.read_range(0, 100) == body  # not the junk: a new connection
+        assert len(conns) == 2
+    finally:
+        listener.close()
+        for c in conns:
+            c.close()

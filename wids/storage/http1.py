@@ -160,6 +160,9 @@ class Http1Pool:
             conn = self._idle.pop()
             if conn.transport is None or conn.transport.is_closing():
                 continue
+            if conn.buf:  # the server sent bytes nobody asked for while it was idle
+                conn.transport.close()
+                continue
             try:
                 return await self._exchange(conn, request)
             except ConnectionResetError:
