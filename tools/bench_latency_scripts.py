@@ -4,7 +4,9 @@ process (and venv), ``MEASURE`` first; the parent hands it a JSON config as ``sy
 Each script makes its dataset and loader after the clock starts and ends with ``measure``,
 which prints one JSON line: samples read, seconds, the first batch's latency and the CPU
 seconds of the process and its children (the DataLoader's workers, webdataset's ``curl``) from
-the clock's start (``t0 = start()``): imports before it (torch: ~2 CPU s) are not counted.
+the clock's start (``t0 = start()``): imports before it (torch: ~2 CPU s; each peer's own
+modules; for wids, its HTTP client too) are not counted. ``FIRST`` (a fresh process's first
+``ds[i]``) imports only ``wids``: the client's import is in its figure.
 """
 
 from __future__ import annotations
@@ -109,7 +111,10 @@ WIDS = textwrap.dedent(
     from torch.utils.data import DataLoader, RandomSampler
     from wids import ShardListDataset
     from wids.sampler import ChunkedSampler
-    import wids.cache.shards  # imported up front, not inside the timing
+    # imported up front, as the peers' modules are (webdataset, reference): the HTTP
+    # client's import (aiohttp, ~0.3 s) is a process's, not the epoch's; FIRST keeps it in
+    import fsspec.implementations.http
+    import wids.cache.shards
     t0 = start()
     kw = {"cache_dir": cfg["cache"], "cache_size": cfg["budget"]} if cfg["cache"] else {}
     ds = ShardListDataset(cfg["index"], access=cfg["access"], transformations=[], **kw)
