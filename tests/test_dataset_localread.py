@@ -9,7 +9,7 @@ import fsspec
 import pytest
 from tar_oracle import dataset_samples, strip_meta
 
-from wids import IndexMismatchError, ShardListDataset, build_index
+from wids import IndexMismatchError, ShardListDataset, ShortReadError, build_index
 from wids.dataset.localread import LOCAL_GAP
 from wids.dataset.tables import MemberTable
 from wids.synth import write_dataset
@@ -154,3 +154,19 @@ def test_local_and_remote_reads_build_the_same_sample_dicts(local):
     assert type(ds._pool.fast[0]).sample is MemberTable.sample
     ds.close()
     remote.close()
+
+
+def test_fast_path_counts_outlive_close_and_a_failed_read_is_no_sample(local, tmp_path):
+    """Each local shard counts its own reads; the pool adds them up, and keeps them on close."""
+    paths, index = _copy(local, tmp_path)
+    ds = ShardListDataset(index, transformations=[])
+    ds[0], ds[1], ds.__getitems__([4, 5, 7])  # 4 and 5 share a pread
+    ds.close()
+    assert ds.get_stats() == (5, 1) and ds.stats.samples == 5
+    ds[2]  # reopened after close: a miss
+    with open(paths[0], "r+b") as f:
+        f.truncate(_span(ds, 3)[0] + 1)
+    with pytest.raises(ShortReadError):
+        ds[3]
+    assert ds.get_stats() == (7, 2) and ds.stats.samples == 6
+    ds.close()

@@ -374,7 +374,8 @@ class ShardListDataset(_DatasetBase[T_co]):
 
     def get_stats(self) -> tuple[int, int]:
         """``(accesses, misses)`` of shard look-ups in this process, as the reference."""
-        return self._pool.counts["accesses"], self._pool.counts["misses"]
+        counts = self._pool.totals()
+        return counts["accesses"], counts["misses"]
 
     @property
     def stats(self) -> DatasetStats:

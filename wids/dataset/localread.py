@@ -52,10 +52,15 @@ class LocalShard(MemberTable):
         url: The shard's URL (``__shard__``).
         dataset: The name of its dataset component (``__dataset__``).
         stats: The dataset's I/O counters (one request per ``pread``).
-        counts: The pool's counters (``accesses`` and ``samples`` counted by :meth:`read`).
+
+    Attributes:
+        reads: Samples read by this shard's fast path: pool look-ups (``accesses``), and
+            samples returned but for the ``failed`` ones; the pool adds them to its counts
+            (one slot increment a read instead of two of the pool's dict).
+        failed: Reads that raised.
     """
 
-    __slots__ = ("counts", "descriptor", "descriptors", "path", "reader", "stats")
+    __slots__ = ("descriptor", "descriptors", "failed", "path", "reader", "reads", "stats")
 
     def __init__(
         self,
@@ -64,7 +69,6 @@ class LocalShard(MemberTable):
         url: str,
         dataset: str,
         stats: IOStats,
-        counts: dict[str, int],
     ) -> None:
         super().__init__(members, url, dataset)
         self.reader = reader
@@ -74,7 +78,7 @@ class LocalShard(MemberTable):
         self.descriptors = reader.descriptors
         self.descriptor = DescriptorPool.GONE  # opened by the first read
         self.stats = stats
-        self.counts = counts
+        self.reads = self.failed = 0
 
     def pread(self, start: int, end: int) -> bytes:
         """Exactly the bytes ``[start, end)`` of the shard: one ``pread`` (the reader's if not)."""
@@ -108,8 +112,7 @@ class LocalShard(MemberTable):
 
         The hot path of local random access: :meth:`pread` inlined.
         """
-        counts = self.counts
-        counts["accesses"] += 1
+        self.reads += 1
         ss, off, size = self.ss, self.off, self.size
         first = ss[j]
         last = ss[j + 1] - 1
@@ -124,15 +127,18 @@ class LocalShard(MemberTable):
             stats.requests += 1
             stats.bytes_read += n
         else:
-            buf = self.reread(start, start + n)
-        counts["samples"] += 1
+            try:
+                buf = self.reread(start, start + n)
+            except BaseException:
+                self.failed += 1
+                raise
         return self.sample(j, index, buf, start)
 
 
 def read_local_batch(shards: dict[int, LocalShard], located: Located) -> list[dict[str, Any]]:
     """The samples ``(global index, shard, index in shard)`` of local shards, in order.
 
-    Every shard must be in ``shards``; the pool's ``accesses`` and ``samples`` are counted. The
+    Every shard must be in ``shards``; its reads are counted (``LocalShard.reads``). The
     spans are sorted by shard and offset, and samples at most :data:`LOCAL_GAP` bytes apart
     share one ``pread``. A batch of which no sample follows another (a random order) is read
     sample by sample, as ``ds[i]``: nothing to merge, no spans to sort.
@@ -140,12 +146,10 @@ def read_local_batch(shards: dict[int, LocalShard], located: Located) -> list[di
     seen = {(shard, j) for _, shard, j in located}
     if not any((shard, j - 1) in seen for _, shard, j in located):
         return [shards[shard].read(i, j) for i, shard, j in located]
-    counts = shards[located[0][1]].counts  # the pool's, shared by its shards
-    counts["accesses"] += len(located)
-    counts["samples"] += len(located)
     spans = []
     for pos, (i, shard, j) in enumerate(located):
         ls = shards[shard]
+        ls.reads += 1
         ss, off = ls.ss, ls.off
         first = ss[j]
         last = ss[j + 1] - 1

@@ -84,8 +84,8 @@ class ReaderPool:
             shard's bytes requested by range before it is fetched whole.
 
     Attributes:
-        counts: ``samples``, ``accesses`` (shard look-ups), ``misses`` (look-ups that opened a
-            reader) and ``cache_hits`` (samples read from the shard cache) so far.
+        counts: ``samples``, ``accesses``, ``misses`` (look-ups that opened a reader) and
+            ``cache_hits`` so far, but for local shards' fast-path reads (:meth:`totals`).
     """
 
     def __init__(
@@ -109,6 +109,8 @@ class ReaderPool:
 
     def reset_process(self) -> None:
         """Drop the readers of another process (after a fork or unpickling), never using them."""
+        if "fast" in self.__dict__:  # the fast path's reads stay counted (inherited by a fork)
+            self.counts = self.totals()
         self.readers: OrderedDict[int, ShardReader] = OrderedDict()
         self._pins: dict[int, str] = {}  # etags seen by readers since closed (LRU)
         self._tables: dict[int, MemberTable] = {}
@@ -144,10 +146,18 @@ class ReaderPool:
         """This process's promoter (``access="auto"`` with a cache), once a read started it."""
         return self._promoter
 
+    def totals(self) -> dict[str, int]:
+        """:attr:`counts` with the reads of local shards' fast path (each counts its own)."""
+        c = dict(self.counts)
+        for ls in list(self.fast.values()):
+            c["accesses"] += ls.reads
+            c["samples"] += ls.reads - ls.failed
+        return c
+
     def stats(self) -> DatasetStats:
         """A snapshot of this process's counters."""
         io = self.catalog.store.stats
-        c = self.counts
+        c = self.totals()
         return DatasetStats(
             samples=c["samples"],
             accesses=c["accesses"],
@@ -171,6 +181,7 @@ class ReaderPool:
             readers, self.readers = self.readers, OrderedDict()
             self._tables = {}
             local, self._local = self._local, {}
+            self.counts = self.totals()
             self.fast = {}
             promoter, self._promoter = self._promoter, None
             for r in [*readers.values(), *local.values()]:
@@ -300,7 +311,7 @@ class ReaderPool:
                     raise
             url, dataset, stats = info.url, loaded.dataset_of[shard], catalog.store.stats
             if isinstance(reader, LocalReader):  # its table is its fast path's
-                fast = LocalShard(reader, members[0], url, dataset, stats, self.counts)
+                fast = LocalShard(reader, members[0], url, dataset, stats)
                 self._tables[shard] = self.fast[shard] = fast
                 self._local[shard] = reader
             else:
