@@ -18,4 +18,9 @@ python -m pip install -q --disable-pip-version-check torch==2.13.0
 python -m pip install -q --disable-pip-version-check -c tools/constraints.txt -e '.[all,test]'
 
 export PATH="/usr/sbin:$PATH"
-python -m pytest -q "$@"
+# Two pytest-xdist workers, a test file each at a time (--dist loadfile): a file's tests run in
+# order in one process, as without xdist, so its module fixtures are made once; each worker
+# starts its own storage servers (session fixtures, free ports, its own temporary directory).
+# The suite waits on servers, subprocesses and DataLoader workers much of the time, so two
+# files at once use the two cores of the CI machine. `-n 0` (last wins) runs it in one process.
+python -m pytest -q -n 2 --dist loadfile "$@"

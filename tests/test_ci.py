@@ -1,0 +1,50 @@
+"""tools/test.sh (the README's test command, CI's entry point) installs every pytest plugin its
+own pytest command line needs, so a fresh machine runs the suite as the developers do."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+ROOT = Path(__file__).resolve().parent.parent
+# pytest options -> the distribution that provides them
+PLUGIN_OPTIONS = {"-n": "pytest-xdist", "--dist": "pytest-xdist", "--timeout": "pytest-timeout"}
+
+
+def _pytest_args() -> list[str]:
+    lines = [
+        line
+        for line in (ROOT / "tools" / "test.sh").read_text().splitlines()
+        if re.match(r"\s*python -m pytest\b", line)
+    ]
+    assert len(lines) == 1, lines
+    return shlex.split(lines[0])[3:]
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower()
+
+
+def test_test_sh_runs_two_xdist_workers_a_file_each():
+    args = _pytest_args()
+    assert args[:5] == ["-q", "-n", "2", "--dist", "loadfile"]
+    assert args[-1] == "$@"  # the caller's options come last, so `-n 0` overrides
+
+
+def test_the_test_extra_installs_the_plugins_test_sh_uses_pinned():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    test_extra = {_name(r) for r in project["optional-dependencies"]["test"]}
+    pinned = {
+        _name(line)
+        for line in (ROOT / "tools" / "constraints.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    }
+    used = {PLUGIN_OPTIONS[a] for a in _pytest_args() if a in PLUGIN_OPTIONS}
+    assert "pytest-xdist" in used
+    assert used <= test_extra
+    assert used <= pinned
