@@ -218,3 +218,39 @@ def test_a_shard_replaced_after_prefetch_began_never_yields_a_stale_sample(
                 seen.append(s["__index__"])
     assert seen == list(range(20, 20 + len(seen)))
     ds.close()
+
+
+class _SlowToPlan(ChunkedSampler):
+    """A ChunkedSampler whose order, replayed for the lookahead, waits for ``gate`` after the
+    first ``free`` indices (those the batch being read is checked against)."""
+
+    def __init__(self, *args, free, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gate, self.free = threading.Event(), free
+
+    def _planned_order(self, start=None, epoch=None):
+        for k, index in enumerate(super()._planned_order(start, epoch)):
+            if k == self.free:
+                assert self.gate.wait(60)
+            yield index
+
+
+def test_a_batch_goes_back_before_the_lookahead_plans_the_next(remote):
+    # planning walks the sampler's order (a whole epoch the first time): it runs in the
+    # lookahead's own thread, so the batch that asked for it is not held back
+    ds = ShardListDataset(remote["index"], transformations=[])
+    sampler = _SlowToPlan(ds, chunksize=25, shuffle=False, free=5)
+    loader = DataLoader(ds, sampler=sampler, batch_size=5, collate_fn=lambda b: b)
+    it = iter(loader)
+    first: list = []
+    reader = threading.Thread(target=lambda: first.extend(next(it)), daemon=True)
+    reader.start()
+    reader.join(20)
+    returned = not reader.is_alive()
+    sampler.gate.set()  # planning goes on; the rest of the epoch reads as before
+    reader.join(60)
+    assert returned, "the first batch waited for the lookahead's planning"
+    seen = [s["__index__"] for s in first] + [s["__index__"] for b in it for s in b]
+    assert seen == list(range(len(ds)))
+    assert ds._pool._lookahead.plan.ok
+    ds.close()

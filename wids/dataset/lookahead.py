@@ -108,9 +108,13 @@ class Lookahead:
         self._mutex = threading.Lock()
         self._closed = False
         self._executor: ThreadPoolExecutor | None = None
+        # schedule_soon plans in its own thread: the batch that asked goes back meanwhile
+        self._planner: ThreadPoolExecutor | None = None
+        self._planning: Future[None] | None = None
 
     def observe(self, batch: list[int]) -> Prefetched | None:
         """The batch being read: its prefetched blocks, or ``None`` (mispredicted or none)."""
+        self._wait_planning()  # the plan is not walked by two threads at once
         number, generation = self.plan.seen, self.plan.generation
         if not self.plan.observe(batch):
             self._drop_all()
@@ -151,6 +155,32 @@ class Lookahead:
                 if number in self._jobs or executor is None:
                     continue
                 self._jobs[number] = executor.submit(self._fetch, batch)
+
+    def schedule_soon(self) -> None:
+        """:meth:`schedule` in a background thread; the next :meth:`observe` waits for it.
+
+        Planning walks the sampler's order (a whole epoch's, the first time in a process) and
+        the horizon's shards: done in the caller's thread, it held back the batch just read,
+        the first one most.
+        """
+        with self._mutex:
+            if self._closed:
+                return
+            if self._planner is None:
+                self._planner = ThreadPoolExecutor(1, thread_name_prefix="wids-lookahead-plan")
+            self._planning = self._planner.submit(self._schedule_quietly)
+
+    def _schedule_quietly(self) -> None:
+        try:
+            self.schedule()
+        except Exception as exc:  # a sampler that cannot be replayed: read without lookahead
+            log.debug("lookahead off: planning failed: %s", exc)
+            self.plan.ok = False
+
+    def _wait_planning(self) -> None:
+        planning, self._planning = self._planning, None
+        if planning is not None:
+            planning.result()
 
     def _threads(self) -> ThreadPoolExecutor | None:
         """The background threads (started on first use; ``None`` once closed), under the mutex."""
@@ -243,6 +273,9 @@ class Lookahead:
         with self._mutex:
             self._closed = True
             executor, self._executor = self._executor, None
+            planner, self._planner = self._planner, None
+        if planner is not None:
+            planner.shutdown(wait=True, cancel_futures=True)
         self._drop_all()
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)

@@ -273,7 +273,7 @@ class ReaderPool:
         finally:
             self.evict()
             if ahead is not None:
-                ahead.schedule()
+                ahead.schedule_soon()
         return raws
 
     # -- readers ------------------------------------------------------------------------------
