@@ -20,6 +20,7 @@ from wids.storage import Store, read_ranges
 
 DATA = bytes((i * 31 + i // 97) % 256 for i in range(100_000))
 ETAG = '"v1"'
+STREAMED: list[int] = []  # bytes written by each answer that ignored Range
 SPANS = [(k * 7_000, k * 7_000 + 3_000) for k in range(12)]
 
 
@@ -34,6 +35,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Location", "/plain")
             self.send_header("Content-Length", "0")
             self.end_headers()
+            return
+        if self.path.startswith("/huge"):  # ignores Range: a "whole file" of 10 GB, streamed
+            self._stream_forever(chunked=self.path.startswith("/huge-chunked"))
             return
         match = self.headers.get("If-Match")
         if match is not None and match != ETAG:
@@ -57,6 +61,25 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path.startswith("/close-idle"):  # kept alive by its headers, then dropped
             self.wfile.flush()
             self.close_connection = True
+
+    def _stream_forever(self, chunked: bool) -> None:
+        self.send_response(200)
+        self.send_header("ETag", ETAG)
+        if chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:
+            self.send_header("Content-Length", str(10**10))
+        self.end_headers()
+        piece = DATA[: 1 << 16]
+        frame = b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece
+        STREAMED.append(0)
+        try:
+            while STREAMED[-1] < 256 << 20:  # bounded: the test must end either way
+                self.wfile.write(frame)
+                STREAMED[-1] += len(piece)
+        except OSError:  # the client hung up: what a bounded reader does
+            pass
+        self.close_connection = True
 
     def log_message(self, *args: object) -> None:
         pass
@@ -168,3 +191,26 @@ def test_a_connection_that_spoke_out_of_turn_is_not_reused():
         listener.close()
         for c in conns:
             c.close()
+
+
+@pytest.mark.parametrize(
+    ("path", "options"),
+    [
+        ("huge", None),  # the plain client: refused from Content-Length
+        ("huge", {"headers": {"X-Token": "t"}}),  # aiohttp: the same
+        ("huge-chunked", None),  # no length: refused once the body passes the range's
+    ],
+)
+def test_a_server_that_ignores_range_is_refused_without_reading_the_file(server, path, options):
+    from wids.errors import PermanentRemoteError
+
+    base, _ = server
+    store = Store(options, RetryPolicy(attempts=3, backoff=0.01, timeout=10.0))
+    src = store.source(f"{base}/{path}", size=10**10, etag="v1")
+    before = len(STREAMED)
+    with pytest.raises(PermanentRemoteError, match="ignores Range"):
+        read_ranges([(src, 1000, 4000)])
+    time.sleep(0.5)  # the server notices the hang-up
+    # refused, not retried (a chunked answer: the plain client hands it to aiohttp first)
+    assert len(STREAMED) == before + (2 if path == "huge-chunked" else 1)
+    assert STREAMED[-1] < 32 << 20  # it stopped early (socket buffers), not at 256 MB

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from ..errors import CorruptReadError, IndexMismatchError, PermanentRemoteError, ShortReadError
 from .backends import file_stat
-from .http1 import Http1Pool, HttpStatusError
+from .http1 import AnswerTooLong, Http1Pool, HttpStatusError
 from .redact import redact_url
 from .stats import FileStat, comparable_etag
 
@@ -97,11 +97,37 @@ def check_length(url: str, data: bytes, start: int, end: int) -> bytes:
             f"range {start}-{end}: got {len(data)} of {n} bytes", shard=redact_url(url)
         )
     if len(data) > n:
-        raise PermanentRemoteError(
-            f"range {start}-{end}: got {len(data)} bytes for {n}; the server ignores Range",
-            shard=redact_url(url),
-        )
+        raise ignores_range(url, start, end, len(data))
     return data
+
+
+def ignores_range(url: str, start: int, end: int, got: int) -> PermanentRemoteError:
+    """The error for an answer longer than the range ``[start, end)`` asked for."""
+    return PermanentRemoteError(
+        f"range {start}-{end}: got {got} bytes for {end - start}; the server ignores Range",
+        shard=redact_url(url),
+    )
+
+
+async def read_bounded(resp: Any, url: str, start: int, end: int) -> bytes:
+    """The body of aiohttp answer ``resp`` to the range ``[start, end)``, never much more.
+
+    A server that ignores ``Range`` and sends a whole (possibly huge) file is refused from its
+    ``Content-Length``, or once the body passes the range's length, not read to its end.
+    """
+    n = end - start
+    announced = resp.content_length
+    if announced is not None and announced > n:
+        raise ignores_range(url, start, end, announced)
+    if announced is not None:
+        data: bytes = await resp.read()
+        return data
+    body = bytearray()
+    async for piece in resp.content.iter_chunked(1 << 16):
+        body += piece
+        if len(body) > n:
+            raise ignores_range(url, start, end, len(body))
+    return bytes(body)
 
 
 def changed(url: str, what: str) -> IndexMismatchError:
@@ -222,7 +248,7 @@ async def http_range(pin: Pinned, target: HttpTarget, start: int, end: int) -> b
             meta = {"ETag": h.get("ETag"), "Last-Modified": h.get("Last-Modified")}
             await _answered(pin, fs, path, size, meta)
         resp.raise_for_status()
-        data: bytes = await resp.read()
+        data = await read_bounded(resp, pin.url, start, end)
         if resp.status == 200 and start > 0 and len(data) == end - start:
             raise CorruptReadError(
                 f"asked for bytes {start}-{end} and got a whole file (HTTP 200) of that length",
@@ -246,7 +272,10 @@ async def http1_range(pin: Pinned, pool: Http1Pool, target: str, start: int, end
     condition = if_match(pin.etag)
     if condition is not None:
         headers += f"If-Match: {condition}\r\n"
-    answer = await pool.get(target, headers)
+    try:  # an error page is small; a range answer is the range
+        answer = await pool.get(target, headers, max(end - start, 1 << 16))
+    except AnswerTooLong as e:
+        raise ignores_range(pin.url, start, end, e.length) from None
     status = answer.status
     if status == 412:
         raise changed(pin.url, f"HTTP 412 for If-Match {condition}")

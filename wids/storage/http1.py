@@ -28,13 +28,28 @@ import errno
 import os
 from typing import Any
 
-__all__ = ["Http1Pool", "Http1Pools", "HttpStatusError", "Unsupported", "plain_options"]
+__all__ = [
+    "AnswerTooLong",
+    "Http1Pool",
+    "Http1Pools",
+    "HttpStatusError",
+    "Unsupported",
+    "plain_options",
+]
 
 _HEAD_LIMIT = 64 * 1024
 
 
 class Unsupported(Exception):
     """An answer this client does not handle (redirect, no ``Content-Length``): use aiohttp."""
+
+
+class AnswerTooLong(Exception):
+    """An answer announcing more body bytes than the request's ``limit``; none were kept."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__(f"the answer announces {length} bytes")
+        self.length = length
 
 
 class HttpStatusError(Exception):
@@ -77,6 +92,7 @@ class _Conn(asyncio.Protocol):
         self.buf = bytearray()
         self.head: tuple[int, str, dict[str, str], bool] | None = None
         self.length = 0
+        self.limit = 0  # the most body bytes the outstanding request accepts
         self.got_any = False
         self.reusable = False
 
@@ -105,6 +121,8 @@ class _Conn(asyncio.Protocol):
                 if length is None or not length.isdigit():
                     raise Unsupported("no Content-Length")
                 self.length = int(length)
+                if self.length > self.limit:  # never buffer what a hostile server announces
+                    raise AnswerTooLong(self.length)
             if len(self.buf) >= self.length:
                 status, _, headers, closes = self.head
                 body = bytes(self.buf[: self.length])
@@ -145,10 +163,15 @@ class Http1Pool:
         _, conn = await loop.create_connection(_Conn, self.host, self.port)
         return conn
 
-    async def get(self, target: str, headers: str) -> _Answer:
+    async def get(self, target: str, headers: str, limit: int) -> _Answer:
         """``GET target`` with ``headers`` (CRLF-ended ``Name: value`` lines); the whole answer.
 
+        ``limit`` bounds the body: an answer announcing more (a server that ignores ``Range``
+        and sends a whole file) fails before any of it is buffered.
+
         Raises:
+            AnswerTooLong: The answer announced more than ``limit`` bytes (the connection is
+                closed).
             Unsupported: The answer needs aiohttp (redirect, other framing).
             ConnectionResetError: The connection failed or closed mid-answer.
         """
@@ -164,19 +187,20 @@ class Http1Pool:
                 conn.transport.close()
                 continue
             try:
-                return await self._exchange(conn, request)
+                return await self._exchange(conn, request, limit)
             except ConnectionResetError:
                 if conn.got_any:  # it answered, then failed: a real failure
                     raise
                 # closed by the server while idle: a new connection, once (as aiohttp does)
             break
-        return await self._exchange(await self._connect(), request)
+        return await self._exchange(await self._connect(), request, limit)
 
-    async def _exchange(self, conn: _Conn, request: bytes) -> _Answer:
+    async def _exchange(self, conn: _Conn, request: bytes, limit: int) -> _Answer:
         transport = conn.transport
         if transport is None:
             raise ConnectionResetError(errno.ECONNRESET, "not connected")
         conn.got_any = conn.reusable = False
+        conn.limit = limit
         conn.waiter = asyncio.get_running_loop().create_future()
         done = False
         try:
