@@ -11,6 +11,7 @@ import os
 import pytest
 
 
+@pytest.mark.slow
 @pytest.mark.servers
 def test_bench_latency_quick(tmp_path, capsys):
     import bench_latency

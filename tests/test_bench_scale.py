@@ -15,6 +15,7 @@ pytest.importorskip("torch")
 BENCH = os.path.join(os.path.dirname(__file__), "..", "tools", "bench_scale.py")
 
 
+@pytest.mark.slow
 def test_bench_scale_runs_tiny(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..")}
     r = subprocess.run(

@@ -13,7 +13,12 @@ tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parent.parent
 # pytest options -> the distribution that provides them
-PLUGIN_OPTIONS = {"-n": "pytest-xdist", "--dist": "pytest-xdist", "--timeout": "pytest-timeout"}
+PLUGIN_OPTIONS = {
+    "-n": "pytest-xdist",
+    "--dist": "pytest-xdist",
+    "--no-loadscope-reorder": "pytest-xdist",
+    "--timeout": "pytest-timeout",
+}
 
 
 def _pytest_args() -> list[str]:
@@ -32,7 +37,7 @@ def _name(requirement: str) -> str:
 
 def test_test_sh_runs_two_xdist_workers_a_file_each():
     args = _pytest_args()
-    assert args[:5] == ["-q", "-n", "2", "--dist", "loadfile"]
+    assert args[:6] == ["-q", "-n", "2", "--dist", "loadfile", "--no-loadscope-reorder"]
     assert args[-1] == "$@"  # the caller's options come last, so `-n 0` overrides
 
 
@@ -48,3 +53,21 @@ def test_the_test_extra_installs_the_plugins_test_sh_uses_pinned():
     assert "pytest-xdist" in used
     assert used <= test_extra
     assert used <= pinned
+
+
+class _Item:
+    def __init__(self, path: str, slow: bool) -> None:
+        self.path, self.slow = path, slow
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if name == "slow" and self.slow else None
+
+
+def test_files_with_a_slow_test_come_first_each_in_its_own_order():
+    from ordering import slow_files_first
+
+    items = [_Item("a", False), _Item("b", False), _Item("b", True), _Item("c", False)]
+    items += [_Item("d", True), _Item("d", False), _Item("a", False)]
+    order = [(i.path, i.slow) for i in items]
+    slow_files_first(items)
+    assert [(i.path, i.slow) for i in items] == [order[k] for k in (1, 2, 4, 5, 0, 3, 6)]

@@ -143,6 +143,7 @@ def test_index_files_get_the_umask_and_no_lock_file_is_left(shards, tmp_path, um
 SECRET_USER, SECRET_PASS, SECRET_SIG = "alice", "HUNTER2pw", "SIGabcdef0123"
 
 
+@pytest.mark.slow
 def test_index_info_and_errors_never_print_credentials(http_server, shards, tmp_path):
     import shutil
 

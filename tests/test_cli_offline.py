@@ -23,6 +23,7 @@ def wids(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_show_offline_serves_from_the_cache_after_the_server_is_gone(tmp_path):
     data = tmp_path / "data"
     paths = write_dataset(

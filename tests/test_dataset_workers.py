@@ -102,6 +102,7 @@ def test_default_collate_with_decoding(data):
     assert n == len(ds)
 
 
+@pytest.mark.slow
 def test_worker_errors_reach_the_parent(data, tmp_path):
     paths, _, _ = data
     ds = ShardListDataset([{"url": str(tmp_path / "gone.tar"), "nsamples": 3}])

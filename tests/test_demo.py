@@ -17,6 +17,7 @@ pytest.importorskip("PIL")
 DEMO = os.path.join(os.path.dirname(__file__), "..", "tools", "demo.py")
 
 
+@pytest.mark.slow
 def test_demo_runs_end_to_end_on_local_files(tmp_path):
     grid = tmp_path / "grid.png"
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), "wids-demo-*")))
@@ -52,6 +53,7 @@ def test_demo_runs_end_to_end_on_local_files(tmp_path):
     assert after <= before, "the demo left its temporary directory behind"
 
 
+@pytest.mark.slow
 @pytest.mark.servers
 @pytest.mark.skipif(
     not (shutil.which("nginx") or os.path.exists("/usr/sbin/nginx")), reason="no nginx"

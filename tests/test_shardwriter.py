@@ -203,6 +203,7 @@ def run_child(tmp_path, index, *, resume, stop, kill_after=None):
     return proc.returncode, lines
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("suffix", [".json", ".sqlite"])
 def test_sigkill_mid_shard_leaves_whole_shards_and_their_index_then_resume(tmp_path, suffix):
     index = str(tmp_path / "d" / f"train{suffix}")

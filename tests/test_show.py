@@ -95,6 +95,7 @@ def test_render_grid_marks_samples_without_an_image(tmp_path):
         render_grid([], out)
 
 
+@pytest.mark.slow
 def test_cli_show_table_and_grid(index, tmp_path):
     r = run("show", index, "-n", "4", "--start", "10")
     assert r.returncode == 0, r.stderr

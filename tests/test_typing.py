@@ -18,6 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_mypy_strict_accepts_the_package_and_its_users(tmp_path: Path) -> None:
     pytest.importorskip("mypy")
     # The project's own configuration (pyproject.toml: strict, with its two relaxations), so

@@ -22,5 +22,7 @@ export PATH="/usr/sbin:$PATH"
 # order in one process, as without xdist, so its module fixtures are made once; each worker
 # starts its own storage servers (session fixtures, free ports, its own temporary directory).
 # The suite waits on servers, subprocesses and DataLoader workers much of the time, so two
-# files at once use the two cores of the CI machine. `-n 0` (last wins) runs it in one process.
-python -m pytest -q -n 2 --dist loadfile "$@"
+# files at once use the two cores of the CI machine. Files are handed out in collection order
+# (--no-loadscope-reorder), which puts files with a `slow` test first (tests/ordering.py).
+# `-n 0` (last wins) runs it in one process.
+python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder "$@"
