@@ -3,7 +3,7 @@
 A real HTTP/1.1 server on 127.0.0.1 (``http.server``) answers ranges in the ways servers do:
 kept alive, closing idle connections, redirecting, chunked. Every read must return the right
 bytes; the plain client must be the one used where it can be (the server sees its
-``Accept-Encoding: identity``), and aiohttp everywhere else.
+absence of aiohttp's ``User-Agent``), and aiohttp everywhere else.
 """
 
 from __future__ import annotations
@@ -26,15 +26,31 @@ SPANS = [(k * 7_000, k * 7_000 + 3_000) for k in range(12)]
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    seen: list[tuple[str, str | None]]  # (path, Accept-Encoding) of each GET
+    seen: list[tuple[str, str | None]]  # (path, User-Agent) of each GET
 
     def do_GET(self) -> None:  # noqa: N802 - the http.server API
-        self.seen.append((self.path, self.headers.get("Accept-Encoding")))
+        self.seen.append((self.path, self.headers.get("User-Agent")))
         if self.path.startswith("/redirect"):
             self.send_response(302)
             self.send_header("Location", "/plain")
             self.send_header("Content-Length", "0")
             self.end_headers()
+            return
+        if self.path.startswith("/auth") and self.headers.get("Authorization") is None:
+            self.send_response(401)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if self.path.startswith("/gzip") or self.path.startswith("/odd-length"):
+            gzip = self.path.startswith("/gzip")  # compressed whatever was asked: 1 MB of zeros
+            body = __import__("gzip").compress(bytes(1 << 20)) if gzip else b"x"
+            self.send_response(206)
+            self.send_header("ETag", ETAG)
+            self.send_header("Content-Encoding" if gzip else "X-Odd", "gzip")
+            self.send_header("Content-Length", str(len(body)) if gzip else "\u00b2")
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = True
             return
         if self.path.startswith("/huge"):  # ignores Range: a "whole file" of 10 GB, streamed
             self._stream_forever(chunked=self.path.startswith("/huge-chunked"))
@@ -115,7 +131,7 @@ def test_pinned_reads_use_plain_connections(server, path):
     seen.clear()
     got, stats = _read(base, path)
     assert got == [DATA[s:e] for s, e in SPANS] * 2
-    assert [enc for _, enc in seen] == ["identity"] * len(got)  # never aiohttp's gzip offer
+    assert [agent for _, agent in seen] == [None] * len(got)  # never aiohttp (it names itself)
     assert stats.requests == len(got) and stats.retries == 0  # a dropped idle one: no retry
 
 
@@ -125,7 +141,7 @@ def test_answers_it_does_not_handle_go_to_aiohttp(server, path):
     seen.clear()
     got, stats = _read(base, path)
     assert got == [DATA[s:e] for s, e in SPANS] * 2
-    assert any(enc != "identity" for _, enc in seen)  # aiohttp took over
+    assert any(agent is not None for _, agent in seen)  # aiohttp took over
     assert stats.retries == 0
 
 
@@ -134,7 +150,7 @@ def test_request_options_keep_aiohttp(server):
     seen.clear()
     got, _ = _read(base, "plain", {"headers": {"X-Token": "t"}})
     assert got == [DATA[s:e] for s, e in SPANS] * 2
-    assert all(enc != "identity" for _, enc in seen)
+    assert all(agent is not None for _, agent in seen)
 
 
 def test_a_replaced_file_is_refused(server):
@@ -214,3 +230,27 @@ def test_a_server_that_ignores_range_is_refused_without_reading_the_file(server,
     # refused, not retried (a chunked answer: the plain client hands it to aiohttp first)
     assert len(STREAMED) == before + (2 if path == "huge-chunked" else 1)
     assert STREAMED[-1] < 32 << 20  # it stopped early (socket buffers), not at 256 MB
+
+
+def test_credentials_in_the_url_keep_aiohttp(server):
+    base, seen = server
+    seen.clear()
+    got, _ = _read(base.replace("http://", "http://user:secret@"), "auth")
+    assert got == [DATA[s:e] for s, e in SPANS] * 2  # aiohttp sent them as Basic auth
+    assert all(agent is not None for _, agent in seen)
+
+
+@pytest.mark.parametrize(
+    ("path", "options"),
+    [("gzip", None), ("gzip", {"headers": {"X-Token": "t"}}), ("odd-length", None)],
+)
+def test_an_encoded_or_oddly_framed_answer_is_a_typed_error(server, path, options):
+    from wids.errors import WidsError
+
+    base, _ = server
+    store = Store(options, RetryPolicy(attempts=2, backoff=0.01, timeout=10.0))
+    src = store.source(f"{base}/{path}", size=len(DATA), etag="v1")
+    with pytest.raises(WidsError, match=path) as got:  # names the file; never a ValueError
+        read_ranges([(src, 1000, 4000)])
+    if path == "gzip":  # refused as encoded, before aiohttp expands it (1 MB here; any size)
+        assert "Content-Encoding 'gzip'" in str(got.value)

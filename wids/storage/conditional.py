@@ -116,6 +116,12 @@ async def read_bounded(resp: Any, url: str, start: int, end: int) -> bytes:
     ``Content-Length``, or once the body passes the range's length, not read to its end.
     """
     n = end - start
+    encoding = resp.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding != "identity":  # asked for identity: decoding could expand it without bound
+        raise PermanentRemoteError(
+            f"range {start}-{end}: answered with Content-Encoding {encoding!r}, not the bytes",
+            shard=redact_url(url),
+        )
     announced = resp.content_length
     if announced is not None and announced > n:
         raise ignores_range(url, start, end, announced)
@@ -220,6 +226,8 @@ class HttpTarget:
         self.fs, self.path = fs, path
         kwargs = dict(fs.kwargs)
         self.headers: dict[str, str] = dict(kwargs.pop("headers", None) or {})
+        # the bytes of the file, not a compressed form: lengths are checked before decoding
+        self.headers.setdefault("Accept-Encoding", "identity")
         if timeout is not None:
             kwargs.setdefault("timeout", timeout)
         self.kwargs = kwargs

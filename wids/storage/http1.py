@@ -11,7 +11,8 @@ It is used only where it does what fsspec's HTTP filesystem would
 (:class:`~wids.storage.rangeread.RangeRead` decides): ``http://`` URLs, no storage options
 that change requests (headers, auth, client settings other than the timeout), and reads whose
 reader is pinned (no ``answer_check`` pending: a shard's first answer goes through aiohttp).
-An answer it does not handle (a redirect, a body framed otherwise than by ``Content-Length``)
+An answer it does not handle (a redirect, a body framed otherwise than by ``Content-Length`` or
+encoded, a length that is no plain number)
 raises :class:`Unsupported` before any byte is used: the caller turns to aiohttp for that file.
 
 Every answer is checked as :func:`~wids.storage.conditional.http_range` checks it (status,
@@ -26,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import urllib.parse
 from typing import Any
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
 ]
 
 _HEAD_LIMIT = 64 * 1024
+_IDLE_LIMIT = 64  # kept-alive connections per host and process; more are closed after use
 
 
 class Unsupported(Exception):
@@ -67,12 +70,20 @@ class _Answer:
         self.status, self.headers, self.body = status, headers, body
 
 
+def _number(text: str, digits: int) -> bool:
+    """Whether ``text`` is a plain decimal number of at most ``digits`` digits.
+
+    ASCII only: ``str.isdigit`` takes ``'²'``, and ``int`` refuses thousands of digits.
+    """
+    return 0 < len(text) <= digits and text.isascii() and text.isdigit()
+
+
 def _parse_head(head: bytes) -> tuple[int, str, dict[str, str], bool]:
     """``(status, reason, headers by lowercase name, closes)`` of a response head."""
     lines = head.decode("latin-1").split("\r\n")
     version, _, rest = lines[0].partition(" ")
     code, _, reason = rest.partition(" ")
-    if not version.startswith("HTTP/1.") or not code.isdigit():
+    if not version.startswith("HTTP/1.") or not _number(code, 3):
         raise ConnectionResetError(errno.ECONNRESET, f"not an HTTP/1.x answer: {lines[0]!r}")
     headers: dict[str, str] = {}
     for line in lines[1:]:
@@ -101,10 +112,14 @@ class _Conn(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.got_any = True
-        self.buf += data
         waiter = self.waiter
-        if waiter is None or waiter.done():
+        if waiter is None or waiter.done():  # spoken out of turn: never buffered, never reused
+            self.reusable = False
+            self.buf.clear()
+            if self.transport is not None:
+                self.transport.close()
             return
+        self.buf += data
         try:
             if self.head is None:
                 end = self.buf.find(b"\r\n\r\n")
@@ -115,10 +130,11 @@ class _Conn(asyncio.Protocol):
                 head = self.head = _parse_head(bytes(self.buf[:end]))
                 del self.buf[: end + 4]
                 status, _, headers, _ = head
-                if 300 <= status < 400 or "transfer-encoding" in headers:
+                encoded = headers.get("content-encoding", "identity").lower() != "identity"
+                if 300 <= status < 400 or "transfer-encoding" in headers or encoded:
                     raise Unsupported(f"HTTP {status}, {headers.get('transfer-encoding')}")
                 length = headers.get("content-length")
-                if length is None or not length.isdigit():
+                if length is None or not _number(length, 18):
                     raise Unsupported("no Content-Length")
                 self.length = int(length)
                 if self.length > self.limit:  # never buffer what a hostile server announces
@@ -156,7 +172,6 @@ class Http1Pool:
         self.host, self.port = host, port
         self.host_header = host if port == 80 else f"{host}:{port}"
         self._idle: list[_Conn] = []
-        self.pid = os.getpid()
 
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -210,7 +225,7 @@ class Http1Pool:
             return answer
         finally:
             conn.waiter = None
-            if done:
+            if done and len(self._idle) < _IDLE_LIMIT:
                 self._idle.append(conn)
             else:  # failed, cancelled (a timeout) or not reusable: never half-read again
                 transport.close()
@@ -238,6 +253,8 @@ class Http1Pools:
         """The pool for a ``yarl.URL`` (``http://`` only, not IPv6 literals), or ``None``."""
         if url.scheme != "http" or not url.raw_host or ":" in url.raw_host:
             return None
+        if url.user is not None or url.password is not None:  # aiohttp sends them as auth
+            return None
         if self._pid != os.getpid():
             self._pid, self._pools = os.getpid(), {}
         key = (str(url.raw_host), int(url.port or 80))
@@ -250,9 +267,13 @@ class Http1Pools:
 def plain_options(url: str, options: Any) -> bool:
     """Whether fsspec would send ``url``'s range requests as plain GETs with these options.
 
-    That is: ``http://``, and no option but the client's timeout (no headers, auth, proxies).
+    That is: ``http://`` without credentials in the URL, and no option but the client's
+    timeout (no headers, auth, proxies).
     """
     if not url.lower().startswith("http://") or "::" in url:
+        return False
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is not None or parts.password is not None:
         return False
     extra = set(options) - {"client_kwargs"}
     return not extra and set(options.get("client_kwargs") or {}) <= {"timeout"}
