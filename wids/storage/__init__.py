@@ -7,7 +7,8 @@ The only part of wids that imports fsspec. Other parts import from this package,
 - :mod:`.batch`: :func:`read_ranges`, many ranges at once;
 - :mod:`.descriptors`: :class:`DescriptorPool`, local files' descriptors kept open within the
   process's file limit;
-- :mod:`.forks`: whether this is still the process an object was made in (no ``getpid``);
+- :mod:`.forks`: whether this is still the process an object was made in (no ``getpid``); a
+  forked child leaves the parent's kept-alive connections alone;
 - :mod:`.stats`: :class:`FileStat`, :class:`IOStats`, :func:`comparable_etag`;
 - :mod:`.urls`: local or remote, how an index records a shard, :func:`url_name`;
 - :mod:`.publish`: writing: :func:`check_writable`, :func:`put_file`, :func:`destination`;

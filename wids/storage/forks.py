@@ -11,11 +11,21 @@ stamped, so equal means the same process. A pickled object stamps again when unp
 Only a fork through ``os.fork`` (``multiprocessing``, torch's workers) runs the handler; a
 child forked by C code that runs Python keeps its parent's generation, as it keeps its pid's
 caches everywhere else.
+
+A forked child also inherits fsspec's event loop object, but not the thread that runs it, and
+shares that loop's epoll instance and sockets with the parent: a child that closes an inherited
+connection (fsspec's finalizer of a parent's filesystem it drops, an aiohttp connector's
+``__del__``) unregisters the parent's socket from the parent's epoll, and the parent's next
+request on that kept-alive connection waits for its whole timeout. A fork handler marks the
+inherited loop closed and not running in the child, so those close nothing there (aiohttp and
+fsspec skip a closed loop); the child's fsspec makes its own loop.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from typing import Any
 
 __all__ = ["generation", "stamp"]
 
@@ -48,3 +58,38 @@ def stamp() -> int:
             register(after_in_child=_forked)
         _registered = True
     return generation
+
+
+_parent_loop: Any = None
+"""fsspec's event loop at the moment of a fork (set in the parent just before it)."""
+
+
+def _before_fork() -> None:
+    global _parent_loop
+    asyn = sys.modules.get("fsspec.asyn")  # not imported: no loop to retire
+    _parent_loop = asyn.loop[0] if asyn is not None else None
+
+
+def _retire_parent_loop() -> None:
+    """In a forked child: the parent's fsspec loop runs nowhere here, so mark it closed.
+
+    Never ``loop.close()``: that unregisters the loop's own sockets from the shared epoll.
+    """
+    global _parent_loop
+    loop, _parent_loop = _parent_loop, None
+    if loop is not None and hasattr(loop, "_closed") and hasattr(loop, "_thread_id"):
+        loop._thread_id = None  # not running: fsspec closes a session's connector directly
+        loop._closed = True  # closed: aiohttp's connector then closes no transport
+
+
+def _after_fork_in_parent() -> None:
+    global _parent_loop
+    _parent_loop = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_retire_parent_loop,
+    )
