@@ -7,6 +7,7 @@ import shutil
 
 import fsspec
 import pytest
+from forked import in_fork
 from tar_oracle import dataset_samples, strip_meta
 
 from wids import IndexMismatchError, ShardListDataset, ShortReadError, build_index
@@ -105,28 +106,20 @@ def test_a_forked_child_checks_its_local_shards_again(local, tmp_path):
     paths, index = _copy(local, tmp_path)
     ds = ShardListDataset(index, transformations=[])
     ds[0], ds.__getitems__([1, 2])  # shard 0 opened and on the fast path in the parent
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            with open(paths[0], "ab") as f:  # another size: not the shard the index describes
-                f.write(b"\0" * 1024)
-            answers = []
-            for read in (lambda: ds[3], lambda: ds.__getitems__([4])):
-                try:
-                    read()
-                    answers.append("read")
-                except IndexMismatchError:
-                    answers.append("mismatch")
-            os.write(w, " ".join(answers).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        answer = f.read()
-    os.waitpid(pid, 0)
-    assert answer == "mismatch mismatch"
+
+    def child() -> str:
+        with open(paths[0], "ab") as f:  # another size: not the shard the index describes
+            f.write(b"\0" * 1024)
+        answers = []
+        for read in (lambda: ds[3], lambda: ds.__getitems__([4])):
+            try:
+                read()
+                answers.append("read")
+            except IndexMismatchError:
+                answers.append("mismatch")
+        return " ".join(answers)
+
+    assert in_fork(child) == "mismatch mismatch"
     ds.close()
 
 

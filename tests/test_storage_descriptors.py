@@ -9,6 +9,7 @@ import sys
 import threading
 
 import pytest
+from forked import in_fork
 
 from wids.storage import DescriptorPool
 from wids.storage.descriptors import default_capacity
@@ -92,21 +93,13 @@ def test_fork_child_closes_the_inherited_copies(files):
     pool = DescriptorPool(30)
     for p in files:
         pool.pread(p, 1, 0)
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: its first use closes the parent's copies, then reads its own
-        try:
-            os.close(r)
-            ok = pool.pread(files[5], 2, 0) == b"\x05\x05"
-            n = sum(p in files for p in _open_paths())
-            os.write(w, f"{int(ok)} {n} {len(pool)}".encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        answer = f.read()
-    os.waitpid(pid, 0)
-    assert answer == "1 1 1"
+
+    def child() -> str:  # its first use closes the parent's copies, then reads its own
+        ok = pool.pread(files[5], 2, 0) == b"\x05\x05"
+        n = sum(p in files for p in _open_paths())
+        return f"{int(ok)} {n} {len(pool)}"
+
+    assert in_fork(child) == "1 1 1"
     assert pool.pread(files[7], 1, 0) == b"\x07" and len(pool) == len(files)  # parent intact
     pool.close()
 
@@ -118,23 +111,15 @@ def test_check_process_then_pread_owned_in_a_fork_child(files):
         pool.pread(p, 1, 0)
     pool.check_process()  # the process that made it: nothing closed
     assert len(pool) == len(files) and pool.pread_owned(files[3], 1, 0) == b"\x03"
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.close(r)
-            pool.check_process()
-            closed = sum(p in files for p in _open_paths())
-            ok = pool.pread_owned(files[5], 2, 0) == b"\x05\x05"
-            n = sum(p in files for p in _open_paths())
-            os.write(w, f"{closed} {int(ok)} {n} {len(pool)}".encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        answer = f.read()
-    os.waitpid(pid, 0)
-    assert answer == "0 1 1 1"
+
+    def child() -> str:
+        pool.check_process()
+        closed = sum(p in files for p in _open_paths())
+        ok = pool.pread_owned(files[5], 2, 0) == b"\x05\x05"
+        n = sum(p in files for p in _open_paths())
+        return f"{closed} {int(ok)} {n} {len(pool)}"
+
+    assert in_fork(child) == "0 1 1 1"
     assert pool.pread_owned(files[7], 1, 0) == b"\x07" and len(pool) == len(files)
     pool.close()
 

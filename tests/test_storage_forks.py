@@ -10,6 +10,7 @@ import time
 
 import pytest
 import torch.utils.data
+from forked import in_fork
 
 from wids import RetryPolicy, ShardListDataset
 from wids.storage import Source, Store, forks
@@ -18,24 +19,17 @@ from wids.storage import Source, Store, forks
 def test_a_forked_child_and_grandchild_see_a_new_generation():
     made = forks.stamp()
     assert forks.generation == made
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            answer = [forks.generation != made]
-            again = forks.stamp()
-            grand = os.fork()
-            if grand == 0:
-                os._exit(0 if forks.generation not in (made, again) else 1)
-            answer.append(os.waitpid(grand, 0)[1] == 0)
-            os.write(w, repr(answer).encode())
-        finally:
-            os._exit(0)
-    os.close(w)
-    with os.fdopen(r) as f:
-        answer = f.read()
-    os.waitpid(pid, 0)
-    assert answer == "[True, True]"
+
+    def child() -> str:
+        answer = [forks.generation != made]
+        again = forks.stamp()
+        grand = os.fork()
+        if grand == 0:
+            os._exit(0 if forks.generation not in (made, again) else 1)
+        answer.append(os.waitpid(grand, 0)[1] == 0)
+        return repr(answer)
+
+    assert in_fork(child) == "[True, True]"
     assert forks.generation == made  # the parent's is its own
 
 
