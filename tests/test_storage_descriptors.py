@@ -35,6 +35,20 @@ def _open_paths() -> list[str]:
     return out
 
 
+def _interleaved(work, threads: int = 8) -> None:
+    """``work(seed)`` in ``threads`` threads switching between any two steps of a read."""
+    running = [threading.Thread(target=work, args=(s,)) for s in range(threads)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for t in running:
+            t.start()
+        for t in running:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+
+
 def test_reads_and_bound(files):
     pool = DescriptorPool(5)
     for _ in range(3):
@@ -73,16 +87,7 @@ def test_threads_never_read_a_closed_or_reused_descriptor(files):
             if got != bytes([i]) * 64:
                 errors.append(f"file {i}: {got[:4]!r}")
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # threads interleave between any two steps of a read
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(interval)
+    _interleaved(work)
     assert errors == []
     assert len(pool) <= 2
     pool.close()
@@ -206,16 +211,7 @@ def test_threads_reading_kept_descriptors_never_read_another_file(files):
             elif got != bytes([i]) * 64:
                 errors.append(f"file {i}: {got[:4]!r}")
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # threads interleave between any two steps of a read
-    try:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        sys.setswitchinterval(interval)
+    _interleaved(work)
     assert errors == []
     assert len(pool) <= 2
     pool.close()
