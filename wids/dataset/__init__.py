@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .description import DatasetComponent
 from .listdataset import ShardListDataset
-from .pool import DatasetStats
+from .stats import DatasetStats
 
 __all__ = [
     "DatasetComponent",

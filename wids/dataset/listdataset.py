@@ -16,7 +16,6 @@ public attributes are those objects' settings, read and set through the dataset.
 
 from __future__ import annotations
 
-import operator
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -31,7 +30,9 @@ from ..storage import RetryPolicy, Store, forks
 from .catalog import Catalog, display_url
 from .description import DatasetComponent
 from .localcache import LocalCache
-from .pool import ACCESS_MODES, DatasetStats, ReaderPool
+from .pool import ACCESS_MODES, ReaderPool
+from .shardview import ShardView
+from .stats import DatasetStats
 
 __all__ = ["ShardListDataset"]
 
@@ -358,7 +359,7 @@ class ShardListDataset(_DatasetBase[T_co]):
         self.transformations.append(transform)
         return self
 
-    def get_shard(self, index: Any) -> tuple[_ShardView, int, dict[str, Any]]:
+    def get_shard(self, index: Any) -> tuple[ShardView, int, dict[str, Any]]:
         """As the reference: ``(shard, index in shard, shard dict)`` for a global index.
 
         The shard object supports ``len()`` and ``shard[j]`` (a raw sample dict).
@@ -366,7 +367,8 @@ class ShardListDataset(_DatasetBase[T_co]):
         self._check_process()
         _, shard, local = self._catalog.locate(index)
         self._pool.reader(shard)
-        return _ShardView(self, shard), local, self._catalog.load().shard_dict(shard)
+        view = ShardView(self._catalog, self._raw, shard)
+        return view, local, self._catalog.load().shard_dict(shard)
 
     def _attach_sampler(self, sampler: Any) -> None:
         """A sampler built on this dataset offers its order: the lookahead prefetch's plan."""
@@ -396,25 +398,3 @@ class ShardListDataset(_DatasetBase[T_co]):
         what = display_url(src) if isinstance(src, (str, os.PathLike)) else "<list>"
         n = "?" if not self._catalog.loaded else str(len(self))
         return f"ShardListDataset({what!r}, samples={n}, access={self.access!r})"
-
-
-class _ShardView:
-    """One shard of a dataset, as ``get_shard`` returns it: ``len()`` and raw ``[j]``."""
-
-    def __init__(self, dataset: ShardListDataset, shard: int) -> None:
-        self.dataset = dataset
-        self.shard = shard
-        self.url = dataset._catalog.load().infos[shard].url
-
-    def __len__(self) -> int:
-        return int(self.dataset._catalog.load().lengths[self.shard])
-
-    def __getitem__(self, j: int) -> dict[str, Any]:
-        n = len(self)
-        j = operator.index(j)
-        if j < 0:
-            j += n
-        if not 0 <= j < n:
-            raise IndexError(f"index {j} out of range for a shard of {n} samples")
-        start = int(self.dataset._catalog.load().cum[self.shard - 1]) if self.shard else 0
-        return self.dataset._raw(start + j)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..storage import DescriptorPool
@@ -37,40 +36,16 @@ from .readers import (
     download_check,
     header_check,
 )
+from .stats import DatasetStats
 from .tables import MemberTable
 
 if TYPE_CHECKING:
     from ..cache import Promoter
     from ..index import ShardInfo, ShardMembers
 
-__all__ = ["ACCESS_MODES", "DatasetStats", "ReaderPool"]
+__all__ = ["ACCESS_MODES", "ReaderPool"]
 
 ACCESS_MODES = ("auto", "range", "shard")
-
-
-@dataclass(frozen=True, slots=True)
-class DatasetStats:
-    """What this process's copy of a dataset has done so far.
-
-    Attributes:
-        samples: Samples returned.
-        accesses: Shard look-ups, one per sample (the reference's ``get_stats()[0]``).
-        misses: Look-ups that had to open a shard reader (the reference's ``get_stats()[1]``).
-        requests: Storage requests (stats, range reads, retries included).
-        bytes_read: Bytes received from storage or the local cache.
-        cache_hits: Samples served from the local shard cache.
-        retries: Requests repeated after transient failures.
-        errors: Operations that failed for good.
-    """
-
-    samples: int
-    accesses: int
-    misses: int
-    requests: int
-    bytes_read: int
-    cache_hits: int
-    retries: int
-    errors: int
 
 
 class ReaderPool:
