@@ -254,3 +254,64 @@ def test_a_batch_goes_back_before_the_lookahead_plans_the_next(remote):
     assert seen == list(range(len(ds)))
     assert ds._pool._lookahead.plan.ok
     ds.close()
+
+
+# -- member tables fetched before the workers start (remote index) -----------------------------
+
+
+@pytest.fixture(scope="module")
+def remote_index(http_server, tmp_path_factory):
+    """Shards, index and member sidecars all on nginx: tables are one request each."""
+    d = tmp_path_factory.mktemp("la-ri")
+    paths = write_dataset(str(d), shards=NS, samples_per_shard=NSAMPLES, real_images=False)
+    build_index(paths, str(d / "train.json"), name="train")  # shards stored relative
+    for root, _, files in os.walk(d):
+        for f in files:
+            http_server.put(
+                os.path.join(root, f), f"la-ri/{os.path.relpath(os.path.join(root, f), d)}"
+            )
+    sidecars = [f"la-ri/train.members/{n}" for n in sorted(os.listdir(d / "train.members"))]
+    assert len(sidecars) == NS
+    return {"paths": paths, "index": http_server.url("la-ri/train.json"), "sidecars": sidecars}
+
+
+def _sidecar_requests(http_server, remote_index):
+    return [http_server.request_count(s) for s in remote_index["sidecars"]]
+
+
+@pytest.mark.parametrize("cls", [ChunkedSampler, DistributedChunkedSampler])
+def test_forked_workers_inherit_the_tables_the_plan_starts_with(http_server, remote_index, cls):
+    oracle = dataset_samples(remote_index["paths"])
+    ds = ShardListDataset(remote_index["index"], transformations=[])
+    len(ds)
+    http_server.reset_counts()
+    sampler = cls(ds, chunksize=10, seed=1, num_workers=2, batch_size=8)
+    # the plan's first shards (here every shard): one request each, in the main process
+    assert _sidecar_requests(http_server, remote_index) == [1] * NS
+    seen, _ = _epoch(ds, sampler, "fork", oracle)
+    assert seen == list(sampler._planned_order()) and seen
+    # no worker asked for a table again: they inherited them, parsed
+    assert _sidecar_requests(http_server, remote_index) == [1] * NS
+    ds.close()
+
+
+def test_spawned_workers_and_a_replaced_shard_after_tables_were_fetched(
+    http_server, remote_index, tmp_path
+):
+    oracle = dataset_samples(remote_index["paths"])
+    ds = ShardListDataset(remote_index["index"], transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=10, seed=2, num_workers=2, batch_size=8)
+    seen, _ = _epoch(ds, sampler, "spawn", oracle)  # spawned: they fetch their own tables
+    assert seen == list(sampler._planned_order())
+    # a shard replaced after the main process fetched its table: never read as indexed
+    name = f"la-ri/{os.path.basename(remote_index['paths'][0])}"
+    ds = ShardListDataset(remote_index["index"], transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=NSAMPLES, shuffle=False, num_workers=2, batch_size=5)
+    assert 0 in ds._catalog._members
+    http_server.put(remote_index["paths"][1], name)  # other bytes, another etag
+    try:
+        with pytest.raises(Exception, match="not the shard the index describes"):
+            _epoch(ds, sampler, "fork", oracle, batch_size=5)
+    finally:
+        http_server.put(remote_index["paths"][0], name)
+    ds.close()

@@ -312,16 +312,23 @@ class Catalog:
             self._keep_members(shard, members, scanned=scanned)
             return self._members[shard]
 
-    def prefetch_members(self, shards: Iterable[int]) -> None:
+    @property
+    def remote_tables(self) -> bool:
+        """Whether member tables come from a remote index (a request each)."""
+        return isinstance(self.src, (str, os.PathLike)) and not is_local(os.fspath(self.src))
+
+    def prefetch_members(self, shards: Iterable[int], at_least: int = 2) -> None:
         """Fetch the member tables of ``shards`` not loaded yet at once, from a remote index.
 
         A batch's first touches of several shards then cost one round trip to the index's
-        sidecars, not one after another. Errors are left for :meth:`members` to raise.
+        sidecars, not one after another. Nothing is done for fewer than ``at_least`` tables
+        (a batch's read fetches a single one itself). Errors are left for :meth:`members`
+        to raise.
         """
-        if not isinstance(self.src, (str, os.PathLike)) or is_local(os.fspath(self.src)):
+        if not self.remote_tables:
             return
         todo = sorted({s for s in shards if s not in self._members})
-        if len(todo) < 2 or self.load().indexed is None:
+        if len(todo) < max(1, at_least) or self.load().indexed is None:
             return
         with cf.ThreadPoolExecutor(max_workers=min(16, len(todo))) as pool:
             for future in [pool.submit(self.members, s) for s in todo]:

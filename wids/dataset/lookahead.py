@@ -31,6 +31,7 @@ a cache, ``access="shard"``). :meth:`Lookahead.close` stops the threads.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -48,7 +49,7 @@ if TYPE_CHECKING:
     from .catalog import Catalog
     from .readers import Block, ShardReader
 
-__all__ = ["Lookahead", "fetch_prefetched", "start_lookahead"]
+__all__ = ["Lookahead", "fetch_first_tables", "fetch_prefetched", "start_lookahead"]
 
 log = logging.getLogger(__name__)
 
@@ -341,3 +342,43 @@ def start_lookahead(pool: Any, located: Sequence[tuple[int, int, int]]) -> Looka
     limits = getattr(pool, "lookahead_limits", None) or {}  # depth, max_bytes, ... (tests)
     ahead = Lookahead(plan, prepare, announce, locate, lengths, stats=catalog.store.stats, **limits)
     return ahead
+
+
+FIRST_ROUNDS = 2
+"""Batches per worker that the DataLoader asks for at once when it starts (its
+``prefetch_factor``'s default): the plan's first ``workers * FIRST_ROUNDS`` batches."""
+FIRST_SHARDS = 32
+"""Member tables fetched at most before the workers start (bounded for millions of shards)."""
+
+
+def fetch_first_tables(catalog: Catalog, sampler: Any) -> None:
+    """Main process: fetch the member tables of the shards the sampler's plan starts with.
+
+    Called when a sampler offers its order, before any DataLoader worker exists: workers forked
+    later inherit the parsed tables instead of each fetching its first shards' sidecars on the
+    way to its first batch (a round trip to the store and the client's set-up, on every worker
+    at once). Tables come from the loaded index as any table does; the per-process first-touch
+    checks of each shard are not affected (spawned workers, whose copy drops tables read from
+    an index, fetch their own). At most :data:`FIRST_SHARDS` tables, all at once; only for a
+    remote index with member tables. A plan that cannot be replayed, or a failed fetch, is
+    left for the reads to meet.
+    """
+    order = getattr(sampler, "_planned_order", None)
+    if not callable(order) or not catalog.remote_tables:
+        return
+    try:
+        loaded = catalog.load()
+        if loaded.indexed is None:
+            return
+        workers = max(1, int(getattr(sampler, "num_workers", 0) or 0))
+        batch = max(1, int(getattr(sampler, "batch_size", 1) or 1))
+        count = min(max(workers * batch * FIRST_ROUNDS, 256), 1 << 16)
+        shards: dict[int, None] = {}
+        for i in itertools.islice(order(), count):
+            shards[loaded.locate(i)] = None
+            if len(shards) >= FIRST_SHARDS:
+                break
+    except Exception as exc:  # the reads report what is wrong with the dataset
+        log.debug("no member tables fetched ahead: %s", exc)
+        return
+    catalog.prefetch_members(shards, at_least=1)

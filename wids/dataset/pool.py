@@ -25,7 +25,7 @@ from ..storage import DescriptorPool
 from .batchplan import plan_reads
 from .catalog import Catalog
 from .localread import LocalShard, read_local
-from .lookahead import Lookahead, fetch_prefetched, start_lookahead
+from .lookahead import Lookahead, fetch_first_tables, fetch_prefetched, start_lookahead
 from .promotion import requested
 from .readers import (
     HEADER,
@@ -79,8 +79,12 @@ class ReaderPool:
         self.reset_process()
 
     def attach_plan(self, sampler: Any) -> None:
-        """Keep the sampler whose order the lookahead predicts (the last one built wins)."""
+        """Keep the sampler whose order the lookahead predicts (the last one built wins).
+
+        The member tables its order starts with are fetched now, before workers fork.
+        """
         self.plan = sampler
+        fetch_first_tables(self.catalog, sampler)
 
     def reset_process(self) -> None:
         """Drop the readers of another process (after a fork or unpickling), never using them."""
