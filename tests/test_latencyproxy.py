@@ -233,3 +233,36 @@ def test_heads_pass_byte_for_byte_unless_a_hop_header_goes():
     assert hop.encode() == b"HTTP/1.1 206 Partial\r\nContent-Length: 3\r\n\r\n"
     assert hop.encode([(b"Connection", b"close")]).endswith(b"Connection: close\r\n\r\n")
     assert not hop.closes() and Message(b"GET / HTTP/1.0\r\n\r\n").closes()
+
+
+def test_plain_requests_take_the_fast_path_and_bodies_the_stream_relay(http_server, big):
+    """GETs without a body are relayed by protocol callbacks (tools/fastrelay.py); a request
+    with a body hands its connection to the stream-based relay, which goes on serving it."""
+    name, data = big
+    with LatencyProxy(http_server.base, delay=0.01, mbps=100) as proxy:
+        conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=30)
+        for k in range(3):
+            assert _get(conn, name, {"Range": f"bytes={k}-{k + 999}"}) == data[k : k + 1000]
+        assert len(proxy._relays) == 1 and not proxy._tasks  # no task per connection
+        conn.request("PUT", "/latency/nowhere.bin", body=b"x" * 1000)
+        conn.getresponse().read()  # nginx refuses it; the answer still comes back whole
+        assert not proxy._relays and len(proxy._tasks) == 1
+        assert _get(conn, name, {"Range": "bytes=5-9"}) == data[5:10]
+        conn.close()
+        counts = proxy.settled()
+    assert counts["requests"] == 5 and counts["PUT"] == 1 and counts["bytes_in"] == 1000
+    assert counts["connections"] == 1 and counts["in_flight"] == 0
+
+
+def test_a_client_gone_mid_answer_is_counted_out(http_server, big):
+    import socket
+
+    name, _ = big
+    with LatencyProxy(http_server.base, delay=0.0, mbps=10) as proxy:  # 0.4 s for 4 MB
+        sock = socket.create_connection(("127.0.0.1", proxy.port))
+        sock.sendall(f"GET /{name} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        assert sock.recv(100).startswith(b"HTTP/1.1 200")
+        sock.close()
+        counts = proxy.settled()
+    assert counts["in_flight"] == 0 and counts["requests"] == 1
+    assert counts["bytes_out"] < 4 * MB
