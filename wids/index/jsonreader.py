@@ -15,6 +15,7 @@ from ..storage import Store, redact_url
 from .jsonformat import FORMAT, MEMBERS_FORMAT, SHARD_KEYS, VERSION
 from .members import ShardMembers
 from .model import REPAIR_HINT, Component, ShardInfo
+from .sidecarparse import parse_sidecar
 from .spec import Spec, load_spec, read_bytes
 from .urls import UrlMap, check_remote_ref, check_url_map, resolve_url, url_dir
 
@@ -155,15 +156,23 @@ class JsonIndex:
 
         where = redact_url(url)
         data = read_bytes(url, self.store)
+        fast = parse_sidecar(data)  # the writer's form, straight into arrays
+        if fast is None:
+            try:
+                cols = json.loads(data)
+            except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, over 4300 digits
+                raise IndexFormatError(f"not valid JSON: {e}", shard=where) from None
+            except RecursionError:
+                raise IndexFormatError("not valid JSON: nested too deeply", shard=where) from None
+            _check_sidecar(cols, entry, where)
+        else:
+            _check_sidecar(fast[0], entry, where)
         try:
-            cols = json.loads(data)
-        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, over 4300 digits
-            raise IndexFormatError(f"not valid JSON: {e}", shard=where) from None
-        except RecursionError:
-            raise IndexFormatError("not valid JSON: nested too deeply", shard=where) from None
-        _check_sidecar(cols, entry, where)
-        try:
-            table = ShardMembers.from_columns(cols)
+            if fast is None:
+                table = ShardMembers.from_columns(cols)
+            else:
+                head, key_blob, key_offsets, columns = fast
+                table = ShardMembers(head["fields"], key_blob, key_offsets, *columns)
             table.check_extent(spec.shards[shard].size)
         except IndexFormatError as e:
             raise IndexFormatError(e.message, shard=where) from None
