@@ -45,6 +45,9 @@ def test_bench_latency_quick(tmp_path, capsys):
     rr = results["range-random"]
     assert rr["req_per_sample"] > floor["req_per_sample"]  # range requests, not shards
     assert rr["bound"] > 0
+    # the bound's window: 32 requests per worker, or the peak the proxy saw if higher
+    assert rr["window"] == max(rr["in_flight_peak"], 32 * 2)
+    assert rr["bound"] == pytest.approx(rr["window"] / (rr["rtt_ms"] / 1e3) / rr["req_per_sample"])
     assert "auto-random / range-random" in out and "latency bound" in out
     assert "first ds[i] in a fresh process" in out
 

@@ -23,9 +23,15 @@ to the last batch; index loading included), the first batch's latency, requests 
 bytes downloaded over the dataset's size (from the proxy's counters), requests in flight (peak
 and mean while busy), and the CPU the contender's processes and the proxy used (cores busy =
 CPU seconds / wall seconds: near 2 on this machine means the cores, not the latency, limit).
-For range modes, the latency bound: requests in flight at the peak / round-trip time, in
-samples/s (the round trip is the delay plus a mean answer's transfer at the cap). Then the
-ratios the goals of issue 12 name.
+For range modes, the latency bound: the in-flight window / round-trip time, times the samples
+a request carries, in samples/s. The round trip is the emulated one (the delay plus a mean
+answer's transfer at the cap: no CPU of the client, the proxy or nginx). The window is what
+wids lets itself have in flight: ``WINDOW`` (32) requests per DataLoader worker, a batch's
+reads with ``RandomSampler`` (one batch per worker at a time: a batch of 32 samples, at most
+32 requests) and the lookahead's window of requests with ``ChunkedSampler`` (32 per worker,
+``Lookahead.max_requests``), or the peak the proxy counted if that is higher (a direct read
+beside a full lookahead window): the bound never uses less than was really in flight. Then
+the ratios the goals of issue 12 name.
 
 Usage::
 
@@ -55,6 +61,7 @@ from localservers import Nginx  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # the wids beside this tool, as in the contenders' processes
+WINDOW = 32  # requests in flight per worker that wids allows itself (see the docstring)
 CONTENDERS = (
     "floor",
     "webdataset",
@@ -145,6 +152,7 @@ def run_contender(name: str, args: argparse.Namespace, base: dict, proxy: Any) -
 def _figures(r: dict, size: int, sample_bytes: int, args: argparse.Namespace) -> dict:
     c, n, sec = r["counts"], r["n"], r["seconds"]
     reqs = max(1, c["requests"])
+    window = max(c["in_flight_peak"], WINDOW * args.workers)
     rtt = args.delay_ms / 1e3 + c["bytes_out"] / reqs / (args.mbps * 1e6 or float("inf"))
     return {
         "rate": n / sec,
@@ -157,8 +165,9 @@ def _figures(r: dict, size: int, sample_bytes: int, args: argparse.Namespace) ->
         "request_ms": c["request_us"] / reqs / 1e3,
         "cores": r["cpu"] / sec,
         "proxy_cores": r["proxy_cpu"] / sec,
-        # requests at the peak window, each taking a round trip, each carrying n/reqs samples
-        "bound": c["in_flight_peak"] / rtt * n / reqs,
+        "window": window,
+        # the window's requests, each taking a round trip, each carrying n/reqs samples
+        "bound": window / rtt * n / reqs,
         "rtt_ms": rtt * 1e3,
     }
 
@@ -177,7 +186,7 @@ def _render(results: dict[str, dict], args: argparse.Namespace) -> str:
         ratio = f"{f['rate'] / floor:6.2f}" if floor else ""
         bound = ""
         if name.startswith("range"):
-            bound = f"{f['bound']:,.0f}/s ({f['rate'] / f['bound']:.2f}x)"
+            bound = f"{f['bound']:,.0f}/s ({f['rate'] / f['bound']:.2f}x, window {f['window']})"
         out.append(
             f"{name:14} {f['rate']:9,.0f} {ratio:>6} {first:>9} {f['req_per_sample']:7.3f} "
             f"{f['bytes_x']:7.2f}x {f['in_flight_peak']:4d}/{f['in_flight_mean']:<3.0f} "
