@@ -219,3 +219,38 @@ def test_an_interrupted_download_never_writes_into_another_file(http_server, tmp
         proxy.settled()
     assert (tmp_path / "other").read_bytes() == b"mine"
     assert not (tmp_path / "copy").exists()
+
+
+def test_a_download_interrupted_before_its_parts_start_never_writes_a_new_file_at_its_path(
+    http_server, tmp_path
+):
+    """The parts write through the descriptor the caller opened, not by ``dest``'s path: a
+    caller interrupted before the download's coroutine ran, that removes ``dest`` and creates
+    a new file there at once, keeps that file as it wrote it."""
+    import signal
+
+    data = os.urandom(4 * 64 * KB)
+    url = http_server.put_bytes(data, "parts/interrupted-early.bin")
+    src = Store(None, FAST).source(url)
+    assert src.read_range(0, 10) == data[:10]  # the client is set up
+    fs, _ = src._filesystem()
+    release = threading.Event()
+    fs.loop.call_soon_threadsafe(release.wait, 30)  # the loop runs nothing until released
+
+    def interrupt(*_: object) -> None:
+        raise _Interrupted
+
+    dest = tmp_path / "copy"
+    old = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, 0.2)
+    try:
+        with pytest.raises(_Interrupted):
+            download(src, str(dest), None, len(data), part_size=64 * KB)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        dest.write_bytes(b"mine")  # the caller starts over at the same path
+        release.set()
+    assert src.read_range(0, 10) == data[:10]  # the loop ran the download's coroutine first
+    time.sleep(0.2)  # and any part it fetched
+    assert dest.read_bytes() == b"mine"

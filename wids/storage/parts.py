@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -148,19 +149,57 @@ def _fetch_all(
         async def get(pin: _Pin, fs: Any, path: str, start: int, end: int) -> bytes:
             return await http_range(pin, target, start, end)
 
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    owner = _Descriptor(fd)
     try:
-        os.close(os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666))
         if spans:
             jobs = [
                 (s, e, source.attempts(f"could not read bytes {s}-{e}", stats)) for s, e in spans
             ]
-            fsspec.asyn.sync(fs.loop, _fetch_parts, jobs, pin, fs, path, get, dest, connections)
+            fsspec.asyn.sync(fs.loop, _fetch_parts, jobs, pin, fs, path, get, owner, connections)
     except BaseException:
         try:
             os.unlink(dest)
         except FileNotFoundError:
             pass
         raise
+    finally:
+        owner.release_unused()
+
+
+class _Descriptor:
+    """The temp file's one descriptor, opened by the caller and closed exactly once.
+
+    The parts write through it, never through ``dest``'s path: a caller interrupted before
+    the coroutine started (or while parts are in flight) removes ``dest``, and a new file at
+    that path never receives a late part. Whoever comes second closes it: the coroutine when
+    it ends, or the caller if the coroutine never started (it then writes nothing).
+    """
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._lock = threading.Lock()
+        self._started = self._closed = False
+
+    def start(self) -> bool:
+        """Called by the coroutine first: whether it may write (the caller has not given up)."""
+        with self._lock:
+            self._started = not self._closed
+            return self._started
+
+    def close(self) -> None:
+        """Called by the coroutine when it ends (it started)."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self.fd)
+
+    def release_unused(self) -> None:
+        """Called by the caller when it stops waiting: close it unless the coroutine has it."""
+        with self._lock:
+            if not self._started and not self._closed:
+                self._closed = True
+                os.close(self.fd)
 
 
 def _shared_gate(fs: Any) -> asyncio.Semaphore:
@@ -187,19 +226,20 @@ async def _fetch_parts(
     fs: Any,
     path: str,
     get: Any,
-    dest: str,
+    dest: _Descriptor,
     connections: int,
 ) -> None:
     """Fetch every part (``connections`` at once) and write it at its offset; first error wins.
 
-    The descriptor is this coroutine's own: a caller that stops waiting (interrupted) cannot
-    close it under a part still being written.
+    The descriptor is closed when this coroutine ends, not by a caller that stopped waiting
+    (interrupted): it is never closed under a part still being written.
     """
-    fd = os.open(dest, os.O_WRONLY)
+    if not dest.start():
+        return
     try:
-        await _write_parts(jobs, pin, fs, path, get, fd, connections)
+        await _write_parts(jobs, pin, fs, path, get, dest.fd, connections)
     finally:
-        os.close(fd)
+        dest.close()
 
 
 async def _write_parts(
