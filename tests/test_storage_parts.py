@@ -99,13 +99,46 @@ def test_a_file_changed_midway_is_refused_and_not_cached(http_server, tmp_path):
     assert os.listdir(Path(cache.cache_dir) / "tmp") == []
 
 
-def test_answers_without_etag_fall_back_to_one_sequential_pass(http_server, tmp_path):
-    """Nothing ties parts to one version without an etag: the file is fetched again whole."""
+def test_answers_without_etag_are_tied_by_their_date_and_fetched_once(http_server, tmp_path):
+    """Index and server give no etag: the answers' ``Last-Modified`` ties the parts to one
+    version, and the file crosses the wire once (it was fetched again whole: 2x the bytes)."""
     data = os.urandom(100 * KB)
     http_server.put_bytes(data, "parts/plain.bin")
     src = Store(None, FAST).source(f"{http_server.base}/noetag/parts/plain.bin")
+    assert src.etag is None
+    http_server.reset_counts()
     st = download(src, str(tmp_path / "copy"), None, len(data), part_size=32 * KB)
     assert (tmp_path / "copy").read_bytes() == data and st.etag is None
+    assert http_server.counts() == (4, len(data))  # 4 parts, each byte once
+
+
+def test_a_file_without_etag_changed_midway_is_refused(http_server, tmp_path):
+    """Without an etag, an answer with another ``Last-Modified`` than the first is a changed
+    file: a typed error, never parts of two versions."""
+    name = "parts/plain-changing.bin"
+    data = os.urandom(256 * KB)
+    http_server.put_bytes(data, name)
+    path = http_server.path(name)
+    with LatencyProxy(http_server.base, delay=0.05, mbps=0) as proxy:
+        src = Store(None, FAST).source(proxy.url(f"noetag/{name}"))
+
+        def replace_after_the_first_parts() -> None:
+            deadline = time.monotonic() + 30
+            while proxy.counts()["requests"] < 2 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            http_server.put_bytes(os.urandom(len(data)), name)  # same size, new version
+            os.utime(path, (time.time() + 100, time.time() + 100))
+
+        changer = threading.Thread(target=replace_after_the_first_parts)
+        changer.start()
+        try:
+            with pytest.raises(IndexMismatchError, match="changed"):
+                download(
+                    src, str(tmp_path / "copy"), None, len(data), part_size=32 * KB, connections=1
+                )
+        finally:
+            changer.join()
+    assert not (tmp_path / "copy").exists()
 
 
 def test_a_shorter_file_than_expected_is_a_mismatch(http_server, tmp_path):

@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import fsspec.asyn
@@ -64,14 +63,44 @@ class Partable(Readable, Protocol):
     def _filesystem(self) -> tuple[Any, str]: ...
 
 
-@dataclass
 class _Pin:
-    """The version every part must be (:class:`~wids.storage.conditional.Pinned`)."""
+    """The version every part must be (:class:`~wids.storage.conditional.Pinned`).
 
-    url: str
-    size: int | None
-    etag: str | None
-    answer_check: AnswerCheck | None = None
+    With no etag known, every answer goes through :meth:`_first_answer` before its body is
+    read (``answer_check``, which the range reads clear after each answer and this keeps
+    until an etag pins the version): the first answer's etag pins the others (``If-Match``
+    from then on); an answer without one must say the first answer's ``Last-Modified``, so
+    parts of a server that sends no etag are still tied to one version (to its one-second
+    resolution, as a stat before and after would be) and not fetched a second time.
+    """
+
+    def __init__(self, url: str, size: int | None, etag: str | None) -> None:
+        self.url, self.size, self.etag = url, size, etag
+        self.first: FileStat | None = None  # what the first answer said of the file
+        self._check: AnswerCheck | None = None if etag is not None else self._first_answer
+
+    @property
+    def answer_check(self) -> AnswerCheck | None:
+        """Run on what each answer says of the file, until an etag pins the version."""
+        return self._check
+
+    @answer_check.setter
+    def answer_check(self, check: AnswerCheck | None) -> None:
+        if check is not None or self.etag is not None:
+            self._check = check
+
+    @property
+    def pinned(self) -> bool:
+        """Whether anything ties the parts to one version (an etag, or else a date)."""
+        return self.etag is not None or (self.first is not None and self.first.mtime is not None)
+
+    def _first_answer(self, stat: FileStat) -> None:
+        if self.first is None:
+            self.first = stat
+            if stat.etag is not None:
+                self.etag = stat.etag  # the others carry If-Match from now on
+        elif (stat.etag, stat.mtime) != (self.first.etag, self.first.mtime):
+            raise changed(self.url, f"an answer says {stat}, the first said {self.first}")
 
 
 def part_spans(
@@ -126,7 +155,7 @@ def download(
     pin = _Pin(source.url, stat.size, stat.etag)
     spans = part_spans(stat.size, connections, part_size)
     _fetch_all(pin, fs, path, spans, dest, connections, source, stats)
-    if pin.etag is None and len(spans) > 1:  # the answers had no etag: parts may mix versions
+    if not pin.pinned and len(spans) > 1:  # no etag, no date: parts may mix versions
         return download_stream(source, dest, stats, expected_size)
     return FileStat(stat.size, pin.etag, stat.mtime)
 
