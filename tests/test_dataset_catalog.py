@@ -100,3 +100,30 @@ def test_offline_refuses_remote_urls_only(tmp_path):
         local.check_online("https://example.invalid/a.tar")
     with pytest.raises(RuntimeError, match="cache_dir"):
         local.shard_cache()
+
+
+def test_a_remote_index_s_stat_for_the_offline_copy_overlaps_its_read(
+    index, http_server, fault_proxy, tmp_path
+):
+    from faultproxy import FaultPlan
+
+    from wids.cache import snapshot_path
+
+    d = os.path.dirname(index[0])
+    for root, _, files in os.walk(d):
+        for f in files:
+            http_server.put(
+                os.path.join(root, f), f"cat-snap/{os.path.relpath(os.path.join(root, f), d)}"
+            )
+    # every request for the index waits 0.3 s: the stat and the read overlap, or they do not
+    proxy = fault_proxy(
+        http_server.base, FaultPlan({"delay": 1.0}, rate=1.0, only="train.json", delay=0.3)
+    )
+    url = proxy.url("cat-snap/train.json")
+    catalog = Catalog(url, LocalCache(str(tmp_path / "cache")))
+    assert catalog.load().total == NS * NSAMPLES
+    assert proxy.paths["/cat-snap/train.json"] == 2  # one read and one stat
+    assert proxy.peak_delayed == 2, proxy.peak_delayed  # under way at once
+    assert os.path.exists(snapshot_path(tmp_path / "cache", url))  # the offline copy was kept
+    offline = Catalog(url, LocalCache(str(tmp_path / "cache"), offline=True))
+    assert offline.load().total == NS * NSAMPLES

@@ -70,3 +70,22 @@ def test_a_json_description_opens_as_json(tmp_path: Path) -> None:
     with JsonIndexWriter(path, name="x"):
         pass
     assert isinstance(open_index(str(path)), JsonIndex)
+
+
+def test_a_remote_json_index_is_read_with_one_request(http_server, tmp_path: Path) -> None:
+    path = tmp_path / "one.json"
+    with JsonIndexWriter(path, name="x"):
+        pass
+    url = http_server.put(path, "registry/one.json")
+    http_server.reset_counts()
+    reader = open_index(url)
+    assert isinstance(reader, JsonIndex) and reader.name == "x" and reader.shards == []
+    # no separate request for the first bytes: the JSON reader parses the one read
+    assert http_server.request_count("registry/one.json") == 1
+    # the content still decides: SQLite and shard-table files named *.json
+    for cls, writer in ((SqliteIndex, SqliteIndexWriter), (TableIndex, TableIndexWriter)):
+        with writer(tmp_path / cls.__name__, name="y"):
+            pass
+        odd = open_index(http_server.put(tmp_path / cls.__name__, f"registry/{cls.__name__}.json"))
+        assert isinstance(odd, cls) and odd.name == "y"
+        odd.close()

@@ -29,7 +29,7 @@ import numpy as np
 from ..atomic import TempFile, atomic_write_bytes
 from ..errors import OfflineError
 from ..index import IndexReader, JsonIndex, JsonIndexWriter, TableIndex
-from ..storage import Store, redact_url, url_name
+from ..storage import FileStat, Store, redact_url, url_name
 from .layout import cache_subdir
 
 __all__ = ["open_snapshot", "save_snapshot", "snapshot_path"]
@@ -54,6 +54,7 @@ def save_snapshot(
     url: str,
     cache_dir: str | os.PathLike[str],
     storage_options: Mapping[str, Any] | Store | None = None,
+    stat: FileStat | None = None,
 ) -> str | None:
     """Keep a copy of the open index ``reader`` (read from ``url``) for offline use.
 
@@ -62,8 +63,9 @@ def save_snapshot(
     :func:`wids.storage.redact.redact_url`). Offline, a shard is found in the shard cache under the
     same credential-free URL (:func:`wids.storage.url_name` ignores credentials).
 
-    Rewritten only when the remote index changed (its size/etag/mtime, one stat). Failures
-    are logged, not raised: the snapshot is a convenience for later offline runs.
+    Rewritten only when the remote index changed (its size/etag/mtime, one stat; ``stat``
+    gives one taken while the index was read, saving the request). Failures are logged, not
+    raised: the snapshot is a convenience for later offline runs.
 
     Returns:
         The snapshot's path, or ``None`` if it could not be written.
@@ -71,7 +73,8 @@ def save_snapshot(
     path = snapshot_path(cache_dir, url)
     try:
         cache_subdir(cache_dir, "indexes")  # a marked cache directory, no links inside
-        stat = Store.of(storage_options).source(url).info()
+        if stat is None:
+            stat = Store.of(storage_options).source(url).info()
         ident = {
             "kind": _SNAPSHOT,
             "version": _SNAPSHOT_VERSION,

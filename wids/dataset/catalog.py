@@ -215,11 +215,16 @@ class Catalog:
         kwargs: dict[str, Any] = {"allow_local_shards": self.allow_local_shards}
         if self.base is not None:
             kwargs["base"] = self.base
-        reader = open_index(url, self._uncounted(), url_map=dict(self.url_map), **kwargs)
-        if remote:
-            from ..cache import save_snapshot
+        if not remote:
+            return open_index(url, self._uncounted(), url_map=dict(self.url_map), **kwargs)
+        from ..cache import save_snapshot
 
-            save_snapshot(reader, url, self.local.cache_dir, self._uncounted())  # type: ignore[arg-type]
+        # the snapshot's stat of the index goes out with the index's read, not after it
+        with cf.ThreadPoolExecutor(1, thread_name_prefix="wids-index-stat") as pool:
+            stat = pool.submit(self._uncounted().source(url).info)
+            reader = open_index(url, self._uncounted(), url_map=dict(self.url_map), **kwargs)
+            got = None if stat.exception() is not None else stat.result()  # else it stats
+        save_snapshot(reader, url, self.local.cache_dir, self._uncounted(), stat=got)  # type: ignore[arg-type]
         return reader
 
     def _load_pattern(self, src: Any) -> Description:

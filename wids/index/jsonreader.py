@@ -39,6 +39,8 @@ class JsonIndex:
             :func:`wids.index.urls.check_url_map`).
         allow_local_shards: Let an index read from a remote location name local files (refused
             by default; see :func:`wids.index.urls.check_remote_ref`).
+        data: The file's bytes, already read (:func:`wids.index.open_index` reads a remote
+            ``*.json`` whole at once): loaded from them instead of read again.
 
     Raises:
         IndexFormatError: (on first use) The file is malformed or of an unknown version.
@@ -53,8 +55,10 @@ class JsonIndex:
         base: str | None = None,
         url_map: Mapping[str, str] | UrlMap | None = None,
         allow_local_shards: bool = False,
+        data: bytes | None = None,
     ) -> None:
         self.url = url
+        self._data = data  # dropped once loaded
         self.store = Store.of(storage_options)
         self.base = base
         self.url_map = check_url_map(url_map)
@@ -72,7 +76,9 @@ class JsonIndex:
                 base=self.base,
                 url_map=self.url_map,
                 allow_local_shards=self.allow_local_shards,
+                data=self._data,
             )
+            self._data = None
             meta = spec.top.get("wids_index")
             if meta is not None and not (
                 isinstance(meta, dict)

@@ -2,7 +2,8 @@
 
 - Reading: :func:`open_index` looks at the file's first bytes; an SQLite file and a shard-table
   file (:mod:`wids.index.tableformat`) are recognised by their magic, anything else is read as
-  a JSON description (ours or the reference's).
+  a JSON description (ours or the reference's). A remote ``*.json`` is read whole with one
+  request, which the JSON reader then parses (no separate request for the first bytes).
 - Writing: :func:`create_index_writer` goes by the path's ending, ``*.json`` for JSON, one
   of :data:`SQLITE_SUFFIXES` for SQLite and ``*.widx`` for the shard table (the format for
   10^5 shards and more: opening it costs no Python object per shard); :func:`writer_for` is
@@ -20,6 +21,7 @@ from ..storage import Store, is_remote, local_path
 from .jsonreader import JsonIndex
 from .jsonwriter import JsonIndexWriter
 from .model import IndexReader, IndexWriter
+from .spec import read_bytes
 from .sqlitereader import SqliteIndex
 from .sqlitewriter import SqliteIndexWriter
 from .tableformat import MAGIC as TABLE_MAGIC
@@ -148,6 +150,13 @@ def open_index(
     from ..errors import ShortReadError
 
     store = Store.of(storage_options)
+    if is_remote(url) and _name(url).endswith(".json"):
+        data = read_bytes(url, store)  # a JSON reader reads it whole anyway: one round trip
+        if data[:16] == SQLITE_MAGIC:
+            return SqliteIndex(url, store, **kwargs)
+        if data[: len(TABLE_MAGIC)] == TABLE_MAGIC:
+            return TableIndex(url, store, **kwargs)
+        return JsonIndex(url, store, data=data, **kwargs)
     src = store.source(url)
     try:
         head = src.read_range(0, 16)

@@ -134,7 +134,7 @@ class _Loader:
         self.visiting: list[str] = []
         self.loaded = 0
 
-    def load_file(self, url: str) -> Any:
+    def load_file(self, url: str, data: bytes | None = None) -> Any:
         where = _Where(redact_url(url))
         if url in self.visiting:
             raise where.error("source_url cycle: " + " -> ".join(self.visiting))
@@ -143,7 +143,7 @@ class _Loader:
         self.loaded += 1
         if self.loaded > _MAX_FILES:
             raise where.error(f"more than {_MAX_FILES} descriptions loaded through source_url")
-        return _parse_json(read_bytes(url, self.store), where)
+        return _parse_json(read_bytes(url, self.store) if data is None else data, where)
 
     def description(
         self,
@@ -352,6 +352,7 @@ def load_spec(
     base: str | None = None,
     url_map: Mapping[str, str] | UrlMap | None = None,
     allow_local_shards: bool = False,
+    data: bytes | None = None,
 ) -> Spec:
     """Load and validate a dataset description.
 
@@ -364,6 +365,7 @@ def load_spec(
         url_map: Prefix rewrites applied to resolved shard URLs (see :func:`check_url_map`).
         allow_local_shards: Let a description read from a remote location name local files
             (shards, ``source_url``); refused by default (see :func:`check_remote_ref`).
+        data: The bytes of the file ``src`` names, already read (then it is not read again).
 
     Returns:
         The description, shard URLs resolved.
@@ -378,7 +380,7 @@ def load_spec(
     url: str | None = None
     if isinstance(src, (str, os.PathLike)):
         url = os.fspath(src)
-        desc = loader.load_file(url)
+        desc = loader.load_file(url, data)
         where, origin, default_base = _Where(redact_url(url)), url, url_dir(url)
     elif hasattr(src, "read"):
         desc = _parse_json(src.read(), _Where("<stream>"))
