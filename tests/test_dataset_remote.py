@@ -420,3 +420,44 @@ def test_a_batch_fetches_its_shards_member_tables_at_once(http_server, local, fa
     sidecars = [p for p in proxy.paths if ".members/" in p]
     assert len(sidecars) == NS
     assert proxy.peak_delayed >= 2, proxy.peak_delayed  # sidecar requests overlapped
+
+
+def _connections_to(port: int) -> int:
+    """This process's established TCP connections to 127.0.0.1:``port`` (from /proc)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    with open("/proc/net/tcp") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    # remote address 127.0.0.1:port in /proc's hex, state 01 (ESTABLISHED)
+    remote = f"0100007F:{port:04X}"
+    return sum(1 for r in rows if r[2] == remote and r[3] == "01" and r[9] in inodes)
+
+
+def test_close_closes_the_idle_plain_http_connections(http_server, local):
+    """``ds.close()`` closes the kept-alive connections of the plain HTTP client (a batch's
+    concurrent range reads open several); they stayed open until the server dropped them."""
+    import time
+    from urllib.parse import urlsplit
+
+    d, _, oracle = local
+    _, index = _upload(http_server, d)
+    port = int(urlsplit(index).port or 80)
+    ds = ShardListDataset(index, transformations=[], verify=False, access="range")
+    batch = list(range(len(ds)))
+    assert [strip_meta(s) for s in ds.__getitems__(batch)] == [oracle[i] for i in batch]
+    opened = _connections_to(port)
+    plain = ds._pool.catalog.store._plain._pools.values()
+    idle = sum(len(pool._idle) for pool in plain)  # how many of them are the plain client's
+    assert idle >= 1 and opened >= idle
+    ds.close()
+    deadline = time.monotonic() + 5
+    while _connections_to(port) > opened - idle and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _connections_to(port) == opened - idle  # aiohttp's (first answers) are left
+    assert strip_meta(ds[3]) == oracle[3]  # and the dataset reads on

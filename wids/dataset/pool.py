@@ -169,6 +169,7 @@ class ReaderPool:
         if promoter is not None:
             promoter.close()  # waits for a fetch under way
         self.local.close()
+        self.catalog.store.close_idle()  # kept-alive plain HTTP connections (storage/http1.py)
 
     # -- reads --------------------------------------------------------------------------------
 

@@ -172,9 +172,10 @@ class Http1Pool:
         self.host, self.port = host, port
         self.host_header = host if port == 80 else f"{host}:{port}"
         self._idle: list[_Conn] = []
+        self._loop: asyncio.AbstractEventLoop | None = None  # where its connections live
 
     async def _connect(self) -> _Conn:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         _, conn = await loop.create_connection(_Conn, self.host, self.port)
         return conn
 
@@ -231,11 +232,25 @@ class Http1Pool:
                 transport.close()
 
     def close(self) -> None:
-        """Close the idle connections."""
-        for conn in self._idle:
+        """Close the idle connections (from any thread: on their event loop, soon)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._idle = []
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._close_idle()
+        else:
+            loop.call_soon_threadsafe(self._close_idle)
+
+    def _close_idle(self) -> None:
+        idle, self._idle = self._idle, []
+        for conn in idle:
             if conn.transport is not None:
                 conn.transport.close()
-        self._idle.clear()
 
 
 class Http1Pools:
@@ -262,6 +277,13 @@ class Http1Pools:
         if found is None:
             found = self._pools[key] = Http1Pool(*key)
         return found
+
+    def close(self) -> None:
+        """Close this process's idle connections; a forked child only forgets its parent's."""
+        if self._pid != os.getpid():
+            self._pid, self._pools = os.getpid(), {}
+        for pool in self._pools.values():
+            pool.close()
 
 
 def plain_options(url: str, options: Any) -> bool:

@@ -122,6 +122,10 @@ class Store:
         """The same options and retry policy, counting into ``stats`` (new counters if ``None``)."""
         return Store(self._options, self._retry, stats=stats)
 
+    def close_idle(self) -> None:
+        """Close the idle plain HTTP connections this store's sources kept (they reconnect)."""
+        self._plain.close()
+
     @property
     def storage_options(self) -> Mapping[str, Any]:
         """The fsspec options (read-only)."""
