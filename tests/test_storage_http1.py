@@ -254,3 +254,29 @@ def test_an_encoded_or_oddly_framed_answer_is_a_typed_error(server, path, option
         read_ranges([(src, 1000, 4000)])
     if path == "gzip":  # refused as encoded, before aiohttp expands it (1 MB here; any size)
         assert "Content-Encoding 'gzip'" in str(got.value)
+
+
+def test_a_shard_s_first_answer_is_checked_on_a_plain_connection(server):
+    """The first answer of an unpinned source runs its ``answer_check`` (size and etag from
+    ``Content-Range`` and ``ETag``) without aiohttp; a check that refuses fails the read."""
+    from wids.errors import IndexMismatchError
+
+    base, seen = server
+    seen.clear()
+    store = Store(None, RetryPolicy(attempts=2, backoff=0.01, timeout=10.0))
+    src = store.source(f"{base}/plain", size=len(DATA))
+    said = []
+    src.answer_check = said.append
+    got = read_ranges([(src, s, e) for s, e in SPANS])
+    assert got == [DATA[s:e] for s, e in SPANS]
+    assert [agent for _, agent in seen] == [None] * len(SPANS)  # never aiohttp
+    assert len(said) == 1 and said[0].size == len(DATA) and said[0].etag.strip('"') == "v1"
+    assert src.answer_check is None and src.etag.strip('"') == "v1"  # pinned from now on
+
+    def refuse(stat):
+        raise IndexMismatchError("not the indexed file")
+
+    other = store.source(f"{base}/plain", size=len(DATA))
+    other.answer_check = refuse
+    with pytest.raises(IndexMismatchError):
+        read_ranges([(other, s, e) for s, e in SPANS[:3]])

@@ -268,16 +268,20 @@ async def http_range(pin: Pinned, target: HttpTarget, start: int, end: int) -> b
     return data
 
 
-async def http1_range(pin: Pinned, pool: Http1Pool, target: str, start: int, end: int) -> bytes:
+async def http1_range(
+    pin: Pinned, pool: Http1Pool, target: str, start: int, end: int, fs: Any = None, path: str = ""
+) -> bytes:
     """:func:`http_range` on a plain keep-alive connection (:mod:`wids.storage.http1`).
 
-    For a pinned reader (no ``answer_check`` pending); the same checks of the answer.
+    The same checks of the answer, a pending ``answer_check`` included (a shard's first answer
+    in a process: what it says of the file's size and etag; ``fs`` and ``path`` stat the file
+    only if it says no size).
 
     Raises:
         Unsupported: The answer needs aiohttp (nothing of it was used).
     """
     headers = f"Range: bytes={start}-{end - 1}\r\n"
-    condition = if_match(pin.etag)
+    condition = if_match(pin.etag) if pin.answer_check is None else None
     if condition is not None:
         headers += f"If-Match: {condition}\r\n"
     try:  # an error page is small; a range answer is the range
@@ -289,6 +293,13 @@ async def http1_range(pin: Pinned, pool: Http1Pool, target: str, start: int, end
         raise changed(pin.url, f"HTTP 412 for If-Match {condition}")
     if status == 404:
         raise FileNotFoundError(redact_url(pin.url))
+    if pin.answer_check is not None and status in (200, 206, 416):
+        h = answer.headers
+        size = _total(h.get("content-range"))
+        if status == 200 and h.get("content-length", "").isdigit():
+            size = int(h["content-length"])  # the whole file
+        meta = {"ETag": h.get("etag"), "Last-Modified": h.get("last-modified")}
+        await _answered(pin, fs, path, size, meta)
     if status >= 400:
         raise HttpStatusError(status, "")
     data = answer.body

@@ -9,8 +9,10 @@ its headers on a kept-alive connection and reads back a ``Content-Length`` answe
 
 It is used only where it does what fsspec's HTTP filesystem would
 (:class:`~wids.storage.rangeread.RangeRead` decides): ``http://`` URLs, no storage options
-that change requests (headers, auth, client settings other than the timeout), and reads whose
-reader is pinned (no ``answer_check`` pending: a shard's first answer goes through aiohttp).
+that change requests (headers, auth, client settings other than the timeout). A shard's first
+answer in a process comes this way too, its size and etag checked against the index from its
+``Content-Range`` and ``ETag`` (:func:`~wids.storage.conditional.http1_range`), so a process
+that only reads ranges of plain ``http://`` shards opens no aiohttp connection for them.
 An answer it does not handle (a redirect, a body framed otherwise than by ``Content-Length`` or
 encoded, a length that is no plain number)
 raises :class:`Unsupported` before any byte is used: the caller turns to aiohttp for that file.

@@ -87,9 +87,11 @@ class RangeRead:
     async def __call__(self, start: int, end: int, check: Check | None = None) -> bytes:
         """Exactly bytes ``[start, end)``, checked (one request; no retries: the caller's)."""
         src = self.src
-        if self._plain is not None and src.answer_check is None:
+        if self._plain is not None:
             try:
-                data = await http1_range(src, self._plain, self._target, start, end)
+                data = await http1_range(
+                    src, self._plain, self._target, start, end, self.fs, self.path
+                )
             except Unsupported:  # a redirect, another framing: aiohttp from now on
                 self._plain = None
                 data = await http_range(src, self._http, start, end)  # type: ignore[arg-type]
