@@ -315,3 +315,48 @@ def test_spawned_workers_and_a_replaced_shard_after_tables_were_fetched(
     finally:
         http_server.put(remote_index["paths"][0], name)
     ds.close()
+
+
+# -- a forked worker reads its first batch before the DataLoader hands it over -----------------
+
+
+def _first_hits(batch):
+    """Collate: the worker's lookahead hits when this batch was read, and the batch."""
+    info = get_worker_info()
+    ahead = info.dataset._pool._lookahead
+    return batch, (ahead.hits if ahead is not None else -1), info.id
+
+
+def _slow_start(_worker_id):
+    import time
+
+    time.sleep(1.0)  # the worker takes its first batch only after this
+
+
+@pytest.mark.parametrize("loader_batch", [8, 5])
+def test_a_forked_worker_prefetches_its_first_batch_before_it_arrives(remote, loader_batch):
+    ds = ShardListDataset(remote["index"], transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=10, seed=4, num_workers=2, batch_size=8)
+    loader = DataLoader(
+        ds,
+        sampler=sampler,
+        batch_size=loader_batch,
+        num_workers=2,
+        multiprocessing_context="fork",
+        collate_fn=_first_hits,
+        worker_init_fn=_slow_start,
+        timeout=60,
+    )
+    seen, first, last = [], {}, {}
+    for batch, hits, worker in loader:
+        first.setdefault(worker, hits)
+        last[worker] = hits
+        for s in batch:
+            assert strip_meta(s) == remote["oracle"][s["__index__"]], s["__index__"]
+            seen.append(s["__index__"])
+    assert seen == list(sampler._planned_order())
+    if loader_batch == 8:  # the sampler's batch size: each worker's first batch was read early
+        assert first == {0: 1, 1: 1}
+    else:  # another batch size: what was read early is dropped, the lookahead goes on
+        assert first == {0: 0, 1: 0} and min(last.values()) > 0
+    ds.close()

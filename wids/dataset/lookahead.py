@@ -31,7 +31,6 @@ a cache, ``access="shard"``). :meth:`Lookahead.close` stops the threads.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -49,7 +48,7 @@ if TYPE_CHECKING:
     from .catalog import Catalog
     from .readers import Block, ShardReader
 
-__all__ = ["Lookahead", "fetch_first_tables", "fetch_prefetched", "start_lookahead"]
+__all__ = ["Lookahead", "fetch_prefetched", "start_lookahead"]
 
 log = logging.getLogger(__name__)
 
@@ -141,15 +140,20 @@ class Lookahead:
         finally:
             self._release(job)
 
-    def schedule(self) -> None:
-        """Start prefetches for the next ``depth`` predicted batches; announce shards ahead."""
+    def schedule(self, depth: int | None = None) -> None:
+        """Start prefetches for the next ``depth`` predicted batches; announce shards ahead.
+
+        Args:
+            depth: Batches to prefetch this time (default and at most :attr:`depth`).
+        """
+        depth = self.depth if depth is None else min(depth, self.depth)
         if self._closed or not self.plan.ok:
             return
         first = self.plan.seen
         if (first - 1) % 8 == 0:  # from the first batch on, often enough: the horizon is longer
             self._look_far()
-        upcoming = self.plan.upcoming(max(self.depth, 1))
-        for k, batch in enumerate(upcoming[: self.depth]):
+        upcoming = self.plan.upcoming(max(depth, 1))
+        for k, batch in enumerate(upcoming[:depth]):
             number = first + k
             with self._mutex:
                 executor = self._threads()
@@ -157,7 +161,7 @@ class Lookahead:
                     continue
                 self._jobs[number] = executor.submit(self._fetch, batch)
 
-    def schedule_soon(self) -> None:
+    def schedule_soon(self, depth: int | None = None) -> None:
         """:meth:`schedule` in a background thread; the next :meth:`observe` waits for it.
 
         Planning walks the sampler's order (a whole epoch's, the first time in a process) and
@@ -169,11 +173,11 @@ class Lookahead:
                 return
             if self._planner is None:
                 self._planner = ThreadPoolExecutor(1, thread_name_prefix="wids-lookahead-plan")
-            self._planning = self._planner.submit(self._schedule_quietly)
+            self._planning = self._planner.submit(self._schedule_quietly, depth)
 
-    def _schedule_quietly(self) -> None:
+    def _schedule_quietly(self, depth: int | None = None) -> None:
         try:
-            self.schedule()
+            self.schedule(depth)
         except Exception as exc:  # a sampler that cannot be replayed: read without lookahead
             log.debug("lookahead off: planning failed: %s", exc)
             self.plan.ok = False
@@ -308,15 +312,17 @@ def fetch_prefetched(
     return out
 
 
-def start_lookahead(pool: Any, located: Sequence[tuple[int, int, int]]) -> Lookahead:
+def start_lookahead(
+    pool: Any, located: Sequence[tuple[int, int, int]], plan: PlannedBatches | None = None
+) -> Lookahead:
     """The lookahead of a ``ReaderPool`` in this process (off for local shards).
 
     ``pool`` is the dataset's :class:`~wids.dataset.pool.ReaderPool` (not imported: it
-    imports this module).
+    imports this module); ``plan``: a prediction already begun (:mod:`.warmstart`).
     """
     catalog: Catalog = pool.catalog
     loaded = catalog.load()
-    plan = PlannedBatches(pool.plan)
+    plan = plan if plan is not None else PlannedBatches(pool.plan)
     if not located or is_local(loaded.infos[located[0][1]].url):
         plan.ok = False
     ahead: Lookahead
@@ -342,43 +348,3 @@ def start_lookahead(pool: Any, located: Sequence[tuple[int, int, int]]) -> Looka
     limits = getattr(pool, "lookahead_limits", None) or {}  # depth, max_bytes, ... (tests)
     ahead = Lookahead(plan, prepare, announce, locate, lengths, stats=catalog.store.stats, **limits)
     return ahead
-
-
-FIRST_ROUNDS = 2
-"""Batches per worker that the DataLoader asks for at once when it starts (its
-``prefetch_factor``'s default): the plan's first ``workers * FIRST_ROUNDS`` batches."""
-FIRST_SHARDS = 32
-"""Member tables fetched at most before the workers start (bounded for millions of shards)."""
-
-
-def fetch_first_tables(catalog: Catalog, sampler: Any) -> None:
-    """Main process: fetch the member tables of the shards the sampler's plan starts with.
-
-    Called when a sampler offers its order, before any DataLoader worker exists: workers forked
-    later inherit the parsed tables instead of each fetching its first shards' sidecars on the
-    way to its first batch (a round trip to the store and the client's set-up, on every worker
-    at once). Tables come from the loaded index as any table does; the per-process first-touch
-    checks of each shard are not affected (spawned workers, whose copy drops tables read from
-    an index, fetch their own). At most :data:`FIRST_SHARDS` tables, all at once; only for a
-    remote index with member tables. A plan that cannot be replayed, or a failed fetch, is
-    left for the reads to meet.
-    """
-    order = getattr(sampler, "_planned_order", None)
-    if not callable(order) or not catalog.remote_tables:
-        return
-    try:
-        loaded = catalog.load()
-        if loaded.indexed is None:
-            return
-        workers = max(1, int(getattr(sampler, "num_workers", 0) or 0))
-        batch = max(1, int(getattr(sampler, "batch_size", 1) or 1))
-        count = min(max(workers * batch * FIRST_ROUNDS, 256), 1 << 16)
-        shards: dict[int, None] = {}
-        for i in itertools.islice(order(), count):
-            shards[loaded.locate(i)] = None
-            if len(shards) >= FIRST_SHARDS:
-                break
-    except Exception as exc:  # the reads report what is wrong with the dataset
-        log.debug("no member tables fetched ahead: %s", exc)
-        return
-    catalog.prefetch_members(shards, at_least=1)

@@ -25,7 +25,7 @@ from ..storage import DescriptorPool
 from .batchplan import plan_reads
 from .catalog import Catalog
 from .localread import LocalShard, read_local
-from .lookahead import Lookahead, fetch_first_tables, fetch_prefetched, start_lookahead
+from .lookahead import Lookahead, fetch_prefetched, start_lookahead
 from .promotion import requested
 from .readers import (
     HEADER,
@@ -38,6 +38,7 @@ from .readers import (
 )
 from .stats import DatasetStats
 from .tables import MemberTable
+from .warmstart import fetch_first_tables, watch_forks
 
 if TYPE_CHECKING:
     from ..cache import Promoter
@@ -85,6 +86,7 @@ class ReaderPool:
         """
         self.plan = sampler
         fetch_first_tables(self.catalog, sampler)
+        watch_forks(self)
 
     def reset_process(self) -> None:
         """Drop the readers of another process (after a fork or unpickling), never using them."""
@@ -380,7 +382,9 @@ class ReaderPool:
         if self.plan is None:
             return None
         if self._lookahead is None:
-            self._lookahead = start_lookahead(self, located)
+            with self._lock:  # a worker's early start (lookahead.watch_forks) may race it
+                if self._lookahead is None:
+                    self._lookahead = start_lookahead(self, located)
         self._lookahead.merge_gap = merge_gap
         return self._lookahead
 

@@ -45,6 +45,7 @@ class PlannedBatches:
         self._retry_at: int | None = None  # main process: the sampler position of a mismatch
         self.epoch = int(getattr(sampler, "epoch", 0))  # the epoch predicted (workers)
         self.generation = 0  # how often a worker moved on to another epoch's prediction
+        self._early = False  # begun before the first batch, with the sampler's batch size
 
     def observe(self, batch: list[int]) -> bool:
         """Check ``batch`` against the prediction; ``False`` if it differs.
@@ -60,6 +61,13 @@ class PlannedBatches:
             self.size = len(batch)
             self._batches = self._start(self.size)
         expected = self._ahead.popleft() if self._ahead else next(self._batches, None)
+        if expected != batch and self._early:  # the loader's batch size is not the sampler's
+            self._ahead.clear()
+            self.generation += 1  # what was read for the early prediction is dropped
+            self.size = len(batch)
+            self._batches = self._start(self.size)
+            expected = next(self._batches, None)
+        self._early = False
         if expected != batch and self._follow(batch):
             expected = batch
         if expected != batch:
@@ -70,6 +78,19 @@ class PlannedBatches:
             return False
         self.seen += 1
         return True
+
+    def begin(self, size: int) -> list[int] | None:
+        """A worker, before its first batch: predict its batches of ``size`` (the sampler's).
+
+        Returns:
+            The predicted first batch, or ``None`` (not a worker, or nothing to predict). If
+            the first batch received differs, :meth:`observe` predicts again from it.
+        """
+        if not self.ok or self._batches is not None or size < 1 or _worker() is None:
+            return None
+        self.size, self._batches, self._early = size, self._start(size), True
+        first = self.upcoming(1)
+        return first[0] if first else None
 
     def _follow(self, batch: list[int]) -> bool:
         """A worker: predict from the epoch whose first batch for this worker is ``batch``.
