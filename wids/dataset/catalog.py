@@ -34,6 +34,7 @@ from ..samples import DuplicatePolicy
 from ..storage import FileStat, RetryPolicy, Source, Store, is_local, preload, redact_url
 from .description import Description
 from .localcache import LocalCache
+from .localtables import parse_local_tables
 
 __all__ = ["Catalog", "display_url"]
 
@@ -172,6 +173,8 @@ class Catalog:
                 if self._loaded is None:
                     self._loaded = self._load_description()
                     preload(self._loaded.infos[0].url)  # before DataLoader workers fork
+                    if not self.remote_tables and self.duplicates == "error":  # else: a warning
+                        parse_local_tables(self._loaded, self._keep_members)  # before forks
                 loaded = self._loaded
         return loaded
 
