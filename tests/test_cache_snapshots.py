@@ -42,3 +42,26 @@ def test_snapshot_roundtrip_and_refresh(tmp_path):
     assert [s.size for s in snap.shards] == [os.path.getsize(p) for p in paths]
     assert snap.name == "snap" and snap.members(0) is None
     fs.rm("/wids-snap", recursive=True)
+
+
+def test_a_snapshot_is_published_atomically_without_a_flush_to_disk(tmp_path, monkeypatch):
+    # it is written while a dataset loads, before the first batch: no fsync there
+    paths = write_dataset(str(tmp_path / "src"), shards=2, samples_per_shard=3, real_images=False)
+    fs = fsspec.filesystem("memory")
+    urls = []
+    for p in paths:
+        urls.append(f"memory://wids-snap-fsync/{os.path.basename(p)}")
+        fs.pipe_file(urls[-1], open(p, "rb").read())
+    build_index(urls, str(tmp_path / "i.json"), name="one")
+    index_url = "memory://wids-snap-fsync/i.json"
+    fs.pipe_file(index_url, open(tmp_path / "i.json", "rb").read())
+    cache_dir = tmp_path / "cache"
+    save_snapshot(open_index(index_url), index_url, cache_dir)  # marks the cache (flushed)
+    fs.pipe_file(index_url, open(tmp_path / "i.json", "rb").read().replace(b'"one"', b'"two"'))
+    synced = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd))
+    path = save_snapshot(open_index(index_url), index_url, cache_dir)  # changed: rewritten
+    assert synced == []
+    assert open_snapshot(index_url, cache_dir).name == "two" and path is not None
+    assert not [n for n in os.listdir(cache_dir / "indexes") if "tmp" in n]  # no temp left
+    fs.rm("/wids-snap-fsync", recursive=True)

@@ -90,13 +90,20 @@ def save_snapshot(
         if os.path.exists(path) and _snapshot_ident(path) == ident:
             return path
         shards = list(reader.shards)
-        with JsonIndexWriter(path, name=reader.name or None) as writer:
+        writer = JsonIndexWriter(path, name=reader.name or None)
+        try:
             for num, comp in enumerate(reader.components):
                 if num > 0:
                     writer.start_component(comp.name or f"component{num}", comp.weight)
                 for info in shards[comp.first_shard : comp.stop_shard]:
                     writer.add(dataclasses.replace(info, url=redact_url(info.url)), None)
             writer.set_report(ident)
+            # atomic, not flushed to disk: it is made while a dataset loads (before its first
+            # batch; a flush cost tens of ms on a busy disk), and a machine crash at worst
+            # loses this copy, which the next online run writes again
+            writer.flush(fsync=False)
+        finally:
+            writer.abort()  # published above (or nothing, on an error)
         return path
     except (OSError, ValueError) as e:
         logger.warning("could not save an offline copy of index %s: %s", redact_url(url), e)
