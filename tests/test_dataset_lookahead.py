@@ -360,3 +360,36 @@ def test_a_forked_worker_prefetches_its_first_batch_before_it_arrives(remote, lo
     else:  # another batch size: what was read early is dropped, the lookahead goes on
         assert first == {0: 0, 1: 0} and min(last.values()) > 0
     ds.close()
+
+
+def test_the_first_batch_plans_and_prefetches_the_next_during_its_own_reads(
+    remote, http_server, tmp_path
+):
+    """Behind a store with 0.5 s to the first byte, the batches after the first are prefetched
+    while the first batch's own reads are out (they share the lookahead's window, the batch's
+    reads first), not after it returned: three batches in about one round trip, not two."""
+    import shutil
+    import time
+
+    from latencyproxy import LatencyProxy
+
+    delay = 0.5
+    index = os.path.dirname(remote["index"])
+    with LatencyProxy(http_server.base, delay=delay, mbps=0) as proxy:
+        text = open(remote["index"]).read().replace(http_server.base, proxy.base)
+        (tmp_path / "train.json").write_text(text)
+        shutil.copytree(os.path.join(index, "train.members"), tmp_path / "train.members")
+        ds = ShardListDataset(str(tmp_path / "train.json"), transformations=[])
+        for s in range(NS):  # every shard's table loaded and first answer checked
+            ds[s * NSAMPLES]
+        sampler = ChunkedSampler(ds, chunksize=NSAMPLES, shuffle=False)
+        loader = DataLoader(ds, sampler=sampler, batch_size=5, collate_fn=lambda b: b)
+        it = iter(loader)
+        t = time.perf_counter()
+        batches = [next(it) for _ in range(3)]
+        took = time.perf_counter() - t
+        peak = ds._pool._lookahead.peak_requests
+        ds.close()
+    assert [s["__index__"] for b in batches for s in b] == list(range(15))
+    assert took < 1.6 * delay, took  # after the first batch, the next two took another delay
+    assert peak <= 32  # the window: the first batch's reads and the prefetches together

@@ -251,6 +251,11 @@ class Lookahead:
         return {b: d for (b, _, _), d in zip(requests, data, strict=True)}
 
     @property
+    def window(self) -> Window:
+        """The requests in flight: the prefetches' turns, and the direct reads beside them."""
+        return self._window
+
+    @property
     def peak_requests(self) -> int:
         """The most prefetch requests in flight at once."""
         return self._window.peak
@@ -293,10 +298,14 @@ def fetch_prefetched(
     *,
     checks: Sequence[Check | None] | None,
     prefetched: Prefetched | None,
+    window: Window | None = None,
 ) -> list[bytes | None]:
-    """:func:`~wids.dataset.readers.fetch_blocks`, taking identical blocks from ``prefetched``."""
+    """:func:`~wids.dataset.readers.fetch_blocks`, taking identical blocks from ``prefetched``.
+
+    The rest are read directly and count in the lookahead's ``window``.
+    """
     if not prefetched:
-        return fetch_blocks(blocks, readers, stats, defer_local=True, checks=checks)
+        return fetch_blocks(blocks, readers, stats, defer_local=True, checks=checks, window=window)
     out: list[bytes | None] = [prefetched.get(b) for b in blocks]
     rest = [i for i, data in enumerate(out) if data is None]
     if rest:
@@ -306,6 +315,7 @@ def fetch_prefetched(
             stats,
             defer_local=True,
             checks=[checks[i] for i in rest] if checks else None,
+            window=window,
         )
         for i, data in zip(rest, got, strict=True):
             out[i] = data

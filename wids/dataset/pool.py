@@ -227,14 +227,18 @@ class ReaderPool:
         self.catalog.prefetch_members(shard for _, shard, _ in located)
         ahead = self._ahead(located, merge_gap)
         prefetched = ahead.observe([i for i, _, _ in located]) if ahead is not None else None
+        window, early = (ahead.window, not prefetched) if ahead is not None else (None, False)
+        if early:  # nothing prefetched (the first batch): plan the next ones during its reads,
+            ahead.schedule_soon()  # type: ignore[union-attr]  # which count in the window
         readers, tables, spans, blocks, where, checks = plan_reads(self, located, merge_gap)
         raws = []
         try:  # readers stay open until every block is read: evict only afterwards
             if self._promotable:  # before the reads: a promotion then overlaps with them
                 for blk in blocks:
                     requested(self, blk.shard, readers[blk.shard], blk.end - blk.start)
+            stats = self.catalog.store.stats
             data = fetch_prefetched(
-                blocks, readers, self.catalog.store.stats, checks=checks, prefetched=prefetched
+                blocks, readers, stats, checks=checks, prefetched=prefetched, window=window
             )
             uses = [0] * len(blocks)
             for b, _ in where:
@@ -254,7 +258,7 @@ class ReaderPool:
                 self.counts["cache_hits"] += readers[shard].cached
         finally:
             self.evict()
-            if ahead is not None:
+            if ahead is not None and not early:
                 ahead.schedule_soon()
         return raws
 

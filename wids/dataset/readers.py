@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..errors import CorruptReadError
-from ..storage import Check, DescriptorPool, IOStats, Source, read_ranges, redact_url
+from ..storage import Check, DescriptorPool, IOStats, Source, Window, read_ranges, redact_url
 from ..tar import header_mismatch
 
 if TYPE_CHECKING:
@@ -307,6 +307,7 @@ def fetch_blocks(
     *,
     defer_local: bool = False,
     checks: Sequence[Check | None] | None = None,
+    window: Window | None = None,
 ) -> list[bytes | None]:
     """Read every block; those of remote shards go out concurrently.
 
@@ -319,6 +320,8 @@ def fetch_blocks(
             cache.
         checks: A check per block (or ``None``) for the reads of readers that verify
             (:func:`header_check`).
+        window: A lookahead's window of requests in flight: the remote blocks count in it
+            (direct reads: they go before its queued prefetches).
 
     Returns:
         The bytes of each block, in order (``None`` for deferred ones).
@@ -331,7 +334,7 @@ def fetch_blocks(
             remote.append(i)
         elif not defer_local:
             out[i] = reader.read_span(b.start, b.end, stats)
-    if len(remote) == 1:
+    if len(remote) == 1 and window is None:
         b = blocks[remote[0]]
         check = checks[remote[0]] if checks else None
         out[remote[0]] = readers[b.shard].read_span(b.start, b.end, stats, check)
@@ -344,6 +347,7 @@ def fetch_blocks(
                 raise RuntimeError("internal error: remote block without a source")
             reqs.append((src, b.start, b.end))
         remote_checks = [checks[i] for i in remote] if checks else None
-        for i, data in zip(remote, read_ranges(reqs, stats, checks=remote_checks), strict=True):
+        got = read_ranges(reqs, stats, checks=remote_checks, window=window, direct=True)
+        for i, data in zip(remote, got, strict=True):
             out[i] = data
     return out

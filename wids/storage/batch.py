@@ -9,6 +9,7 @@ as calls are queued, instead of a burst per call.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
@@ -30,8 +31,12 @@ def _nbytes(data: bytes) -> int:
 class Window:
     """At most ``size`` requests in flight at once, over any number of :func:`read_ranges` calls.
 
-    Requests wait their turn in the order they were issued (FIFO). Used from the event loop
-    the reads run on (fsspec's, one per process); ``peak`` is the most in flight at once.
+    Requests wait their turn in the order they were issued (FIFO), but a caller's *direct*
+    reads (``read_ranges(..., direct=True)``: the batch it waits for now) go before every
+    queued one: a lookahead's prefetches fill the places its batch's own reads leave, so the
+    window is full from the first batch on and never holds more than ``size``. Used from the
+    event loop the reads run on (fsspec's, one per process); ``peak`` is the most in flight
+    at once.
 
     Args:
         size: Requests in flight at most.
@@ -42,16 +47,65 @@ class Window:
             raise ValueError(f"size must be an int >= 1, not {size!r}")
         self.size = size
         self.in_flight = self.peak = 0
-        self._gate = asyncio.Semaphore(size)
+        self._first: deque[asyncio.Future[None]] = deque()  # direct reads waiting
+        self._queue: deque[asyncio.Future[None]] = deque()
 
     async def __aenter__(self) -> None:
-        await self._gate.acquire()
+        await self._enter(self._queue)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
+    def direct(self) -> _Direct:
+        """An ``async with`` place ahead of every queued request (a direct read)."""
+        return _Direct(self)
+
+    async def _enter(self, queue: deque[asyncio.Future[None]]) -> None:
+        if (
+            self.in_flight < self.size
+            and not self._first
+            and (queue is self._first or not self._queue)
+        ):
+            self._take()
+            return
+        turn = asyncio.get_running_loop().create_future()
+        queue.append(turn)
+        try:
+            await turn  # _release counted this request when it gave it the place
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # given a place, then cancelled
+                self._release()
+            raise
+
+    def _take(self) -> None:
         self.in_flight += 1
         self.peak = max(self.peak, self.in_flight)
 
-    async def __aexit__(self, *exc: object) -> None:
+    def _release(self) -> None:
         self.in_flight -= 1
-        self._gate.release()
+        while self.in_flight < self.size:
+            queue = self._first or self._queue
+            if not queue:
+                return
+            turn = queue.popleft()
+            if not turn.done():  # (a waiter cancelled meanwhile is skipped)
+                self._take()
+                turn.set_result(None)
+
+
+class _Direct:
+    """A place in a :class:`Window` ahead of its queued requests (see :meth:`Window.direct`)."""
+
+    __slots__ = ("window",)
+
+    def __init__(self, window: Window) -> None:
+        self.window = window
+
+    async def __aenter__(self) -> None:
+        await self.window._enter(self.window._first)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.window._release()
 
 
 def read_ranges(
@@ -60,6 +114,7 @@ def read_ranges(
     max_concurrency: int = 32,
     checks: Sequence[Check | None] | None = None,
     window: Window | None = None,
+    direct: bool = False,
 ) -> list[bytes]:
     """Read many byte ranges, concurrently where the filesystem is asynchronous.
 
@@ -68,7 +123,8 @@ def read_ranges(
     with ``os.pread``. ``checks`` (one per request, or ``None``) are passed to each remote
     read as :meth:`Source.read_range` describes. Without ``stats``, each range counts into its
     source's store. With a ``window``, the remote requests take their turns in it (shared with
-    other calls) instead of ``max_concurrency``.
+    other calls) instead of ``max_concurrency``; ``direct`` ones go before its queued requests
+    (:meth:`Window.direct`).
 
     Returns:
         One ``bytes`` per request, in order, each exactly ``end - start`` long.
@@ -96,7 +152,8 @@ def read_ranges(
     for fs, idxs in groups.values():
         if fs.async_impl:
             jobs = [(*requests[i], checks[i] if checks else None) for i in idxs]
-            results = fsspec.asyn.sync(fs.loop, _gather, jobs, stats, max_concurrency, window)
+            gate = window.direct() if window is not None and direct else window
+            results = fsspec.asyn.sync(fs.loop, _gather, jobs, stats, max_concurrency, gate)
             for i, data in zip(idxs, results, strict=True):
                 out[i] = data
         else:
@@ -110,7 +167,7 @@ async def _gather(
     jobs: list[tuple[Source, int, int, Check | None]],
     stats: IOStats | None,
     max_concurrency: int,
-    window: Window | None,
+    window: Window | _Direct | None,
 ) -> list[bytes]:
     # a gate only when there are more jobs than may be in flight: it costs per request
     gate: Any = window
