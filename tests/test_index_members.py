@@ -97,3 +97,11 @@ def test_spans_vectorised_match(tmp_path: Path) -> None:
     starts, ends = t.spans()
     assert np.array_equal(starts, [t.span(i)[0] for i in range(len(t))])
     assert np.array_equal(ends, [t.span(i)[1] for i in range(len(t))])
+
+
+def test_field_names_are_one_object_in_every_table():
+    """Tables of thousands of shards share their field names (warm when samples are built)."""
+    names = ["".join([".jp", "g"]) for _ in range(2)]  # equal, two objects (as two sidecars')
+    assert names[0] is not names[1]
+    a, b = (ShardMembers.from_samples([("k", [(name, 512, 1)])]) for name in names)
+    assert a.fields == b.fields == (".jpg",) and a.fields[0] is b.fields[0]

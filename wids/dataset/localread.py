@@ -10,8 +10,9 @@ batch of local samples, one ``pread`` per run of samples that follow each other 
 Anything unusual (a descriptor not open yet or dropped by the pool, a short read) goes through
 the shard's reader, which raises the right error.
 
-:class:`LocalShard` is a :class:`~wids.dataset.tables.MemberTable`: its samples are built by
-:meth:`~wids.dataset.tables.MemberTable.sample`, as every other read's.
+:class:`LocalShard` is a :class:`~wids.dataset.tables.MemberTable`: its batches' samples are
+built by :meth:`~wids.dataset.tables.MemberTable.sample`, as every other read's; ``ds[i]``'s
+(:meth:`LocalShard.read`) by an inlined copy of it, held to the same samples by a test.
 """
 
 from __future__ import annotations
@@ -110,14 +111,16 @@ class LocalShard(MemberTable):
     def read(self, index: int, j: int) -> dict[str, Any]:
         """Sample ``j`` of the shard (global index ``index``), as the dataset returns it raw.
 
-        The hot path of local random access: :meth:`pread` inlined.
+        The hot path of local random access: :meth:`pread` and
+        :meth:`~wids.dataset.tables.MemberTable.sample` inlined (a call each is ~5% of a
+        read; ``tests/test_dataset_localread.py`` holds the two to the same samples).
         """
         self.reads += 1
         ss, off, size = self.ss, self.off, self.size
         first = ss[j]
-        last = ss[j + 1] - 1
+        end = ss[j + 1]
         start = off[first]
-        n = off[last] + size[last] - start
+        n = off[end - 1] + size[end - 1] - start
         try:
             buf = self.descriptor.pread(n, start)
         except OSError:
@@ -132,7 +135,17 @@ class LocalShard(MemberTable):
             except BaseException:
                 self.failed += 1
                 raise
-        return self.sample(j, index, buf, start)
+        fields, fid, ko = self.fields, self.fid, self.ko
+        sample: dict[str, Any] = {}
+        for m in range(first, end):
+            a = off[m] - start
+            sample[fields[fid[m]]] = buf[a : a + size[m]]
+        sample["__key__"] = self.blob[ko[j] : ko[j + 1]].decode("utf-8", "surrogateescape")
+        sample["__index__"] = index
+        sample["__shard__"] = self.url
+        sample["__shardindex__"] = j
+        sample["__dataset__"] = self.dataset
+        return sample
 
 
 def read_local_batch(shards: dict[int, LocalShard], located: Located) -> list[dict[str, Any]]:

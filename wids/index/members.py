@@ -7,6 +7,7 @@ range request fetches. Every value is checked on construction, whatever backend 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -72,7 +73,9 @@ class ShardMembers:
         member_offset: np.ndarray,
         member_size: np.ndarray,
     ) -> None:
-        self.fields = tuple(fields)
+        # Interned: each name is then one object in every shard's table, warm in the cache
+        # and hashed once when samples are built from any of thousands of shards.
+        self.fields = tuple(sys.intern(f) if type(f) is str else f for f in fields)
         self.key_blob = key_blob
         self.key_offsets = _int64(key_offsets, "key offsets")
         self.sample_start = _int64(sample_start, "sample_start")
