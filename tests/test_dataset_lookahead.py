@@ -393,3 +393,31 @@ def test_the_first_batch_plans_and_prefetches_the_next_during_its_own_reads(
     assert [s["__index__"] for b in batches for s in b] == list(range(15))
     assert took < 1.6 * delay, took  # after the first batch, the next two took another delay
     assert peak <= 32  # the window: the first batch's reads and the prefetches together
+
+
+def test_a_resumed_forked_worker_prefetches_the_first_batch_it_resumes_with(remote):
+    ds = ShardListDataset(remote["index"], transformations=[])
+    sampler = DistributedChunkedSampler(
+        ds, num_replicas=2, rank=1, chunksize=10, seed=6, num_workers=2, batch_size=4
+    )
+    sampler.load_state_dict(sampler.state_dict(position=12))
+    expected = list(sampler._planned_order())
+    loader = DataLoader(
+        ds,
+        sampler=sampler,
+        batch_size=4,
+        num_workers=2,
+        multiprocessing_context="fork",
+        collate_fn=_first_hits,
+        worker_init_fn=_slow_start,
+        timeout=60,
+    )
+    seen, first = [], {}
+    for batch, hits, worker in loader:
+        first.setdefault(worker, hits)
+        for s in batch:
+            assert strip_meta(s) == remote["oracle"][s["__index__"]], s["__index__"]
+            seen.append(s["__index__"])
+    assert seen == expected and len(seen) == len(ds) // 2 - 12
+    assert first == {0: 1, 1: 1}  # read early: the resumed position's batches
+    ds.close()
