@@ -44,6 +44,26 @@ def test_locate_maps_global_indices_to_shard_and_sample(index):
         catalog.locate(1.0)
 
 
+@pytest.mark.parametrize(
+    "counts",
+    [[5, 5, 5], [5, 5, 2], [5, 5, 9], [4], [3, 0], [3, 5, 3], [0, 3, 3], [2, 0, 2, 2], [1] * 9],
+)
+def test_locate_agrees_with_the_cumulative_counts_for_any_shard_sizes(counts):
+    """Shards of one size but the last (as writers cut them) are found without a search."""
+    shards = [{"url": f"s{k}.tar", "nsamples": c} for k, c in enumerate(counts)]
+    catalog = Catalog(shards, LocalCache(None))
+    pairs = [(s, j) for s, c in enumerate(counts) for j in range(c)]
+    want = [(i, s, j) for i, (s, j) in enumerate(pairs)]
+    assert [catalog.locate(i) for i in range(sum(counts))] == want
+    loaded = catalog.load()
+    uniform = counts[0] > 0 and all(c == counts[0] for c in counts[:-1])
+    assert loaded.per_shard == (counts[0] if uniform else 0)
+    assert [loaded.locate(i) for i in range(sum(counts))] == [s for _, s, _ in want]
+    if uniform:  # no search: the cumulative counts are not read (before, a bisect of them)
+        loaded.cum_list = loaded.cum = None
+        assert [catalog.locate(i) for i in range(sum(counts))] == want
+
+
 def test_first_touch_is_per_process_and_forgotten_on_request(index):
     catalog = Catalog(index[0], LocalCache(None))
     members, data_end = catalog.members(1)

@@ -156,6 +156,10 @@ class Catalog:
             i += n
         if not 0 <= i < n:
             raise IndexError(f"index {index} out of range for a dataset of {n} samples")
+        per = loaded.per_shard  # shards of one size but the last: no search
+        if per:
+            shard = min(i // per, loaded.last)
+            return i, shard, i - shard * per
         cum = loaded.cum_list
         if cum is not None:
             shard = bisect.bisect_right(cum, i)
