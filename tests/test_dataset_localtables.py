@@ -80,3 +80,18 @@ def test_a_shard_changed_after_the_tables_were_parsed_is_refused_in_a_worker(loc
     with pytest.raises(IndexMismatchError):
         ds[NSAMPLES]
     ds.close()
+
+
+def test_a_worker_that_loads_the_index_itself_parses_only_what_it_reads(local) -> None:
+    """No description loaded before the fork (no ``len``): the worker loads it and parses one
+    table, not all (it forks nothing; spawned workers load it the same way)."""
+    from torch.utils.data import DataLoader
+
+    def tables(sample: dict) -> dict:
+        return {"key": sample["__key__"], "tables": len(ds._catalog._members)}
+
+    ds = ShardListDataset(str(local["index"]), transformations=[tables])
+    loader = DataLoader(ds, sampler=[1, 2], batch_size=None, num_workers=1)
+    got = list(loader)
+    assert [s["tables"] for s in got] == [1, 1] and not ds._catalog.loaded
+    ds.close()

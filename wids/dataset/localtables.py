@@ -7,13 +7,16 @@ is a local file and small (:data:`MAX_SHARDS` shards, :data:`MAX_SAMPLES` sample
 of a second at most), :func:`parse_local_tables` parses every table when the description loads
 (``len(ds)``, which a sampler calls before any worker exists), and forked workers inherit them.
 A table that cannot be read is left alone: the first read of its shard raises the error, as
-without this. The per-process first-touch checks of each shard (its size, mtime and a member
-header against the index) are unchanged: a shard changed since is still refused.
+without this. A DataLoader worker that loads the description itself (spawned, or forked before
+the main process loaded it) parses only the tables it needs, as before. The per-process
+first-touch checks of each shard (its size, mtime and a member header against the index) are
+unchanged: a shard changed since is still refused.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -41,6 +44,9 @@ def parse_local_tables(loaded: Description, keep: Callable[..., None]) -> None:
     """
     if loaded.indexed is None or len(loaded.infos) > MAX_SHARDS or loaded.total > MAX_SAMPLES:
         return
+    torch_data = sys.modules.get("torch.utils.data")  # not imported: no worker
+    if torch_data is not None and torch_data.get_worker_info() is not None:
+        return  # loaded in a DataLoader worker (spawned): it forks nothing, reads what it needs
     for shard in range(len(loaded.infos)):
         try:
             members = loaded.indexed(shard)
