@@ -421,3 +421,29 @@ def test_a_resumed_forked_worker_prefetches_the_first_batch_it_resumes_with(remo
     assert seen == expected and len(seen) == len(ds) // 2 - 12
     assert first == {0: 1, 1: 1}  # read early: the resumed position's batches
     ds.close()
+
+
+def _no_lookahead(batch):
+    """Collate: the batch, and whether this worker has no lookahead working or threads."""
+    info = get_worker_info()
+    threads = [t.name for t in threading.enumerate() if t.name.startswith("wids-lookahead")]
+    ahead = info.dataset._pool._lookahead
+    return batch, (ahead is None or not ahead.plan.ok) and not threads
+
+
+def test_forked_workers_over_local_shards_start_no_lookahead(local_index):
+    ds = ShardListDataset(local_index, transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=10, seed=1, num_workers=2, batch_size=5)
+    loader = DataLoader(
+        ds,
+        sampler=sampler,
+        batch_size=5,
+        num_workers=2,
+        multiprocessing_context="fork",
+        collate_fn=_no_lookahead,
+        worker_init_fn=_slow_start,
+        timeout=60,
+    )
+    got = list(loader)
+    assert [s["__index__"] for b, _ in got for s in b] == list(sampler._planned_order())
+    assert all(none for _, none in got)  # read in place: nothing started early either

@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from ..storage import is_local
 from .lookahead import start_lookahead
 from .prediction import PlannedBatches
 
@@ -129,7 +130,10 @@ def _start_early(ref: Callable[[], Any]) -> None:
         first = plan.begin(size) if size > 1 else None
         if not first:
             return
-        ahead = start_lookahead(pool, [pool.catalog.locate(first[0])], plan)
+        located = pool.catalog.locate(first[0])
+        if is_local(pool.catalog.load().infos[located[1]].url):
+            return  # local shards are read in place: nothing to read ahead
+        ahead = start_lookahead(pool, [located], plan)
         ahead.merge_gap = dataset.merge_gap
         # the first batch only (the others start once it is read), planned in the lookahead's
         # own thread: the first batch's observe waits for it, so one thread walks the plan
