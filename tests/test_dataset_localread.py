@@ -166,14 +166,19 @@ def test_ds_i_s_inlined_sample_is_the_tables(local):
 
 def test_ds_i_of_an_open_local_shard_is_four_python_calls(local):
     """The hot path's depth: ``__getitem__``, ``locate``, ``LocalShard.read``, the descriptor's
-    ``pread``; before, ``MemberTable.sample`` was a fifth (~5% of a read)."""
+    ``pread``; before, ``MemberTable.sample`` was a fifth (~5% of a read). Its ASCII key is a
+    slice of the table's keys as one str (was a ``bytes.decode`` a sample)."""
     ds = ShardListDataset(local["index"], transformations=[])
     ds[1], ds[3]  # opened and checked; its descriptor taken
     calls: list[str] = []
 
+    builtins: list[str] = []
+
     def profile(frame, event, arg):  # noqa: ANN001, ANN202 - sys.setprofile's signature
         if event == "call":
             calls.append(frame.f_code.co_name)
+        elif event == "c_call":
+            builtins.append(arg.__name__)
 
     sys.setprofile(profile)
     try:
@@ -182,6 +187,7 @@ def test_ds_i_of_an_open_local_shard_is_four_python_calls(local):
         sys.setprofile(None)
     assert sample["__index__"] == 2
     assert calls == ["__getitem__", "locate", "read", "pread"], calls
+    assert "pread" in builtins and "decode" not in builtins  # an ASCII key is a str slice
     ds.close()
 
 

@@ -140,7 +140,11 @@ class LocalShard(MemberTable):
         for m in range(first, end):
             a = off[m] - start
             sample[fields[fid[m]]] = buf[a : a + size[m]]
-        sample["__key__"] = self.blob[ko[j] : ko[j + 1]].decode("utf-8", "surrogateescape")
+        text = self.text
+        if text is not None:
+            sample["__key__"] = text[ko[j] : ko[j + 1]]
+        else:
+            sample["__key__"] = self.blob[ko[j] : ko[j + 1]].decode("utf-8", "surrogateescape")
         sample["__index__"] = index
         sample["__shard__"] = self.url
         sample["__shardindex__"] = j

@@ -34,13 +34,14 @@ class MemberTable:
     are decoded when their sample is read.
     """
 
-    __slots__ = ("blob", "dataset", "fields", "fid", "ko", "off", "size", "ss", "url")
+    __slots__ = ("blob", "dataset", "fields", "fid", "ko", "off", "size", "ss", "text", "url")
 
     def __init__(self, members: ShardMembers, url: str, dataset: str) -> None:
         self.url = url
         self.dataset = dataset
         self.fields = members.fields
         self.blob = members.key_blob
+        self.text = members.key_text  # ASCII keys as one str (a key is a slice), else None
         self.ko = _view(members.key_offsets)
         self.ss = _view(members.sample_start)
         self.fid = _view(members.member_field)
@@ -49,7 +50,9 @@ class MemberTable:
 
     def key(self, j: int) -> str:
         """The key of sample ``j``."""
-        ko = self.ko
+        ko, text = self.ko, self.text
+        if text is not None:
+            return text[ko[j] : ko[j + 1]]
         return self.blob[ko[j] : ko[j + 1]].decode("utf-8", "surrogateescape")
 
     def first_member(self, j: int) -> tuple[str, int]:
@@ -82,7 +85,11 @@ class MemberTable:
         for m in range(self.ss[j], self.ss[j + 1]):
             a = off[m] - base
             sample[fields[fid[m]]] = buf[a : a + size[m]]
-        sample["__key__"] = self.blob[ko[j] : ko[j + 1]].decode("utf-8", "surrogateescape")
+        text = self.text
+        if text is not None:
+            sample["__key__"] = text[ko[j] : ko[j + 1]]
+        else:
+            sample["__key__"] = self.blob[ko[j] : ko[j + 1]].decode("utf-8", "surrogateescape")
         sample["__index__"] = index
         sample["__shard__"] = self.url
         sample["__shardindex__"] = j

@@ -51,11 +51,14 @@ class ShardMembers:
     ``sample_start[i] .. sample_start[i + 1] - 1``; member ``j`` is field
     ``fields[member_field[j]]`` with data at ``member_offset[j]`` of ``member_size[j]`` bytes.
     Members of a sample are consecutive in the tar, so the sample's bytes are one span.
+    ``key_text`` is the keys as one ``str`` when they are ASCII (key ``i`` is
+    ``key_text[key_offsets[i]:key_offsets[i + 1]]``, no decode), else ``None``.
     """
 
     __slots__ = (
         "fields",
         "key_blob",
+        "key_text",
         "key_offsets",
         "member_field",
         "member_offset",
@@ -86,6 +89,8 @@ class ShardMembers:
         if problem:
             raise IndexFormatError(f"inconsistent member table: {problem}")
         self.member_field = field_ids.astype(np.uint16)
+        blob = self.key_blob  # ASCII keys (the usual) also as one str: a key is a slice of it
+        self.key_text = blob.decode("ascii") if blob.isascii() else None
 
     def _problem(self, field_ids: np.ndarray) -> str | None:
         """What is wrong with the arrays, or ``None``; every value an index can hold is checked.
@@ -253,7 +258,8 @@ class ShardMembers:
     def nbytes(self) -> int:
         """Memory held by the table's arrays and keys."""
         arrays = (self.key_offsets, self.sample_start, self.member_field)
-        return len(self.key_blob) + sum(a.nbytes for a in arrays) + 16 * self.nmembers
+        keys = len(self.key_blob) + len(self.key_text or "")
+        return keys + sum(a.nbytes for a in arrays) + 16 * self.nmembers
 
     def key(self, i: int) -> str:
         """The key of sample ``i``."""
@@ -263,8 +269,8 @@ class ShardMembers:
     def keys(self) -> list[str]:
         """All keys, in order (one decode of the whole blob when it is ASCII)."""
         bounds = self.key_offsets.tolist()
-        if self.key_blob.isascii():
-            text = self.key_blob.decode("ascii")
+        text = self.key_text
+        if text is not None:
             return [text[a:b] for a, b in zip(bounds, bounds[1:])]  # noqa: B905 - n+1 bounds
         return [self.key(i) for i in range(len(self))]
 
