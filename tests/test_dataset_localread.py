@@ -10,6 +10,7 @@ import fsspec
 import pytest
 from forked import in_fork
 from tar_oracle import dataset_samples, strip_meta
+from tarfixtures import make_samples, write_shard
 
 from wids import IndexMismatchError, ShardListDataset, ShortReadError, build_index
 from wids.dataset.localread import LOCAL_GAP
@@ -161,6 +162,46 @@ def test_ds_i_s_inlined_sample_is_the_tables(local):
         pair = ds.__getitems__([i, i + 1])  # adjacent: one pread, MemberTable.sample
         for got, want in zip([ds[i], ds[i + 1]], pair, strict=True):
             assert list(got.items()) == list(want.items())
+    ds.close()
+
+
+def _layouts(tmp_path):
+    """Shards of every layout ``LocalShard.read`` tells apart, and their samples by tarfile."""
+    shards = {
+        "one": make_samples(5, fields=(".jpg",)),
+        "two": make_samples(5, fields=(".cls", ".jpg"), prefix="日本/"),
+        "three": make_samples(5, fields=(".cls", ".jpg", ".json")),
+        "four": make_samples(5, fields=(".cls", ".jpg", ".json", ".txt")),
+        "mixed": make_samples(3, fields=(".jpg", ".cls")) + make_samples(3, start=3),
+        "order": make_samples(2, fields=(".cls", ".jpg"))
+        + make_samples(2, fields=(".jpg", ".cls"), start=2),
+    }
+    paths = [str(write_shard(tmp_path / f"{name}.tar", m)) for name, m in shards.items()]
+    index = str(tmp_path / "layouts.json")
+    build_index(paths, index)
+    return index, paths
+
+
+def test_ds_i_is_the_tables_sample_for_every_layout(tmp_path):
+    """One to four fields a sample, fields changing from sample to sample, keys not ASCII.
+
+    Shards whose samples all have the same 1-3 fields in order build their dict as one display
+    (``LocalShard.names``); the others field by field. Both must be ``MemberTable.sample``'s.
+    """
+    index, paths = _layouts(tmp_path)
+    ds = ShardListDataset(index, transformations=[])
+    n = len(ds)
+    got = [ds[i] for i in range(n)]
+    pairs = [s for i in range(0, n - 1, 2) for s in ds.__getitems__([i, i + 1])]
+    if n % 2:
+        pairs += ds.__getitems__([n - 2, n - 1])[1:]
+    assert [list(s.items()) for s in got] == [list(s.items()) for s in pairs]
+    names = [ds._pool.fast[s].names for s in range(len(paths))]
+    assert names == [(".jpg",), (".cls", ".jpg"), (".cls", ".jpg", ".json"), (), (), ()]
+    assert (
+        got[5]["__key__"] == "日本/000000"
+        and got[5][".jpg"] == make_samples(1, fields=(".cls", ".jpg"), prefix="日本/")[1][1]
+    )
     ds.close()
 
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from ..storage import DescriptorPool, is_local
 from .tables import MemberTable
 
@@ -59,9 +61,20 @@ class LocalShard(MemberTable):
             samples returned but for the ``failed`` ones; the pool adds them to its counts
             (one slot increment a read instead of two of the pool's dict).
         failed: Reads that raised.
+        names: When every sample has the same one to three fields in the same order (the
+            usual shard): their names, in order; else ``()``.
     """
 
-    __slots__ = ("descriptor", "descriptors", "failed", "path", "reader", "reads", "stats")
+    __slots__ = (
+        "descriptor",
+        "descriptors",
+        "failed",
+        "names",
+        "path",
+        "reader",
+        "reads",
+        "stats",
+    )
 
     def __init__(
         self,
@@ -78,6 +91,7 @@ class LocalShard(MemberTable):
         # dataset before every read: no getpid() here
         self.descriptors = reader.descriptors
         self.descriptor = DescriptorPool.GONE  # opened by the first read
+        self.names = _uniform_names(members)
         self.stats = stats
         self.reads = self.failed = 0
 
@@ -113,12 +127,18 @@ class LocalShard(MemberTable):
 
         The hot path of local random access: :meth:`pread` and
         :meth:`~wids.dataset.tables.MemberTable.sample` inlined (a call each is ~5% of a
-        read; ``tests/test_dataset_localread.py`` holds the two to the same samples).
+        read; ``tests/test_dataset_localread.py`` holds the two to the same samples). When
+        every sample has the same one to three fields in the same order (:attr:`names`), the
+        dict is one display: no loop, no look-up of a member's field, no resize (~5% more).
         """
         self.reads += 1
-        ss, off, size = self.ss, self.off, self.size
-        first = ss[j]
-        end = ss[j + 1]
+        off, size, names = self.off, self.size, self.names
+        if names:
+            first = j * len(names)
+            end = first + len(names)
+        else:
+            first = self.ss[j]
+            end = self.ss[j + 1]
         start = off[first]
         n = off[end - 1] + size[end - 1] - start
         try:
@@ -135,21 +155,62 @@ class LocalShard(MemberTable):
             except BaseException:
                 self.failed += 1
                 raise
-        fields, fid, ko = self.fields, self.fid, self.ko
+        ko, text = self.ko, self.text
+        if text is not None:
+            key = text[ko[j] : ko[j + 1]]
+        else:
+            key = self.blob[ko[j] : ko[j + 1]].decode("utf-8", "surrogateescape")
+        if len(names) == 3:  # the first member's data starts the span
+            b, c = off[first + 1] - start, off[first + 2] - start
+            return {
+                names[0]: buf[: size[first]],
+                names[1]: buf[b : b + size[first + 1]],
+                names[2]: buf[c : c + size[first + 2]],
+                "__key__": key,
+                "__index__": index,
+                "__shard__": self.url,
+                "__shardindex__": j,
+                "__dataset__": self.dataset,
+            }
+        if len(names) == 2:
+            b = off[first + 1] - start
+            return {
+                names[0]: buf[: size[first]],
+                names[1]: buf[b : b + size[first + 1]],
+                "__key__": key,
+                "__index__": index,
+                "__shard__": self.url,
+                "__shardindex__": j,
+                "__dataset__": self.dataset,
+            }
+        fields, fid = self.fields, self.fid
         sample: dict[str, Any] = {}
         for m in range(first, end):
             a = off[m] - start
             sample[fields[fid[m]]] = buf[a : a + size[m]]
-        text = self.text
-        if text is not None:
-            sample["__key__"] = text[ko[j] : ko[j + 1]]
-        else:
-            sample["__key__"] = self.blob[ko[j] : ko[j + 1]].decode("utf-8", "surrogateescape")
+        sample["__key__"] = key
         sample["__index__"] = index
         sample["__shard__"] = self.url
         sample["__shardindex__"] = j
         sample["__dataset__"] = self.dataset
         return sample
+
+
+def _uniform_names(members: ShardMembers) -> tuple[str, ...]:
+    """The fields of every sample, in order, if all samples have the same 1-3; else ``()``.
+
+    Sample ``j``'s members are then ``k * j .. k * j + k - 1`` (``k`` the count).
+    """
+    starts, fid = members.sample_start, members.member_field
+    k = int(starts[1]) if len(starts) > 1 else 0
+    if not 1 <= k <= 3 or len(fid) != k * (len(starts) - 1):
+        return ()
+    if not (np.array_equal(np.diff(starts), np.full(len(starts) - 1, k))):
+        return ()
+    if not bool(np.all(fid.reshape(-1, k) == fid[:k])):
+        return ()
+    names = tuple(members.fields[f] for f in fid[:k].tolist())
+    return names if len(set(names)) == k else ()  # a field twice: the loop keeps the last
 
 
 def read_local_batch(shards: dict[int, LocalShard], located: Located) -> list[dict[str, Any]]:
