@@ -248,24 +248,10 @@ async def http_range(pin: Pinned, target: HttpTarget, start: int, end: int) -> b
             raise changed(pin.url, f"HTTP 412 for If-Match {condition}")
         if resp.status == 404:
             raise FileNotFoundError(path)
-        if pin.answer_check is not None and resp.status in (200, 206, 416):
-            h = resp.headers
-            size = _total(h.get("Content-Range"))
-            if resp.status == 200 and h.get("Content-Length", "").isdigit():
-                size = int(h["Content-Length"])  # the whole file
-            meta = {"ETag": h.get("ETag"), "Last-Modified": h.get("Last-Modified")}
-            await _answered(pin, fs, path, size, meta)
+        await _first_answer(pin, fs, path, resp.status, resp.headers)
         resp.raise_for_status()
         data = await read_bounded(resp, pin.url, start, end)
-        if resp.status == 200 and start > 0 and len(data) == end - start:
-            raise CorruptReadError(
-                f"asked for bytes {start}-{end} and got a whole file (HTTP 200) of that length",
-                shard=redact_url(pin.url),
-            )
-        check_length(pin.url, data, start, end)  # a short answer is a short read
-        content_range = resp.headers.get("Content-Range") if resp.status == 206 else None
-        check_answer(pin, start, end, content_range, resp.headers.get("ETag"))
-    return data
+        return _checked(pin, resp.status, resp.headers, data, start, end)
 
 
 async def http1_range(
@@ -293,24 +279,41 @@ async def http1_range(
         raise changed(pin.url, f"HTTP 412 for If-Match {condition}")
     if status == 404:
         raise FileNotFoundError(redact_url(pin.url))
-    if pin.answer_check is not None and status in (200, 206, 416):
-        h = answer.headers
-        size = _total(h.get("content-range"))
-        if status == 200 and h.get("content-length", "").isdigit():
-            size = int(h["content-length"])  # the whole file
-        meta = {"ETag": h.get("etag"), "Last-Modified": h.get("last-modified")}
-        await _answered(pin, fs, path, size, meta)
+    await _first_answer(pin, fs, path, status, answer.headers)
     if status >= 400:
         raise HttpStatusError(status, "")
-    data = answer.body
+    return _checked(pin, status, answer.headers, answer.body, start, end)
+
+
+async def _first_answer(
+    pin: Pinned, fs: Any, path: str, status: int, headers: Mapping[str, str]
+) -> None:
+    """A shard's first answer in a process: what it says of the file's size and etag, checked.
+
+    ``headers`` are looked up by lower-case names (aiohttp's are case-insensitive, the plain
+    client's lower-cased).
+    """
+    if pin.answer_check is None or status not in (200, 206, 416):
+        return
+    size = _total(headers.get("content-range"))
+    if status == 200 and headers.get("content-length", "").isdigit():
+        size = int(headers["content-length"])  # the whole file
+    meta = {"ETag": headers.get("etag"), "Last-Modified": headers.get("last-modified")}
+    await _answered(pin, fs, path, size, meta)
+
+
+def _checked(
+    pin: Pinned, status: int, headers: Mapping[str, str], data: bytes, start: int, end: int
+) -> bytes:
+    """A range answer's body, checked: not a whole file, not short, the range and etag asked."""
     if status == 200 and start > 0 and len(data) == end - start:
         raise CorruptReadError(
             f"asked for bytes {start}-{end} and got a whole file (HTTP 200) of that length",
             shard=redact_url(pin.url),
         )
     check_length(pin.url, data, start, end)  # a short answer is a short read
-    content_range = answer.headers.get("content-range") if status == 206 else None
-    check_answer(pin, start, end, content_range, answer.headers.get("etag"))
+    content_range = headers.get("content-range") if status == 206 else None
+    check_answer(pin, start, end, content_range, headers.get("etag"))
     return data
 
 
