@@ -85,6 +85,12 @@ def _sub(old: bytes, new: bytes, count: int = 1) -> Callable[[bytes], bytes]:
     return edit
 
 
+def _utf16_head(data: bytes) -> bytes:
+    """The head re-encoded as UTF-16 (json.loads would guess it), the tail left ASCII."""
+    k = data.find(b',"keys":[')
+    return data[:k].decode().encode("utf-16-be") + b"\x00" + data[k:]
+
+
 @pytest.mark.parametrize(
     "edit",
     [
@@ -130,6 +136,7 @@ def _sub(old: bytes, new: bytes, count: int = 1) -> Callable[[bytes], bytes]:
         pytest.param(_sub(b'"member_field":[', b'"member_fields":['), id="renamed"),
         pytest.param(_sub(b'"version":1', b'"version":2'), id="version"),
         pytest.param(_sub(b'"size":', b'"size":1024,"x":'), id="stale-size"),
+        pytest.param(_utf16_head, id="utf16-head-ascii-tail"),
     ],
 )
 def test_an_edited_sidecar_reads_as_json_loads_reads_it(

@@ -59,7 +59,9 @@ def parse_sidecar(data: bytes) -> tuple[dict[str, Any], bytes, np.ndarray, list[
         return None
     try:
         # Valid only if the marker is at the top level of the object (a '}' closes it).
-        head = json.loads(data[:k] + b"}")
+        # Decoded as UTF-8 here: json.loads would guess another encoding from a head's first
+        # bytes (UTF-16, say) that the whole file, with its ASCII tail, is not valid in.
+        head = json.loads(data[:k].decode("utf-8") + "}")
     except (ValueError, RecursionError):
         return None
     if not isinstance(head, dict) or "keys" in head or any(c in head for c in COLUMNS):
