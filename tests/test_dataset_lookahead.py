@@ -286,9 +286,10 @@ def test_forked_workers_inherit_the_tables_the_plan_starts_with(http_server, rem
     len(ds)
     http_server.reset_counts()
     sampler = cls(ds, chunksize=10, seed=1, num_workers=2, batch_size=8)
-    # the plan's first shards (here every shard): one request each, in the main process
-    assert _sidecar_requests(http_server, remote_index) == [1] * NS
+    assert _sidecar_requests(http_server, remote_index) == [0] * NS  # no I/O in its constructor
     seen, _ = _epoch(ds, sampler, "fork", oracle)
+    # the plan's first shards (here every shard): one request each, in the main process
+    assert set(ds._catalog._members) == set(range(NS))
     assert seen == list(sampler._planned_order()) and seen
     # no worker asked for a table again: they inherited them, parsed
     assert _sidecar_requests(http_server, remote_index) == [1] * NS
@@ -307,6 +308,7 @@ def test_spawned_workers_and_a_replaced_shard_after_tables_were_fetched(
     name = f"la-ri/{os.path.basename(remote_index['paths'][0])}"
     ds = ShardListDataset(remote_index["index"], transformations=[])
     sampler = ChunkedSampler(ds, chunksize=NSAMPLES, shuffle=False, num_workers=2, batch_size=5)
+    _epoch(ds, sampler, "fork", oracle, batch_size=5)  # fetched before its workers were forked
     assert 0 in ds._catalog._members
     http_server.put(remote_index["paths"][1], name)  # other bytes, another etag
     try:
@@ -447,3 +449,137 @@ def test_forked_workers_over_local_shards_start_no_lookahead(local_index):
     got = list(loader)
     assert [s["__index__"] for b, _ in got for s in b] == list(sampler._planned_order())
     assert all(none for _, none in got)  # read in place: nothing started early either
+
+
+# -- the early start: one lookahead per worker, tables of the iteration's own start -------------
+
+
+def _threads_at_first_batch(batch):
+    """Collate: the batch, the worker's id, and the wids threads alive in the worker."""
+    names = sorted(t.name.rsplit("_", 1)[0] for t in threading.enumerate())
+    return batch, get_worker_info().id, [n for n in names if n.startswith("wids-lookahead")]
+
+
+def test_an_early_worker_start_and_its_first_batch_build_one_lookahead(remote, monkeypatch):
+    """The worker's first batch and its early thread both notice the fork at once (the
+    DataLoader queues the first batch before the worker starts): one of them resets the
+    dataset's per-process state, and one lookahead is built, none left running unowned."""
+    import time
+
+    import wids.dataset.lookahead as lookahead_module
+    import wids.dataset.pool as pool_module
+
+    made = []  # in each forked worker: its resets and lookaheads (inherited, then its own)
+    reset, init = pool_module.ReaderPool.reset_process, lookahead_module.Lookahead.__init__
+
+    def slow_reset(self):
+        made.append(("reset", os.getpid()))
+        time.sleep(0.02)  # widens the window in which the other thread checks too
+        reset(self)
+
+    def counted_init(self, *args, **kwargs):
+        made.append(("lookahead", os.getpid()))
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(pool_module.ReaderPool, "reset_process", slow_reset)
+    monkeypatch.setattr(lookahead_module.Lookahead, "__init__", counted_init)
+
+    def collate(batch):
+        pid = os.getpid()
+        counts = [
+            sum(1 for k, p in made if k == kind and p == pid) for kind in ("reset", "lookahead")
+        ]
+        return (*_threads_at_first_batch(batch), counts)
+
+    ds = ShardListDataset(remote["index"], transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=10, seed=4, num_workers=2, batch_size=8)
+    starts = []
+    for epoch in range(4):
+        sampler.set_epoch(epoch)
+        loader = DataLoader(
+            ds,
+            sampler=sampler,
+            batch_size=8,
+            num_workers=2,
+            multiprocessing_context="fork",
+            collate_fn=collate,
+            timeout=60,
+        )
+        first = {}
+        seen = []
+        for batch, worker, threads, counts in loader:
+            first.setdefault(worker, (threads, counts))
+            for s in batch:
+                assert strip_meta(s) == remote["oracle"][s["__index__"]], s["__index__"]
+                seen.append(s["__index__"])
+        assert seen == list(sampler._planned_order())
+        starts += first.values()
+    assert len(starts) == 8
+    for threads, counts in starts:
+        assert counts == [1, 1], starts  # one reset, one lookahead per worker
+        assert threads.count("wids-lookahead-plan") <= 1, starts  # no orphaned planner
+    ds.close()
+
+
+@pytest.fixture(scope="module")
+def many_tables(http_server, tmp_path_factory):
+    """64 shards of 20 samples, index and sidecars on nginx: more than a start fetches."""
+    d = tmp_path_factory.mktemp("la-many")
+    paths = write_dataset(str(d), shards=64, samples_per_shard=20, real_images=False)
+    build_index(paths, str(d / "train.json"), name="train")
+    for root, _, files in os.walk(d):
+        for f in files:
+            http_server.put(
+                os.path.join(root, f), f"la-many/{os.path.relpath(os.path.join(root, f), d)}"
+            )
+    return http_server.url("la-many/train.json")
+
+
+def test_tables_fetched_before_the_fork_follow_the_sampler_state_of_each_iteration(
+    http_server, many_tables
+):
+    ds = ShardListDataset(many_tables, transformations=[])
+    len(ds)
+    sampler = ChunkedSampler(ds, chunksize=20, seed=1, num_workers=2, batch_size=8)
+    assert not ds._catalog._members  # no I/O in the sampler's constructor
+    sampler.set_epoch(5)
+    sampler.load_state_dict(sampler.state_dict(position=700))  # a resumed run
+    for epoch in (5, 6):
+        if epoch == 6:
+            sampler.set_epoch(6)  # the next epoch: its own first tables
+        first = list(sampler._planned_order())[: 2 * 2 * 8]  # two rounds of two workers
+        need = {ds._catalog.locate(i)[1] for i in first}
+        loader = DataLoader(
+            ds, sampler=sampler, batch_size=8, num_workers=2, multiprocessing_context="fork"
+        )
+        it = iter(loader)  # forks the workers
+        assert need <= set(ds._catalog._members), (epoch, sorted(need))
+        batch = next(it)
+        assert batch["__index__"].tolist() == first[:8]
+        del it
+    ds.close()
+
+
+def test_a_loader_over_another_sampler_reads_nothing_early(remote):
+    """A sampler built on the dataset but not given to the loader: its plan is never asked
+    for, so no worker starts reading its predicted first batch (nor tables are fetched)."""
+    ds = ShardListDataset(remote["index"], transformations=[])
+    ChunkedSampler(ds, chunksize=10, seed=4, num_workers=2, batch_size=8)  # unused
+    loader = DataLoader(
+        ds,
+        batch_size=8,
+        num_workers=2,
+        multiprocessing_context="fork",
+        collate_fn=_threads_at_first_batch,
+        worker_init_fn=_slow_start,
+        timeout=60,
+    )
+    first = {}
+    seen = []
+    for batch, worker, threads in loader:
+        first.setdefault(worker, threads)
+        seen += [s["__index__"] for s in batch]
+    assert seen == list(range(len(ds)))
+    for threads in first.values():  # no early thread, no prefetch threads: nothing predicted
+        assert "wids-lookahead-early" not in threads and "wids-lookahead" not in threads, first
+    ds.close()

@@ -250,10 +250,15 @@ class ShardListDataset(_DatasetBase[T_co]):
     # -- per-process state --------------------------------------------------------------------
 
     def _check_process(self) -> None:
-        if self._made != forks.generation:  # forked: the parent's readers are not ours
-            self._catalog.reset_process()
-            self._pool.reset_process()
-            self._made = forks.stamp()
+        if self._made == forks.generation:
+            return
+        # forked: the parent's readers are not ours. One thread resets: a worker's early
+        # lookahead (wids.dataset.warmstart) checks beside the worker's first batch
+        with forks.lock:
+            if self._made != forks.generation:
+                self._catalog.reset_process()
+                self._pool.reset_process()
+                self._made = forks.stamp()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

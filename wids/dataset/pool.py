@@ -38,7 +38,7 @@ from .readers import (
 )
 from .stats import DatasetStats
 from .tables import MemberTable
-from .warmstart import fetch_first_tables, watch_forks
+from .warmstart import watch_forks
 
 if TYPE_CHECKING:
     from ..cache import Promoter
@@ -82,10 +82,9 @@ class ReaderPool:
     def attach_plan(self, sampler: Any) -> None:
         """Keep the sampler whose order the lookahead predicts (the last one built wins).
 
-        The member tables its order starts with are fetched now, before workers fork.
+        A DataLoader over it that forks workers starts early (:mod:`.warmstart`).
         """
         self.plan = sampler
-        fetch_first_tables(self.catalog, sampler)
         watch_forks(self)
 
     def reset_process(self) -> None:

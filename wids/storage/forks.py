@@ -25,12 +25,18 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Any
 
-__all__ = ["generation", "stamp"]
+__all__ = ["generation", "lock", "stamp"]
 
 generation = 0
 """Raised by one in every child forked since the first :func:`stamp` (read it, never set it)."""
+
+lock = threading.Lock()
+"""This process's lock for an object's check-and-reset after a fork (two threads of a child may
+both notice it): a new one in every forked child, as one held by a parent's thread at the fork
+would never be released there. Read it as ``forks.lock`` when used, never import the name."""
 
 _registered = False
 """Whether the fork handler is registered (two threads racing may register it twice: then a
@@ -74,8 +80,10 @@ def _retire_parent_loop() -> None:
     """In a forked child: the parent's fsspec loop runs nowhere here, so mark it closed.
 
     Never ``loop.close()``: that unregisters the loop's own sockets from the shared epoll.
+    Also gives the child its own :data:`lock` (before any other handler starts a thread).
     """
-    global _parent_loop
+    global _parent_loop, lock
+    lock = threading.Lock()
     loop, _parent_loop = _parent_loop, None
     if loop is not None and hasattr(loop, "_closed") and hasattr(loop, "_thread_id"):
         loop._thread_id = None  # not running: fsspec closes a session's connector directly
