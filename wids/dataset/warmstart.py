@@ -177,8 +177,9 @@ def _start_early(ref: Callable[[], Any]) -> None:
     """In a forked worker: start the lookahead on the predicted first batch, unless it exists.
 
     torch sets the worker's info before it calls the loader's ``worker_init_fn``, so this
-    runs beside that function (torch tells no end of it): it reads the dataset as the parent
-    left it (settings changed there apply from the worker's first batch on).
+    runs beside that function (torch tells no end of it): the early reads use the dataset as
+    the parent forked it, whatever that function changes meanwhile (a ``worker_init_fn`` that
+    changes how shards are read should build the sampler after it, or use spawned workers).
     """
     from torch.utils.data import get_worker_info
 
