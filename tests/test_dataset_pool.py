@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import warnings
@@ -123,6 +124,7 @@ def _open_paths() -> set[str]:
 
 
 def test_local_shards_stay_open_beyond_lru_size(local):
+    gc.collect()  # earlier tests' datasets, until collected, hold these files open too
     ds = ShardListDataset(local["index"], transformations=[], lru_size=1)
     for _ in range(3):
         for i in range(0, len(ds), NSAMPLES):  # every shard in turn: each an LRU miss before
