@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import random
@@ -62,6 +63,23 @@ def test_reads_and_bound(files):
     assert not set(files) & set(_open_paths())
     assert pool.pread(files[3], 1, 0) == b"\x03"  # usable after close
     pool.close()
+
+
+def test_a_pool_let_go_closes_its_files_at_once(files):
+    """No reference cycle keeps a dropped pool (and a dataset's files) open until a GC pass."""
+    pool = DescriptorPool(8)
+    kept = pool.descriptor(files[0])  # a hot path's kept descriptor does not hold the pool
+    for p in files[:8]:
+        pool.pread(p, 1, 0)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del pool
+        assert not set(files) & set(_open_paths())
+    finally:
+        if enabled:
+            gc.enable()
+    assert kept.pread(1, 0) == b""  # dropped with its pool
 
 
 def test_bad_arguments_and_missing_files(files, tmp_path):

@@ -59,10 +59,10 @@ class Descriptor:
         dropped: The pool let go of it: reads return ``b""`` (closed when no read is using it).
     """
 
-    __slots__ = ("closed", "dropped", "fd", "path", "pool", "readers", "used")
+    __slots__ = ("closed", "dropped", "fd", "lock", "path", "readers", "used")
 
-    def __init__(self, pool: DescriptorPool, path: str, fd: int) -> None:
-        self.pool = pool
+    def __init__(self, lock: threading.Lock, path: str, fd: int) -> None:
+        self.lock = lock  # the pool's (not the pool: a dropped pool closes its files at once)
         self.path = path
         self.fd = fd
         self.readers: list[None] = []  # one item per read in progress (append/pop: atomic)
@@ -86,10 +86,17 @@ class Descriptor:
         finally:
             readers.pop()
             if self.dropped and not self.closed:
-                self.pool._release(self)
+                self.release()
+
+    def release(self) -> None:
+        """Close it if dropped and no read is using it (once)."""
+        with self.lock:
+            if self.dropped and not self.readers and not self.closed:
+                self.closed = True
+                _close(self.fd)
 
 
-_GONE = Descriptor(None, "", -1)  # type: ignore[arg-type]  # never read: dropped
+_GONE = Descriptor(threading.Lock(), "", -1)  # never read: dropped
 _GONE.dropped = _GONE.closed = True
 
 
@@ -193,14 +200,7 @@ class DescriptorPool:
         finally:
             d.readers.pop()
             if d.dropped:
-                self._release(d)
-
-    def _release(self, d: Descriptor) -> None:
-        """Close a dropped descriptor if no read is using it (once)."""
-        with self._lock:
-            if d.dropped and not d.readers and not d.closed:
-                d.closed = True
-                _close(d.fd)
+                d.release()
 
     def _open(self, path: str) -> Descriptor:
         """Open ``path`` into the pool, making room first (the caller holds the lock)."""
@@ -213,7 +213,7 @@ class DescriptorPool:
                 raise
             self._trim(len(self._fds) // 2)  # out of descriptors: give back half of ours
             fd = os.open(path, flags)
-        d = self._fds[path] = Descriptor(self, path, fd)
+        d = self._fds[path] = Descriptor(self._lock, path, fd)
         return d
 
     def _trim(self, keep: int, second_chance: bool = True) -> None:
