@@ -105,3 +105,16 @@ def test_field_names_are_one_object_in_every_table():
     assert names[0] is not names[1]
     a, b = (ShardMembers.from_samples([("k", [(name, 512, 1)])]) for name in names)
     assert a.fields == b.fields == (".jpg",) and a.fields[0] is b.fields[0]
+
+
+def test_shared_field_names_are_bounded():
+    """A hostile index's field names are not all kept for the life of the process."""
+    from wids.index import members
+
+    before = len(members._SHARED_NAMES)
+    long = "." + "x" * 100
+    t = ShardMembers.from_samples([("k", [(long, 512, 1)])])
+    assert t.fields == (long,) and long not in members._SHARED_NAMES  # too long to keep
+    for n in range(members._SHARED_MAX + 50):
+        ShardMembers.from_samples([("k", [(f".f{n}", 512, 1)])])
+    assert before <= len(members._SHARED_NAMES) <= members._SHARED_MAX

@@ -17,6 +17,11 @@ everything read early passes the same checks as any read.
 
 from __future__ import annotations
 
+# Imported here, before this module registers its at-fork hook: before-fork hooks run last
+# registered first, and the tables are fetched in one with a thread pool, whose module's own
+# before-fork hook takes the lock that submitting a task needs. Registered after ours, it
+# would hold that lock while ours submits, and the fork would hang.
+import concurrent.futures.thread  # noqa: F401
 import functools
 import itertools
 import logging

@@ -7,7 +7,6 @@ range request fetches. Every value is checked on construction, whatever backend 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,6 +15,24 @@ import numpy as np
 from ..errors import IndexFormatError
 
 __all__ = ["BLOCK", "MAX_FIELDS", "MAX_OFFSET", "ShardMembers"]
+
+_SHARED_NAMES: dict[str, str] = {}
+"""Field names shared by every table of the process; bounded (not ``sys.intern``, whose
+strings are never freed on some Python versions: a hostile index must not grow memory)."""
+_SHARED_MAX, _SHARED_MAX_LEN = 4096, 64
+
+
+def _shared(name: Any) -> Any:
+    """The process's one copy of a field name (or the name itself, past the bounds)."""
+    if type(name) is not str:
+        return name
+    got = _SHARED_NAMES.get(name)
+    if got is not None:
+        return got
+    if len(name) <= _SHARED_MAX_LEN and len(_SHARED_NAMES) < _SHARED_MAX:
+        return _SHARED_NAMES.setdefault(name, name)
+    return name
+
 
 BLOCK = 512
 """A tar header's size: the least space before each member's data."""
@@ -76,9 +93,9 @@ class ShardMembers:
         member_offset: np.ndarray,
         member_size: np.ndarray,
     ) -> None:
-        # Interned: each name is then one object in every shard's table, warm in the cache
+        # Shared: each name is then one object in every shard's table, warm in the cache
         # and hashed once when samples are built from any of thousands of shards.
-        self.fields = tuple(sys.intern(f) if type(f) is str else f for f in fields)
+        self.fields = tuple(_shared(f) for f in fields)
         self.key_blob = key_blob
         self.key_offsets = _int64(key_offsets, "key offsets")
         self.sample_start = _int64(sample_start, "sample_start")
