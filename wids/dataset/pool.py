@@ -226,9 +226,10 @@ class ReaderPool:
         self.catalog.prefetch_members(shard for _, shard, _ in located)
         ahead = self._ahead(located, merge_gap)
         prefetched = ahead.observe([i for i, _, _ in located]) if ahead is not None else None
-        window, early = (ahead.window, not prefetched) if ahead is not None else (None, False)
-        if early:  # nothing prefetched (the first batch): plan the next ones during its reads,
-            ahead.schedule_soon()  # type: ignore[union-attr]  # which count in the window
+        window = ahead.window if ahead is not None else None
+        early = ahead is not None and not prefetched
+        if ahead is not None and early:  # nothing prefetched (the first batch): plan the next
+            ahead.schedule_soon()  # ones during its reads, which count in the window
         readers, tables, spans, blocks, where, checks = plan_reads(self, located, merge_gap)
         raws = []
         try:  # readers stay open until every block is read: evict only afterwards

@@ -80,16 +80,12 @@ class MemberTable:
             The fields (keys with the leading dot) and ``__key__``, ``__index__``,
             ``__shard__``, ``__shardindex__``, ``__dataset__``.
         """
-        fields, fid, off, size, ko = self.fields, self.fid, self.off, self.size, self.ko
+        fields, fid, off, size = self.fields, self.fid, self.off, self.size
         sample: dict[str, Any] = {}
         for m in range(self.ss[j], self.ss[j + 1]):
             a = off[m] - base
             sample[fields[fid[m]]] = buf[a : a + size[m]]
-        text = self.text
-        if text is not None:
-            sample["__key__"] = text[ko[j] : ko[j + 1]]
-        else:
-            sample["__key__"] = self.blob[ko[j] : ko[j + 1]].decode("utf-8", "surrogateescape")
+        sample["__key__"] = self.key(j)
         sample["__index__"] = index
         sample["__shard__"] = self.url
         sample["__shardindex__"] = j
