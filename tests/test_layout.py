@@ -1,4 +1,4 @@
-"""The package's shape: no import cycles, small modules, a shallow import graph.
+"""The package's shape: no import cycles, modules of one concern, a shallow import graph.
 
 Imports are read with ``ast`` from every module of ``wids/``, counting imports inside functions
 and under ``TYPE_CHECKING`` too: a lazy import is still a dependency, and a cycle means one
@@ -17,12 +17,18 @@ from functools import cache
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "wids"
-MAX_LINES = 420
+# Module size is a guideline, not a cap: a class owns its helpers in one module (house style:
+# never split one concept over several modules taking ``pool: Any`` to meet a number). Past
+# ``SOFT_LINES`` a module usually holds two concerns; one that holds one concept may stay
+# bigger if it is named in ``ONE_CONCEPT`` with the reason. ``HARD_LINES`` is the limit for all.
+SOFT_LINES = 600
+HARD_LINES = 900
 MAX_DEPTH = 10
 
-# Left to split or untangle; each entry must disappear, never be added to.
+# Left to untangle; each entry must disappear, never be added to.
 KNOWN_CYCLES: set[frozenset[str]] = set()
-OVERSIZE: set[str] = set()
+# Modules past SOFT_LINES that hold one concept (module -> why it is one).
+ONE_CONCEPT: dict[str, str] = {}
 KNOWN_REEXPORTS: set[str] = set()
 
 
@@ -99,14 +105,17 @@ def test_no_import_cycles() -> None:
     assert not gone, f"remove from KNOWN_CYCLES, they are gone: {gone}"
 
 
-def test_modules_are_small() -> None:
-    big = {
-        m: n for m, p in _modules().items() if (n := len(p.read_text().splitlines())) > MAX_LINES
-    }
-    new = {m: n for m, n in big.items() if m not in OVERSIZE}
-    assert not new, f"modules over {MAX_LINES} lines: {new}"
-    gone = OVERSIZE - set(big)
-    assert not gone, f"remove from OVERSIZE, they are small now: {gone}"
+def test_modules_hold_one_concern() -> None:
+    sizes = {m: len(p.read_text().splitlines()) for m, p in _modules().items()}
+    huge = {m: n for m, n in sizes.items() if n > HARD_LINES}
+    assert not huge, f"modules over {HARD_LINES} lines: split them by concern: {huge}"
+    big = {m: n for m, n in sizes.items() if n > SOFT_LINES and m not in ONE_CONCEPT}
+    assert not big, (
+        f"modules over {SOFT_LINES} lines: {big}; split one that holds two concerns, or name "
+        "it in ONE_CONCEPT with the reason it is one"
+    )
+    gone = {m for m in ONE_CONCEPT if sizes.get(m, 0) <= SOFT_LINES}
+    assert not gone, f"remove from ONE_CONCEPT, they are small now: {gone}"
 
 
 def _part(module: str) -> str:
