@@ -320,3 +320,61 @@ def test_webdataset_reads_every_shard_the_same(tmp_path):
     ]
     expected = [{k.removeprefix("."): v for k, v in s.items()} for s in expected]
     assert webdataset_read(w.written) == expected
+
+
+# -- an existing index (issue 21, item 2) -------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".json", ".sqlite"])
+def test_start_shard_extends_the_index_with_the_shards_listed_below_it(tmp_path, suffix):
+    pattern, index = str(tmp_path / "train-%06d.tar"), str(tmp_path / f"train{suffix}")
+    write_all(pattern, 30, maxcount=10, index=index)
+    with ShardWriter(pattern, maxcount=10, start_shard=3, index=index) as w:
+        assert (w.total, w.written) == (0, [])  # total counts this writer's samples
+        for i in range(30, 50):
+            w.write(sample(i))
+    ds = ShardListDataset(index, transformations=[])
+    assert [ds[i]["__key__"] for i in range(len(ds))] == [f"{i:06d}" for i in range(50)]
+    assert ds[49][".bin"] == sample(49)["bin"] and ds[0][".bin"] == sample(0)["bin"]
+
+
+def test_a_second_pattern_does_not_replace_another_writers_index(tmp_path):
+    write_all(str(tmp_path / "train-%06d.tar"), 30, maxcount=10)
+    before = index_files(tmp_path)
+    with pytest.raises(OutputExistsError, match="not one of this writer's shards"):
+        write_all(str(tmp_path / "train_%04d.tar"), 20, maxcount=10)
+    assert index_files(tmp_path) == before and not list(tmp_path.glob("train_*.tar"))
+    assert len(ShardListDataset(str(tmp_path / "train.json"))) == 30
+    write_all(str(tmp_path / "train_%04d.tar"), 20, maxcount=10, overwrite=True)  # on purpose
+    assert len(ShardListDataset(str(tmp_path / "train.json"))) == 20
+
+
+def test_an_index_listing_shards_the_writer_would_write_again_is_refused(tmp_path):
+    pattern = str(tmp_path / "train-%06d.tar")
+    write_all(pattern, 30, maxcount=10)
+    before = index_files(tmp_path)
+    with pytest.raises(OutputExistsError, match="resume=True"):
+        ShardWriter(pattern, maxcount=10, start_shard=1).open()
+    os.unlink(tmp_path / "train-000002.tar")  # listed, missing: still the index's shard
+    with pytest.raises(OutputExistsError, match="resume=True"):
+        ShardWriter(pattern, maxcount=10, start_shard=2).open()
+    assert index_files(tmp_path) == before
+
+
+def test_a_missing_shard_listed_below_start_shard_is_refused(tmp_path):
+    pattern = str(tmp_path / "train-%06d.tar")
+    write_all(pattern, 30, maxcount=10)
+    os.unlink(tmp_path / "train-000001.tar")
+    with pytest.raises(FileNotFoundError, match="train-000001.tar.*missing"):
+        ShardWriter(pattern, maxcount=10, start_shard=3).open()
+    assert len(ShardListDataset(str(tmp_path / "train.json"))) == 30
+
+
+def test_a_changed_shard_listed_below_start_shard_is_indexed_again(tmp_path):
+    pattern = str(tmp_path / "train-%06d.tar")
+    write_all(pattern, 30, maxcount=10)
+    write_all(str(tmp_path / "other-%06d.tar"), 4, maxcount=10, index=None)
+    os.replace(tmp_path / "other-000000.tar", tmp_path / "train-000001.tar")
+    write_all(pattern, 0, maxcount=10, start_shard=3)
+    ds = ShardListDataset(str(tmp_path / "train.json"), transformations=[])
+    assert len(ds) == 24 and ds[13]["__key__"] == "000003"

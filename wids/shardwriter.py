@@ -18,7 +18,8 @@ ports by changing the import. On top of that:
   (taking their member tables from the index, or scanning the ones it lacks) and continues with
   the next number; :attr:`ShardWriter.total` then says how many samples to skip.
 - **No silent overwrite.** Without ``resume`` or ``overwrite``, a shard that already exists is
-  :class:`~wids.errors.OutputExistsError`, checked before the shard is written.
+  :class:`~wids.errors.OutputExistsError`, checked before the shard is written. An existing
+  index is extended (``start_shard``) or refused, never replaced (:mod:`wids.writer_keep`).
 """
 
 from __future__ import annotations
@@ -190,26 +191,30 @@ class ShardWriter:
                 from .writer_index import IndexKeeper
 
                 self._keeper = IndexKeeper(self.index, self.store, self.name)
-            if self.resume:
-                self._resume()
+            if self.resume or (self.index is not None and not self.overwrite):
+                self._keep()
         except BaseException:
             self._stack.close()
             raise
         self._state = "open"
         return self
 
-    def _resume(self) -> None:
-        from .writer_index import whole_shards
+    def _keep(self) -> None:
+        from .writer_keep import whole_shards
 
-        for url, stat, members in whole_shards(self.pattern, self.shard, self.index, self.store):
+        kept = 0
+        shards = whole_shards(self.pattern, self.shard, self.index, self.store, resume=self.resume)
+        for url, stat, members in shards:
             if self._keeper is not None:
                 self._keeper.add(url, stat, members, checkpoint=False)
-            self.written.append(url)
-            self.total += len(members)
-            self.shard += 1
-        if self._keeper is not None and self.written:
+            if url == self.pattern % self.shard:  # resumed (else listed below start_shard)
+                self.written.append(url)
+                self.total += len(members)
+                self.shard += 1
+            kept += 1
+        if kept and self._keeper is not None:
             self._keeper.checkpoint(force=True)
-        logger.info("resuming %s at shard %d (%d samples)", self.pattern, self.shard, self.total)
+        logger.info("%s: %d shards kept, next %d", self.pattern, kept, self.shard)
 
     # -- writing ------------------------------------------------------------------------------
 

@@ -18,8 +18,8 @@ Checkpoints, so a killed writer leaves an index of whole shards:
 A remote index is kept in a local temporary directory and each checkpoint is uploaded
 (new sidecars first, the description last, each file whole).
 
-:func:`whole_shards` finds what a resumed writer keeps: the shards already there, with their
-member tables from the old index where it still describes them, else scanned.
+What a writer keeps of an existing index (``resume``, ``start_shard``) is
+:mod:`wids.writer_keep`.
 """
 
 from __future__ import annotations
@@ -28,14 +28,13 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from .errors import ShardNotFoundError, WidsError
-from .index import IndexReader, ShardInfo, ShardMembers
+from .index import ShardInfo, ShardMembers
 from .storage import Store
 
-__all__ = ["SQLITE_REBUILD_RATIO", "IndexKeeper", "whole_shards"]
+__all__ = ["SQLITE_REBUILD_RATIO", "IndexKeeper"]
 
 logger = logging.getLogger(__name__)
 
@@ -224,82 +223,3 @@ def _stored_copy(info: ShardInfo, out_dir: str) -> ShardInfo:
     from .storage import stored_url
 
     return replace(info, url=stored_url(info.url, out_dir))
-
-
-def whole_shards(
-    pattern: str, start: int, index: str | None, store: Store
-) -> Iterator[tuple[str, Any, ShardMembers]]:
-    """The shards ``pattern % n`` that exist, from ``start`` up to the first missing one.
-
-    Each comes with its stat and member table: from the old ``index`` when its entry still
-    describes the file (fingerprint and a recorded header), else scanned.
-
-    Yields:
-        ``(url, stat, members)`` in shard order.
-    """
-    from .index import scan_shard
-
-    reader, known = _old_index(index, store)
-    try:
-        n = start
-        while True:
-            url = pattern % n
-            src = store.source(url)
-            try:
-                stat = src.info()
-            except ShardNotFoundError:
-                return
-            i = known.get(_resolved(url))
-            members = None if i is None or reader is None else _reusable(reader, i, stat, src)
-            if members is None:
-                stat, members, _ = scan_shard(src)
-            src.close()
-            yield url, stat, members
-            n += 1
-    finally:
-        if reader is not None:
-            reader.close()
-
-
-def _old_index(index: str | None, store: Store) -> tuple[IndexReader | None, dict[str, int]]:
-    """The old index and its shards' numbers by URL (read one record at a time), if usable."""
-    from .index import iter_shards, open_index
-    from .storage import is_remote
-
-    if index is None or (not is_remote(index) and not os.path.exists(index)):
-        return None, {}
-    reader = None
-    try:
-        reader = open_index(index, store)
-        # every record read now, so a damaged index is noticed here
-        return reader, {info.url: i for i, info in enumerate(iter_shards(reader))}
-    except ShardNotFoundError:
-        pass
-    except WidsError as e:
-        logger.warning("existing index %s unusable (%s); scanning shards", index, e)
-    if reader is not None:
-        reader.close()
-    return None, {}
-
-
-def _reusable(reader: IndexReader, i: int, stat: Any, src: Any) -> ShardMembers | None:
-    """The old index's member table of a shard, if it still describes the file."""
-    from .index import shard_getter, unchanged
-    from .storage import redact_url
-
-    info = shard_getter(reader)(i)
-    try:
-        members = reader.members(i)
-        if members is None:
-            return None
-        return members if unchanged(info.fingerprint, members, stat, src.read_range) else None
-    except Exception as e:  # a damaged entry: scan the shard instead
-        logger.warning("not reusing the index entry of %s: %s", redact_url(info.url), e)
-        return None
-
-
-def _resolved(url: str) -> str:
-    """A shard URL as an index reader returns it (a local path made absolute)."""
-    from .storage import is_remote, local_path
-
-    return url if is_remote(url) else os.path.abspath(local_path(url))

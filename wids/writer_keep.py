@@ -1,0 +1,221 @@
+"""What a :class:`~wids.ShardWriter` keeps of the shards and index already at its destination.
+
+A writer of ``pattern`` owns the names ``pattern % n``. The index at its destination is kept,
+never silently replaced:
+
+- An index that lists any other shard (another writer's, or a second pattern with the same
+  stem in the same folder) is refused with :class:`~wids.errors.OutputExistsError` unless
+  ``overwrite=True`` (which writes a new index of only the new shards).
+- ``start_shard=k`` extends the index on purpose: the shards it lists below ``k`` stay in it,
+  each checked against its entry (fingerprint and a recorded header; a changed shard is
+  scanned again, a missing one is :class:`~wids.errors.ShardNotFoundError`).
+- A shard it lists from ``k`` on would be written again: refused unless ``resume=True``,
+  which keeps the consecutive whole shards from ``k`` on (their member tables from the old
+  index where it still describes them, else scanned) and continues after them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from .errors import OutputExistsError, ShardNotFoundError, WidsError
+from .index import IndexReader, ShardMembers
+from .storage import Store
+
+__all__ = ["whole_shards"]
+
+logger = logging.getLogger(__name__)
+
+
+def whole_shards(
+    pattern: str,
+    start: int,
+    index: str | None,
+    store: Store,
+    *,
+    resume: bool = True,
+) -> Iterator[tuple[str, Any, ShardMembers]]:
+    """The shards a writer of ``pattern`` from ``start`` on keeps, with their member tables.
+
+    First the shards the existing ``index`` lists below ``start`` (``pattern % n``,
+    ``n < start``: extending a dataset on purpose), each checked against its entry (else
+    scanned again); then, with ``resume``, the shards ``pattern % n`` that exist from
+    ``start`` up to the first missing one, from the old index where its entry still describes
+    the file (fingerprint and a recorded header), else scanned.
+
+    Yields:
+        ``(url, stat, members)`` in shard order.
+
+    Raises:
+        OutputExistsError: The existing index lists a shard that is not ``pattern % n`` (of
+            another writer), or, without ``resume``, one this writer would write again
+            (``n >= start``), or it cannot be read and ``resume`` is off.
+        ShardNotFoundError: A shard the index lists below ``start`` is missing.
+    """
+    reader, known = _old_index(index, store, strict=not resume)
+    try:
+        numbers = _shard_numbers(known, pattern, index)
+        if not resume and any(n >= start for n in numbers.values()):
+            raise OutputExistsError(
+                f"lists shards from {pattern % start} on, which this writer would write again; "
+                "pass resume=True to continue after the whole shards, overwrite=True to "
+                "replace the index, or start_shard= past them",
+                shard=_redact(index or ""),
+            )
+        kept = sorted((n, url) for url, n in numbers.items() if n < start)
+        for _, url in kept:
+            yield _kept_shard(url, reader, known[url], store, index or "")
+        if resume:
+            yield from _consecutive(pattern, start, reader, known, store)
+    finally:
+        if reader is not None:
+            reader.close()
+
+
+def _consecutive(
+    pattern: str, start: int, reader: IndexReader | None, known: dict[str, int], store: Store
+) -> Iterator[tuple[str, Any, ShardMembers]]:
+    """The shards ``pattern % n`` that exist from ``start`` up to the first missing one."""
+    from .index import scan_shard
+
+    n = start
+    while True:
+        url = pattern % n
+        src = store.source(url)
+        try:
+            stat = src.info()
+        except ShardNotFoundError:
+            return
+        i = known.get(_resolved(url))
+        members = None if i is None or reader is None else _reusable(reader, i, stat, src)
+        if members is None:
+            stat, members, _ = scan_shard(src)
+        src.close()
+        yield url, stat, members
+        n += 1
+
+
+def _kept_shard(
+    url: str, reader: IndexReader | None, i: int, store: Store, index: str
+) -> tuple[str, Any, ShardMembers]:
+    """A shard the old index lists below ``start_shard``: checked, or scanned again."""
+    from .index import scan_shard
+
+    src = store.source(url)
+    try:
+        try:
+            stat = src.info()
+        except ShardNotFoundError:
+            raise ShardNotFoundError(
+                f"is listed in the existing index {_redact(index)} but missing; restore it, or "
+                "pass overwrite=True to write a new index of only the new shards",
+                shard=_redact(url),
+            ) from None
+        members = None if reader is None else _reusable(reader, i, stat, src)
+        if members is None:
+            logger.info("%s changed since it was indexed; scanning it again", _redact(url))
+            stat, members, _ = scan_shard(src)
+        return url, stat, members
+    finally:
+        src.close()
+
+
+def _shard_numbers(known: dict[str, int], pattern: str, index: str | None) -> dict[str, int]:
+    """``n`` of every URL in the old index that is ``pattern % n``; any other is refused."""
+    out: dict[str, int] = {}
+    for url in known:
+        n = next(
+            (
+                int(m.group())
+                for m in re.finditer(r"\d+", url)
+                if _resolved(pattern % int(m.group())) == url
+            ),
+            None,
+        )
+        if n is None:
+            raise OutputExistsError(
+                f"lists {_redact(url)}, which is not one of this writer's shards ({pattern}); "
+                "name another index (index=), or pass overwrite=True to replace it",
+                shard=_redact(index or ""),
+            )
+        out[url] = n
+    return out
+
+
+def _old_index(
+    index: str | None, store: Store, *, strict: bool = False
+) -> tuple[IndexReader | None, dict[str, int]]:
+    """The old index and its shards' numbers by URL (read one record at a time), if usable.
+
+    Unreadable: with ``strict``, :class:`~wids.errors.OutputExistsError` (it may list shards
+    of another writer), else a warning and no index (the shards are scanned).
+    """
+    from .index import iter_shards, open_index
+    from .storage import is_remote
+
+    if index is None or (not is_remote(index) and not os.path.exists(index)):
+        return None, {}
+    reader = None
+    try:
+        reader = open_index(index, store)
+        if len(reader.components) > 1:
+            raise OutputExistsError(
+                "has sub-datasets; a writer extends only an index of its own shards (name "
+                "another index, or pass overwrite=True to replace it)",
+                shard=_redact(index),
+            )
+        # every record read now, so a damaged index is noticed here
+        return reader, {info.url: i for i, info in enumerate(iter_shards(reader))}
+    except ShardNotFoundError:
+        pass
+    except OutputExistsError:
+        if reader is not None:
+            reader.close()
+        raise
+    except WidsError as e:
+        if strict:
+            if reader is not None:
+                reader.close()
+            raise OutputExistsError(
+                f"exists and cannot be read ({e}); pass overwrite=True to replace it or "
+                "resume=True to index the shards there again",
+                shard=_redact(index),
+            ) from None
+        logger.warning("existing index %s unusable (%s); scanning shards", index, e)
+    if reader is not None:
+        reader.close()
+    return None, {}
+
+
+def _reusable(reader: IndexReader, i: int, stat: Any, src: Any) -> ShardMembers | None:
+    """The old index's member table of a shard, if it still describes the file."""
+    from .index import shard_getter, unchanged
+    from .storage import redact_url
+
+    info = shard_getter(reader)(i)
+    try:
+        members = reader.members(i)
+        if members is None:
+            return None
+        return members if unchanged(info.fingerprint, members, stat, src.read_range) else None
+    except Exception as e:  # a damaged entry: scan the shard instead
+        logger.warning("not reusing the index entry of %s: %s", redact_url(info.url), e)
+        return None
+
+
+def _redact(url: str) -> str:
+    """``url`` without credentials, for messages."""
+    from .storage import redact_url
+
+    return redact_url(url)
+
+
+def _resolved(url: str) -> str:
+    """A shard URL as an index reader returns it (a local path made absolute)."""
+    from .storage import is_remote, local_path
+
+    return url if is_remote(url) else os.path.abspath(local_path(url))
