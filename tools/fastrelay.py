@@ -20,7 +20,7 @@ import asyncio
 import time
 from typing import Any
 
-from httprelay import CHUNK, Message
+from httprelay import CHUNK, TIMER_MARGIN, Message
 
 __all__ = ["Relay", "plain_request", "to_streams"]
 
@@ -295,7 +295,7 @@ class Relay(asyncio.Protocol):
             ex.body.clear()
         wait = ex.arrived + self.proxy.delay - time.monotonic()
         if wait > 0:
-            ex.timer = self.loop.call_later(wait, self._send_head)
+            ex.timer = self.loop.call_later(wait + TIMER_MARGIN, self._send_head)
         else:
             self._send_head()
 
@@ -340,7 +340,7 @@ class Relay(asyncio.Protocol):
         rate = self.proxy.rate
         wait = ex.head_at + (ex.sent + n) / rate - time.monotonic() if rate > 0 else 0.0
         if wait > 0:
-            ex.timer = self.loop.call_later(wait, self._piece)
+            ex.timer = self.loop.call_later(wait + TIMER_MARGIN, self._piece)
         else:
             self._piece()
 

@@ -60,6 +60,11 @@ class Message:
         return b"close" in value or self.start.endswith(b"HTTP/1.0") and b"keep-alive" not in value
 
 
+# uvloop keeps timers in whole milliseconds, rounded to the nearest: a sleep may end up to
+# 0.5 ms early. Every wait that is a lower bound (the delay, a paced byte) adds this margin.
+TIMER_MARGIN = 0.001
+
+
 class Pacer:
     """Releases a body at ``rate`` bytes/s: byte ``n`` no earlier than ``t0 + n / rate``."""
 
@@ -74,7 +79,7 @@ class Pacer:
         if self.rate > 0:
             due = self.t0 + self.sent / self.rate - time.monotonic()
             if due > 0:
-                await asyncio.sleep(due)
+                await asyncio.sleep(due + TIMER_MARGIN)
 
 
 def is_chunked(message: Message) -> bool:

@@ -68,7 +68,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastrelay import Relay
-from httprelay import Message, Pacer, is_chunked, relay_body
+from httprelay import TIMER_MARGIN, Message, Pacer, is_chunked, relay_body
 
 __all__ = ["LatencyProxy", "ProxyProcess", "main"]
 
@@ -384,7 +384,7 @@ class LatencyProxy:
         status = int(response.start.split(b" ", 2)[1])
         wait = arrived + self.delay - time.monotonic()
         if wait > 0:
-            await asyncio.sleep(wait)
+            await asyncio.sleep(wait + TIMER_MARGIN)
         no_body = method == "HEAD" or status in (204, 304) or 100 <= status < 200
         framed = no_body or response.get(b"content-length") is not None or is_chunked(response)
         # upstream closing is upstream's business (we reconnect); a body that ends only when
