@@ -66,3 +66,105 @@ def test_a_remote_index_is_published_whole_with_its_sidecars(suffix: str) -> Non
         assert listed == sorted([sidecar, "train.json"])  # the stale sidecar is gone
     else:
         assert listed == ["0123456789abcdef-gone.tar.json", "train.sqlite"]  # not its sidecars
+
+
+# -- only files that are recognisably an index are replaced (issue 21, item 3) ---------------
+
+
+def _users_sqlite(path: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(path) as conn:  # a user's database that happens to use these names
+        conn.execute("CREATE TABLE shards (id INTEGER PRIMARY KEY, url TEXT)")
+        conn.execute("CREATE TABLE members (shard_id, sample_idx, field_id, offset, size)")
+        conn.execute("INSERT INTO shards VALUES (1, 'my own data')")
+    conn.close()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"model": {"shardlist": ["a.tar"], "__kind__": "x"}, "lr": 0.1}',
+        b'{"note": "\\"shardlist\\": [], \\"__kind__\\": \\"wids-shard-index-v1\\""}',
+        b'{"shardlist": ["a", "b"], "owner": "me"}',  # no wids_version: a user's list
+        b'[{"url": "a.tar", "nsamples": 3}]',
+    ],
+)
+def test_a_users_json_mentioning_index_keys_is_not_overwritten(tmp_path: Path, content) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(content)
+    with pytest.raises(OutputExistsError, match="not a wids index"):
+        check_output(str(path), [])
+
+
+def test_a_users_sqlite_with_shards_and_members_tables_is_not_overwritten(tmp_path: Path) -> None:
+    path = tmp_path / "mine.sqlite"
+    _users_sqlite(path)
+    with pytest.raises(OutputExistsError, match="not a wids index"):
+        check_output(str(path), [])
+
+
+def test_reference_and_large_indexes_are_recognised(tmp_path: Path) -> None:
+    from wids import create_index_writer
+
+    shardlist = [{"url": f"s-{i:06d}.tar", "nsamples": 10} for i in range(5000)]
+    for name, doc in {
+        "bare.json": {"wids_version": 1, "shardlist": shardlist},  # written by hand
+        "late.json": {"name": "x" * 70000, "__kind__": "wids-shard-index-v1"},
+        "big.json": {"__kind__": "wids-shard-index-v1", "wids_version": 1, "shardlist": shardlist},
+    }.items():
+        (tmp_path / name).write_text(json.dumps(doc, indent=2))
+        if name != "late.json":
+            check_output(str(tmp_path / name), [])
+    with pytest.raises(OutputExistsError):  # its keys are past the first 64 KB: not risked
+        check_output(str(tmp_path / "late.json"), [])
+    big = tmp_path / "big.sqlite"
+    writer = create_index_writer(big, name="n" * 100_000)
+    with writer:
+        for i in range(20_000):
+            writer.add(ShardInfo(f"s-{i:06d}.tar", 1, size=4096), None)
+    check_output(str(big), [])
+
+
+def test_the_cli_gives_no_repair_hint_for_a_file_that_never_was_an_index(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from wids.synth import write_dataset
+
+    shards = write_dataset(str(tmp_path), shards=1, samples_per_shard=3, real_images=False)
+    db, config = tmp_path / "mine.sqlite", tmp_path / "config.json"
+    _users_sqlite(db)
+    config.write_text('{"model": {"shardlist": "x"}, "lr": 0.1}')
+    before = {p: p.read_bytes() for p in (db, config)}
+
+    def wids(*args: str) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "wids", *args]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+    for out in (db, config):
+        for extra in ([], ["--full"]):
+            r = wids("index", "create", *shards, "-o", str(out), "-q", *extra)
+            assert r.returncode == 2 and "not a wids index" in r.stderr, r.stderr
+            assert "--full" not in r.stderr and "to repair" not in r.stderr
+        r = wids("index", "info", str(out))
+        assert r.returncode == 2 and "not a wids" in r.stderr and "to repair" not in r.stderr
+    assert {p: p.read_bytes() for p in (db, config)} == before
+    damaged = tmp_path / "i.json"
+    assert wids("index", "create", *shards, "-o", str(damaged), "-q").returncode == 0
+    damaged.write_bytes(damaged.read_bytes()[:-40])
+    r = wids("index", "info", str(damaged))
+    assert r.returncode == 2 and "to repair" in r.stderr  # a damaged index gets the hint
+
+
+def test_readers_raise_not_an_index_for_a_users_file(tmp_path: Path) -> None:
+    from wids import open_index
+    from wids.errors import NotAnIndexError
+
+    db, config = tmp_path / "mine.sqlite", tmp_path / "config.json"
+    _users_sqlite(db)
+    config.write_text('{"lr": 0.1}')
+    for path in (db, config):
+        with pytest.raises(NotAnIndexError, match="not a wids"):
+            index = open_index(str(path))
+            index.shards  # noqa: B018  (JSON loads on first use)

@@ -19,6 +19,7 @@ from .errors import (
     IndexFormatError,
     IndexMismatchError,
     LockTimeoutError,
+    NotAnIndexError,
     OfflineError,
     OutputExistsError,
     PermanentRemoteError,
@@ -34,6 +35,8 @@ from .errors import (
     UnsafeDecodeError,
     UntrustedLocationError,
     WidsError,
+    WriteError,
+    WritePermissionError,
 )
 from .index import (
     BuildReport,
@@ -97,6 +100,7 @@ __all__ = [
     "JsonIndex",
     "JsonIndexWriter",
     "LockTimeoutError",
+    "NotAnIndexError",
     "OfflineError",
     "OutputExistsError",
     "PermanentRemoteError",
@@ -125,6 +129,8 @@ __all__ = [
     "UnsafeDecodeError",
     "UntrustedLocationError",
     "WidsError",
+    "WriteError",
+    "WritePermissionError",
     "build_index",
     "convert_index",
     "create_index_writer",

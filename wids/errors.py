@@ -9,6 +9,7 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     │   └── HeaderChecksumError               a header's checksum does not match
     ├── SampleLayoutError(ValueError)         members do not group into samples cleanly
     ├── IndexFormatError(ValueError)          an index or dataset description is malformed
+    │   ├── NotAnIndexError                   the file is no index at all (nothing to repair)
     │   ├── UntrustedLocationError            a remote index names a local file (not allowed)
     │   └── PipeCommandError                  a ``pipe:`` shard URL wids does not map (never run)
     ├── IndexMismatchError(ValueError)        a shard changed since it was indexed
@@ -24,6 +25,8 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     │   └── OfflineError                      offline mode, and the data is not local
     ├── LockTimeoutError(TimeoutError)        a file lock was not acquired in time
     ├── OutputExistsError(FileExistsError)    writing would replace a file wids did not create
+    ├── WriteError(OSError)                   a file cannot be written (disk full, read-only ...)
+    │   └── WritePermissionError(PermissionError)   permission denied
     ├── DestinationError(ValueError)          an output wids cannot write (read-only scheme ...)
     ├── EncodeError(ValueError)               a field's value cannot be encoded by its extension
     ├── DecodeError(ValueError)               a field could not be decoded
@@ -49,6 +52,7 @@ __all__ = [
     "IndexFormatError",
     "IndexMismatchError",
     "LockTimeoutError",
+    "NotAnIndexError",
     "OfflineError",
     "OutputExistsError",
     "PermanentRemoteError",
@@ -64,6 +68,8 @@ __all__ = [
     "UnsafeDecodeError",
     "UntrustedLocationError",
     "WidsError",
+    "WriteError",
+    "WritePermissionError",
 ]
 
 
@@ -124,6 +130,15 @@ class SampleLayoutError(WidsError, ValueError):
 
 class IndexFormatError(WidsError, ValueError):
     """An index file or dataset description is malformed or of an unknown version."""
+
+
+class NotAnIndexError(IndexFormatError):
+    """The file is not an index at all: neither a wids index nor a reference description.
+
+    Raised when a file given as an index (or found where an index should go) is, for example,
+    a user's JSON config or an unrelated SQLite database. It never was an index, so no repair
+    hint is given, and ``wids index create`` refuses to write over it.
+    """
 
 
 class UntrustedLocationError(IndexFormatError):
@@ -207,6 +222,33 @@ class OutputExistsError(WidsError, FileExistsError):
     names it would write, or is part of the source dataset, and by ``wids index create`` when
     the output is one of the shards, a directory, or a file that is not an index.
     """
+
+
+class WriteError(WidsError, OSError):
+    """A file could not be written (no space left, a quota, a read-only file system ...).
+
+    Also a file too large, and permission denied (:class:`WritePermissionError`). The message
+    names the file and its directory (a shard, an index, a cache entry) and the reason;
+    ``errno`` is the system's error number (``errno.ENOSPC`` ...). Files wids was writing are
+    removed; nothing half-written is published.
+    """
+
+    def __init__(self, message: str, *, shard: str | None = None, errno: int | None = None):
+        super().__init__(message, shard=shard)
+        self.errno = errno
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_write, (type(self), self.message, self.shard, self.errno))
+
+
+def _rebuild_write(
+    cls: type[WriteError], message: str, shard: str | None, errno: int | None
+) -> WriteError:
+    return cls(message, shard=shard, errno=errno)
+
+
+class WritePermissionError(WriteError, PermissionError):
+    """Writing a file was refused by the system (``EACCES``/``EPERM``): permission denied."""
 
 
 class DestinationError(WidsError, ValueError):

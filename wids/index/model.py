@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from ..errors import IndexFormatError, UntrustedLocationError
+from ..errors import IndexFormatError, NotAnIndexError, UntrustedLocationError
 from .fingerprint import Fingerprint
 from .members import ShardMembers
 
@@ -197,8 +197,8 @@ def _entry_problem(info: ShardInfo, members: ShardMembers | None) -> str | None:
 
 def with_repair_hint(error: IndexFormatError) -> IndexFormatError:
     """``error`` (a damaged index) with what to do about it: :data:`REPAIR_HINT`."""
-    if REPAIR_HINT in error.message or isinstance(error, UntrustedLocationError):
-        return error  # rebuilding cannot help an index that names local files
+    if REPAIR_HINT in error.message or isinstance(error, (UntrustedLocationError, NotAnIndexError)):
+        return error  # rebuilding cannot help an index that names local files, or a non-index
     return IndexFormatError(f"{error.message}; to repair, {REPAIR_HINT}", shard=error.shard)
 
 

@@ -31,8 +31,8 @@ from ..storage import (
     same_place,
 )
 from .jsonformat import SIDECAR_NAME, members_dir
-from .registry import SQLITE_MAGIC, SQLITE_SUFFIXES, is_sqlite_name, is_table_name, writer_for
-from .tableformat import MAGIC as TABLE_MAGIC
+from .recognise import is_index_head
+from .registry import SQLITE_SUFFIXES, is_sqlite_name, is_table_name, writer_for
 from .tableformat import TABLE_SUFFIXES
 
 __all__ = ["check_output", "index_destination"]
@@ -42,16 +42,9 @@ def _looks_like_index(head: bytes, sqlite: bool, table: bool = False) -> bool:
     """Whether the first bytes of a file are those of an index (ours or the reference's).
 
     A damaged index still counts (``index create --full`` repairs it); a file of the user's
-    that merely has the same name does not.
+    that merely has the name or mentions an index's keys does not (:mod:`.recognise`).
     """
-    if table:
-        return head.startswith(TABLE_MAGIC)
-    if sqlite:
-        return head.startswith(SQLITE_MAGIC) and b"shards" in head and b"members" in head
-    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    return text.startswith(b"{") and any(
-        key in text for key in (b'"__kind__"', b'"wids_index"', b'"shardlist"')
-    )
+    return is_index_head(head, "table" if table else "sqlite" if sqlite else "json")
 
 
 def check_output(output: str, shards: Sequence[str], store: Store | None = None) -> None:
@@ -88,7 +81,8 @@ def check_output(output: str, shards: Sequence[str], store: Store | None = None)
     table = is_table_name(output)
     if head is not None and not _looks_like_index(head, is_sqlite_name(output), table):
         raise OutputExistsError(
-            "exists and is not a wids index; not overwriting it (remove it or choose another name)",
+            "exists and is not a wids index (nor a reference one); not overwriting it "
+            "(choose another name, or move the file away)",
             shard=where,
         )
 

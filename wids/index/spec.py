@@ -39,9 +39,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import IndexFormatError, UntrustedLocationError
+from ..errors import IndexFormatError, NotAnIndexError, UntrustedLocationError
 from ..storage import Store, read_whole, redact_url
 from .model import MAX_NSAMPLES, MAX_SHARD_SIZE, Component, ShardInfo, max_samples
+from .recognise import HEAD_BYTES, is_index_head
 from .urls import (
     UrlMap,
     apply_url_map,
@@ -58,6 +59,8 @@ KIND = "wids-shard-index-v1"
 """The ``__kind__`` of a dataset description."""
 
 _MAX_DEPTH = 32
+# A top-level description without any of these is not an index at all (NotAnIndexError).
+_INDEX_KEYS = frozenset(("__kind__", "wids_version", "shardlist", "datasets", "wids_index"))
 _MAX_FILES = 10_000  # descriptions loaded through source_url, in all (fan-out, not only depth)
 
 
@@ -116,9 +119,13 @@ def _parse_json(data: bytes | str, where: _Where) -> Any:
     try:
         return json.loads(data)
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, over 4300 digits
-        raise where.error(f"not valid JSON: {e}") from None
+        why = f"not valid JSON: {e}"
     except RecursionError:
-        raise where.error("not valid JSON: nested too deeply") from None
+        why = "not valid JSON: nested too deeply"
+    head = data[:HEAD_BYTES]
+    if is_index_head(head.encode("utf-8", "replace") if isinstance(head, str) else head, "json"):
+        raise where.error(why)  # a damaged index: rebuilding it repairs it
+    raise NotAnIndexError(f"{where.inside}{why}; not a wids or reference index", shard=where.file)
 
 
 class _Loader:
@@ -158,6 +165,13 @@ class _Loader:
         own_base: bool = True,
     ) -> None:
         """Add one description (a file or an inline entry) and, recursively, its datasets."""
+        if top and not (isinstance(desc, dict) and _INDEX_KEYS & desc.keys()):
+            got = "one without them" if isinstance(desc, dict) else f"a {type(desc).__name__}"
+            raise NotAnIndexError(
+                f"{where.inside}not a wids or reference index: expected a JSON object with any "
+                f"of {', '.join(sorted(_INDEX_KEYS))}, got {got}",
+                shard=where.file,
+            )
         if not isinstance(desc, dict):
             raise where.error(f"expected a JSON object, got {type(desc).__name__}")
         _check_version(desc, where, required=top)

@@ -39,10 +39,11 @@ from urllib.parse import quote
 
 import numpy as np
 
-from ..errors import IndexFormatError, UntrustedLocationError
+from ..errors import IndexFormatError, NotAnIndexError, UntrustedLocationError
 from ..storage import Store, redact_url
 from .members import ShardMembers
 from .model import MAX_NSAMPLES, Component, ShardInfo
+from .recognise import HEAD_BYTES, is_index_head
 from .sqlitetable import component_from_row, shard_from_row, table_from_rows
 from .urls import UrlMap, apply_url_map, check_remote_ref, check_url_map, url_dir
 
@@ -165,15 +166,21 @@ class SqliteIndex:
     def _query(self, sql: str, args: tuple[Any, ...] = ()) -> list[Any]:
         try:
             return self._connection().execute(sql, args).fetchall()
-        except sqlite3.DatabaseError as e:
-            raise IndexFormatError(
-                f"not a readable SQLite index: {e}", shard=self._where()
-            ) from None
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:  # text that is not UTF-8
+            raise self._error(f"not a readable SQLite index: {e}") from None
 
     def _where(self) -> str:
         return redact_url(self.url)
 
     def _error(self, message: str) -> IndexFormatError:
+        """A damaged index (repairable by a rebuild), or :class:`NotAnIndexError`."""
+        try:
+            with open(self._local_path(), "rb") as f:
+                ours = is_index_head(f.read(HEAD_BYTES), "sqlite")
+        except OSError:
+            ours = True
+        if not ours:
+            return NotAnIndexError(f"{message}; not a wids SQLite index", shard=self._where())
         return IndexFormatError(message, shard=self._where())
 
     def _check_schema(self) -> None:
@@ -198,9 +205,9 @@ class SqliteIndex:
                     if kind == "table"
                     else f"a {kind}"
                 )
-                raise self._error(f"{table!r} is {what}, not a table: not a wids SQLite index")
+                raise self._error(f"{table!r} is {what}, not a table")
             if any(row[-1] for row in self._query(f'PRAGMA table_xinfo("{table}")')):
-                raise self._error(f"table {table!r} has generated columns: not a wids index")
+                raise self._error(f"table {table!r} has generated columns")
         for sql in (_KEYS_QUERY, _MEMBERS_QUERY):
             plan = " ".join(str(r[-1]) for r in self._query("EXPLAIN QUERY PLAN " + sql, (0,)))
             if "SCAN" in plan or "TEMP B-TREE" in plan:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import IndexFormatError, UntrustedLocationError
+from ..errors import IndexFormatError, NotAnIndexError, UntrustedLocationError
 from ..storage import Store, redact_url
 from .members import ShardMembers
 from .model import MAX_NSAMPLES, MAX_SHARD_SIZE, Component, ShardInfo, max_samples
@@ -125,7 +125,9 @@ class TableIndex:
 
         magic, hoff, hlen = PREAMBLE.unpack(bytes(read(0, PREAMBLE.size)))
         if magic != MAGIC:
-            raise self._error("not a shard-table index (wrong magic bytes)")
+            raise NotAnIndexError(
+                "not a shard-table index (wrong magic bytes)", shard=redact_url(self.url)
+            )
         if hlen > MAX_HEADER or hoff < PREAMBLE.size or hoff + hlen > size:
             raise self._error(f"header at {hoff} of {hlen} bytes is outside the {size}-byte file")
         try:
