@@ -305,7 +305,8 @@ def test_every_writer_names_its_files_by_url_name_and_keeps_no_credentials(http_
     cache = ShardCache(cache_dir)
     cache.open(Source(signed)).close()
     scan_cached(Source(signed), cache_dir=str(cache_dir))
-    assert save_snapshot(open_index(index_url), index_url + "?token=SECRET", cache_dir)
+    signed_index = index_url + "?X-Goog-Signature=SECRET"  # a known signature: not identity
+    assert save_snapshot(open_index(index_url), signed_index, cache_dir)
     assert os.listdir(cache_dir / "data") == [url_name(url)]
     scans = [n for n in os.listdir(cache_dir / "scans") if not n.endswith(".lock")]
     assert scans == [url_name(url, ".json")]  # was sha1[:16]-name

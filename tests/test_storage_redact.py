@@ -67,3 +67,76 @@ def test_redacting_filter_redacts_message_args_and_traceback() -> None:
 )
 def test_escape_controls(text: str, shown: str) -> None:
     assert escape_controls(text) == shown
+
+
+# -- hostile userinfo: URLs are parsed, not cut at punctuation ---------------------------------
+
+HOSTILE_PASSWORDS = [
+    "pa)ss99SECRET",
+    "pa'ss99SECRET",
+    'pa"ss99SECRET',
+    "p@ss99SECRET",
+    "p%40ss99SECRET",
+    "pa(ss)'99SECRET",
+    "päss-wörd-名99SECRET",
+    "pa/ss99SECRET",
+    "pa#ss99SECRET",
+    "pa?ss99SECRET",
+]
+
+
+@pytest.mark.parametrize("password", HOSTILE_PASSWORDS)
+def test_redact_url_removes_hostile_userinfo_whole(password: str) -> None:
+    url = f"http://alice:{password}@data.example:8080/dir/x.tar?v=1"
+    assert redact_url(url) == "http://data.example:8080/dir/x.tar?v=1"
+
+
+@pytest.mark.parametrize("password", HOSTILE_PASSWORDS)
+@pytest.mark.parametrize(
+    "template",
+    [
+        "HTTP 404 for url '{u}': Not Found",
+        'could not open "{u}"',
+        "(see {u})",
+        "{{'url': '{u}', 'status': 404}}",
+        "{u}: not found",
+        "GET {u} HTTP/1.1",
+    ],
+)
+def test_redact_text_removes_hostile_userinfo(password: str, template: str) -> None:
+    text = redact_text(template.format(u=f"http://alice:{password}@h.example/x.tar"))
+    assert "SECRET" not in text and "alice" not in text, text
+    assert "h.example/x.tar" in text
+
+
+def test_an_at_sign_in_a_path_is_not_userinfo() -> None:
+    assert redact_url("https://h/users/bob@example.com/x.tar") == (
+        "https://h/users/bob@example.com/x.tar"
+    )
+    assert redact_url("http://h:8080/a@b") == "http://h:8080/a@b"
+    assert redact_url("http://[::1]:8080/x.tar") == "http://[::1]:8080/x.tar"
+
+
+@pytest.mark.servers
+@pytest.mark.parametrize("password", ["pa)ss99SECRET", "pa'ss99SECRET", "p@ss99SECRET"])
+def test_a_missing_index_never_shows_a_hostile_password(
+    http_server, password: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """str(e), the traceback, ``wids show`` and ``wids --debug show`` against a real 404."""
+    import traceback
+
+    from wids import ShardListDataset
+    from wids.cli import main as wids_main
+    from wids.errors import WidsError
+
+    url = http_server.url("missing-index.json").replace("://", f"://alice:{password}@", 1)
+    with pytest.raises(WidsError) as e:
+        len(ShardListDataset(url))
+    shown = str(e.value) + "".join(traceback.format_exception(e.value))
+    assert "SECRET" not in shown and "alice" not in shown, shown
+    assert "missing-index.json" in str(e.value)
+    for argv in (["show", url], ["--debug", "show", url]):
+        assert wids_main(argv) == 2
+        out, err = capsys.readouterr()
+        assert "SECRET" not in out + err and "alice" not in out + err, err
+        assert "missing-index.json" in err

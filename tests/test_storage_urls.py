@@ -15,6 +15,7 @@ from wids.storage import (
     output_dir,
     redact_url,
     stored_url,
+    strip_credentials,
     url_name,
 )
 
@@ -90,3 +91,107 @@ def test_url_name_tail(url: str, tail: str) -> None:
 def test_url_name_differs_for_different_urls() -> None:
     urls = [f"s3://bucket/dir{i}/shard.tar" for i in range(1000)]
     assert len({url_name(u) for u in urls}) == len(urls)
+
+
+# -- identity: the full URL minus known credentials, never a name heuristic --------------------
+
+
+@pytest.mark.parametrize(
+    "param", ["key", "object_key", "design", "author", "session", "token", "sig", "apikey"]
+)
+def test_urls_that_differ_in_any_ordinary_parameter_name_different_files(param: str) -> None:
+    a = url_name(f"https://host/get?{param}=a", ".json")
+    b = url_name(f"https://host/get?{param}=b", ".json")
+    assert a != b
+    assert strip_credentials(f"https://host/get?{param}=a") == f"https://host/get?{param}=a"
+
+
+@pytest.mark.parametrize(
+    ("signed", "plain"),
+    [
+        (  # S3 SigV4 presigned
+            "https://b.s3.amazonaws.com/x.tar?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+            "&X-Amz-Credential=AKIA%2F20260101&X-Amz-Date=20260101T000000Z&X-Amz-Expires=60"
+            "&X-Amz-SignedHeaders=host&X-Amz-Security-Token=T&X-Amz-Signature=S&versionId=3",
+            "https://b.s3.amazonaws.com/x.tar?versionId=3",
+        ),
+        (  # GCS V4
+            "https://storage.googleapis.com/b/x.tar?X-Goog-Algorithm=GOOG4-RSA-SHA256"
+            "&X-Goog-Credential=c&X-Goog-Date=d&X-Goog-Expires=60&X-Goog-SignedHeaders=host"
+            "&X-Goog-Signature=S&generation=5",
+            "https://storage.googleapis.com/b/x.tar?generation=5",
+        ),
+        (  # Azure SAS
+            "https://acct.blob.core.windows.net/c/x.tar?sv=2022-11-02&ss=b&srt=o&sp=r"
+            "&se=2026-01-01T00%3A00%3A00Z&st=2025-01-01&spr=https&sig=S%3D&snapshot=1",
+            "https://acct.blob.core.windows.net/c/x.tar?snapshot=1",
+        ),
+        (  # S3 / GCS V2, CloudFront
+            "https://h/x.tar?AWSAccessKeyId=AK&Expires=1&Signature=S&part=2",
+            "https://h/x.tar?part=2",
+        ),
+        ("https://h/x.tar?GoogleAccessId=g&Expires=1&Signature=S", "https://h/x.tar"),
+        ("https://h/x.tar?Expires=1&Signature=S&Key-Pair-Id=K&Policy=P", "https://h/x.tar"),
+        ("https://alice:p)w'@h/x.tar?k=1#frag", "https://h/x.tar?k=1"),
+    ],
+)
+def test_known_signatures_and_userinfo_are_not_identity(signed: str, plain: str) -> None:
+    assert strip_credentials(signed) == plain
+    assert url_name(signed) == url_name(plain)
+    assert "S" not in url_name(signed).split("-", 1)[1].replace("x.tar", "")
+
+
+def test_parameters_of_a_signing_scheme_are_kept_without_that_scheme() -> None:
+    # "st" and "sp" are only an Azure SAS's when the query is one (sv and sig)
+    assert strip_credentials("https://h/get?st=1&sp=2") == "https://h/get?st=1&sp=2"
+    assert url_name("https://h/get?st=1") != url_name("https://h/get?st=2")
+    assert strip_credentials("https://h/x?Signature=1&Expires=2") == (
+        "https://h/x?Signature=1&Expires=2"
+    )
+
+
+def test_names_of_urls_without_query_or_credentials_are_unchanged() -> None:
+    """Old cache entries, scan caches and snapshots are still found for ordinary URLs."""
+    for url in ("https://host/a/b.tar", "s3://bucket/k/x.tar", "/local/x.tar", "gs://b/y.tar"):
+        assert url_name(url) == (
+            hashlib.sha256(url.encode()).hexdigest()[:24] + "-" + url.rsplit("/", 1)[1]
+        )
+
+
+@pytest.mark.servers
+def test_shards_differing_only_in_a_query_parameter_stay_apart(tmp_path) -> None:
+    """Same size, same Last-Modified, same layout: their own sidecars and cache entries."""
+    from recordingserver import RecordingServer
+    from tarfixtures import write_shard
+
+    from wids import ShardListDataset, build_index
+
+    root = tmp_path / "www"
+    root.mkdir()
+    for k in "ab":
+        samples = [(f"{i:06d}.txt", f"from-{k}-{i:04d}".encode()) for i in range(4)]
+        path = write_shard(root / f"get?key={k}", samples)
+        os.utime(path, (1_700_000_000, 1_700_000_000))
+    assert (root / "get?key=a").stat().st_size == (root / "get?key=b").stat().st_size
+    server = RecordingServer(root)
+    try:
+        urls = [f"{server.base}/get?key=a", f"{server.base}/get?key=b"]
+        build_index(urls, str(tmp_path / "i.json"))
+        sidecars = [p for p in tmp_path.rglob("*.json") if p.name != "i.json"]
+        assert len(sidecars) == 2
+        for access in ("range", "shard"):
+            ds = ShardListDataset(
+                str(tmp_path / "i.json"), cache_dir=tmp_path / "cache", access=access
+            )
+            try:
+                got = [(ds[i]["__shard__"], ds[i][".txt"]) for i in range(len(ds))]
+            finally:
+                ds.close()
+            assert len(got) == 8
+            assert sorted(text for _, text in got) == sorted(
+                f"from-{k}-{i:04d}" for k in "ab" for i in range(4)
+            )
+            for shard, text in got:
+                assert text.startswith(f"from-{shard[-1]}-"), (access, shard, text)
+    finally:
+        server.stop()

@@ -373,7 +373,7 @@ def test_snapshot_stores_no_secrets_and_works_offline(tmp_path):
     try:
         urls = [f"http://alice:hunter2pw@{host}/d/{os.path.basename(p)}{signed}" for p in paths]
         build_index(urls, str(root / "train.json"), name="train")
-        index_url = f"http://alice:hunter2pw@{host}/train.json?token=TOKENabc987"
+        index_url = f"http://alice:hunter2pw@{host}/train.json?X-Amz-Security-Token=TOKENabc987"
         online = ShardListDataset(
             index_url, access="shard", cache_dir=cache_dir, transformations=[]
         )
@@ -389,7 +389,7 @@ def test_snapshot_stores_no_secrets_and_works_offline(tmp_path):
     assert found == []
     assert os.listdir(cache_dir / "indexes")  # there is a snapshot, and it is clean
     # Offline, with the same URL or a re-signed one: the snapshot and the shards are found.
-    for url in (index_url, f"http://bob:other@{host}/train.json?token=NEWTOKEN"):
+    for url in (index_url, f"http://bob:other@{host}/train.json?X-Amz-Security-Token=NEWTOKEN"):
         ds = ShardListDataset(url, cache_dir=cache_dir, offline=True, transformations=[])
         assert [strip_meta(ds[i]) for i in range(len(ds))] == oracle
         ds.close()

@@ -195,12 +195,14 @@ def _cmd_index_verify(args: argparse.Namespace) -> int:
     from ..storage import Store
     from .cluster import dask_executor
 
+    url_map = parse_url_map(args.url_map)
+    store = Store(parse_storage_options(args.storage_option), named=(args.index, url_map))
     with dask_executor(args.dask) as executor:
         total, problems = verify_index(
             args.index,
-            Store(parse_storage_options(args.storage_option)),
+            store,
             deep=args.deep,
-            url_map=parse_url_map(args.url_map),
+            url_map=url_map,
             allow_local_shards=args.allow_local_shards,
             executor=executor,
         )

@@ -42,7 +42,9 @@ def default_cache_dir() -> str:
 def parse_storage_options(items: Sequence[str] | None) -> dict[str, Any]:
     """``key=value`` pairs to a dict; values are parsed as JSON when they parse, else strings.
 
-    Dotted keys nest: ``client_kwargs.endpoint_url=http://...``.
+    Dotted keys nest: ``client_kwargs.endpoint_url=http://...``. A key that starts with an
+    origin is an option for that origin only: ``https://host:8443/headers.Authorization=...``
+    (or ``https://host:8443={"headers": {...}}``).
     """
     out: dict[str, Any] = {}
     for item in items or ():
@@ -54,6 +56,15 @@ def parse_storage_options(items: Sequence[str] | None) -> dict[str, Any]:
         except ValueError:
             value = raw
         node = out
+        if "://" in key:  # an origin's own options: its host's dots do not nest
+            scheme, _, rest = key.partition("://")
+            netloc, slash, key = rest.partition("/")
+            node = out.setdefault(f"{scheme}://{netloc}", {})
+            if not slash or not key:
+                node.update(value if isinstance(value, dict) else {})
+                if not isinstance(value, dict):
+                    raise argparse.ArgumentTypeError(f"{item!r}: an origin's options are a dict")
+                continue
         *parents, leaf = key.split(".")
         for p in parents:
             node = node.setdefault(p, {})

@@ -106,7 +106,7 @@ class Catalog:
 
     @storage_options.setter
     def storage_options(self, value: Mapping[str, Any] | None) -> None:
-        self.store = Store(value, self.store.retry, stats=self.store.stats)
+        self.store = Store(value, self.store.retry, stats=self.store.stats, named=self.store.named)
 
     @property
     def retry(self) -> RetryPolicy:
@@ -115,7 +115,9 @@ class Catalog:
 
     @retry.setter
     def retry(self, value: RetryPolicy | None) -> None:
-        self.store = Store(self.store.storage_options, value, stats=self.store.stats)
+        self.store = Store(
+            self.store.storage_options, value, stats=self.store.stats, named=self.store.named
+        )
 
     def reset_process(self) -> None:
         """Forget what only holds in the process that did it (after a fork or unpickling)."""

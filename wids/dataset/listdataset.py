@@ -221,7 +221,8 @@ class ShardListDataset(_DatasetBase[T_co]):
             base=base,
             url_map=check_url_map(url_map),
             allow_local_shards=allow_local_shards,
-            store=Store(storage_options, retry),
+            # the options are for the URLs given here, not for other servers an index names
+            store=Store(storage_options, retry, named=(shards, base, url_map)),
             duplicates=duplicates,
             verify=verify,
         )

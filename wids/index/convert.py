@@ -45,7 +45,7 @@ def convert_index(
         OutputExistsError: ``dst`` is the source, or an existing file that is not an index.
     """
     dest = os.fspath(dst)
-    store = Store.of(storage_options)
+    store = Store.of(storage_options, named=(src, dest))
     check_output(dest, [src], store)
     reader = open_index(src, store)
     try:

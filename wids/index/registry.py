@@ -149,7 +149,7 @@ def open_index(
         kwargs["url_map"] = check_url_map(url_map)  # before any I/O
     from ..errors import ShortReadError
 
-    store = Store.of(storage_options)
+    store = Store.of(storage_options, named=(url, kwargs.get("base"), url_map))
     if is_remote(url) and _name(url).endswith(".json"):
         data = read_bytes(url, store)  # a JSON reader reads it whole anyway: one round trip
         if data[:16] == SQLITE_MAGIC:

@@ -390,7 +390,8 @@ def load_spec(
         ShardNotFoundError: The file (or a ``source_url``) does not exist.
     """
     mapping = check_url_map(url_map)
-    loader = _Loader(Store.of(storage_options), allow_local_shards)
+    # a spec given in Python names its URLs; a spec file names only itself
+    loader = _Loader(Store.of(storage_options, named=(src, url_map)), allow_local_shards)
     url: str | None = None
     if isinstance(src, (str, os.PathLike)):
         url = os.fspath(src)

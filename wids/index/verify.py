@@ -98,7 +98,7 @@ def verify_index(
         ``(shards, problems)``: how many shards the index has, and those that do not match,
         in index order.
     """
-    store = Store.of(storage_options)
+    store = Store.of(storage_options, named=(index, url_map))
     idx = open_index(index, store, url_map=url_map, allow_local_shards=allow_local_shards)
     problems: dict[int, ShardProblem] = {}
     futures: dict[cf.Future[str | None], tuple[int, str]] = {}

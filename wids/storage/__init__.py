@@ -28,7 +28,7 @@ from .descriptors import DescriptorPool
 from .parts import read_whole
 from .publish import check_writable, destination, put_file, read_head, same_place
 from .rangeread import Check
-from .redact import RedactingFilter, escape_controls, redact_text, redact_url
+from .redact import RedactingFilter, escape_controls, redact_text, redact_url, strip_credentials
 from .retry import RetryPolicy
 from .source import Source, Store
 from .stats import FileStat, IOStats, comparable_etag
@@ -63,5 +63,6 @@ __all__ = [
     "redact_url",
     "same_place",
     "stored_url",
+    "strip_credentials",
     "url_name",
 ]

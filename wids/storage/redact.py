@@ -2,7 +2,12 @@
 
 This is the one module that knows what a secret looks like.
 
-- :func:`redact_url` removes ``user:password@`` and secret-looking query parameters from a URL.
+- :func:`strip_credentials`: a URL without what is known to be a credential (``user:password@``,
+  the signature parameters of S3, GCS, Azure and CloudFront signed URLs): a file's *identity*,
+  which keeps every other query parameter (``?key=a`` and ``?key=b`` are two files).
+- :func:`redact_url` removes ``user:password@`` and secret-looking query parameters from a URL,
+  for display (broader than :func:`strip_credentials`: it also drops ``?token=``, ``?key=``).
+  URLs are parsed, never cut at punctuation: a password may hold ``)``, ``'``, ``@``.
 - :func:`redact_text` does the same for every URL inside a text, masks signed-request material
   (``Authorization`` headers, ``Signature=``/``Credential=``, session tokens, bearer tokens)
   and the secret values of a storage-options mapping (collected by :func:`_secret_values`).
@@ -16,18 +21,40 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-__all__ = ["RedactingFilter", "escape_controls", "redact_text", "redact_url"]
+__all__ = ["RedactingFilter", "escape_controls", "redact_text", "redact_url", "strip_credentials"]
 
 MASK = "***"
 
 _SECRET_PARAM = re.compile(r"^(x-amz-|x-goog-)|sig|token|key|secret|passw|credential|auth|session")
-# A URL in running text; trailing punctuation (the ":" of "url: message") is not part of it.
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>)]*[^\s'\"<>).,:;]")
-_SECRET_OPTION = re.compile(r"key|secret|token|passw|credential|session", re.IGNORECASE)
+# A URL in running text: its authority runs to the first "/", "?", "#" or space (a password may
+# hold ")", "'" or "@"); the rest stops at quotes and brackets, and trailing punctuation (the ":"
+# of "url: message") is not part of it.
+_URL_IN_TEXT = re.compile(
+    r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#]*(?:[/?#][^\s'\"<>)]*[^\s'\"<>).,:;])?"
+)
+# "::" that starts the next link of a chained URL (not the "::" of an IPv6 address)
+_CHAIN = re.compile(r"::(?=[A-Za-z][A-Za-z0-9+.-]*(?:://|::))")
+# Query parameters that are credentials of a known signing scheme: every parameter in AWS's and
+# Google's reserved namespaces (X-Amz-*, X-Goog-*: signature, credential, date, expiry, token),
+# and, where the scheme's own parameters show it is one, the parameters of an Azure SAS
+# (sv + sig), S3/GCS V2 signatures (AWSAccessKeyId/GoogleAccessId + Signature) and CloudFront
+# signed URLs (Key-Pair-Id + Signature). Nothing is matched by a part of a name.
+_SIGNED_PREFIXES = ("x-amz-", "x-goog-")
+_SIGNED_SCHEMES = (
+    (
+        {"sv", "sig"},
+        {"sv", "ss", "srt", "sp", "se", "st", "spr", "sig", "si", "sr", "sdd", "ses", "skoid",
+         "sktid", "skt", "ske", "sks", "skv", "saoid", "suoid", "scid", "sduoid"},
+    ),
+    ({"awsaccesskeyid", "signature"}, {"awsaccesskeyid", "signature", "expires"}),
+    ({"googleaccessid", "signature"}, {"googleaccessid", "signature", "expires"}),
+    ({"key-pair-id", "signature"}, {"key-pair-id", "signature", "expires", "policy"}),
+)  # fmt: skip
+_SECRET_OPTION = re.compile(r"key|secret|token|passw|credential|session|auth", re.IGNORECASE)
 # Signed-request material as libraries log it: headers in dict reprs or "Name: value" lines
 # ('Authorization': b'AWS4-HMAC-SHA256 Credential=..., Signature=...'), and its parts.
 _SECRET_HEADER = re.compile(
@@ -45,35 +72,96 @@ _SECRET_PART = re.compile(
 _BEARER = re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{8,}")
 
 
+def _split(url: str) -> tuple[str, str, str] | None:
+    """``(scheme, userinfo, rest)`` of a URL, parsed as its server would; ``None`` if none.
+
+    The authority ends at the first ``/``, ``?`` or ``#``; its last ``@`` ends the userinfo
+    (so ``@``, ``)`` and ``'`` in a password stay in it). A password holding an illegal ``/``,
+    ``?`` or ``#`` (``user:pa/ss@host``) is recognised too when what follows the first ``:``
+    is not a port: then the userinfo runs to the first ``@`` after it.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return None
+    end = len(rest)
+    for c in "/?#":
+        i = rest.find(c)
+        if i >= 0:
+            end = min(end, i)
+    at = rest.rfind("@", 0, end)
+    if at < 0 and not rest.startswith("["):
+        colon = rest.find(":", 0, end)
+        later = rest.find("@", end)
+        port = rest[colon + 1 : end]
+        if colon >= 0 and later >= 0 and port and not port.isdigit():
+            at = later
+    if at < 0:
+        return scheme, "", rest
+    return scheme, rest[:at], rest[at + 1 :]
+
+
+def _query(query: str, drop: Callable[[str, set[str]], bool]) -> str:
+    pairs = parse_qsl(query, keep_blank_values=True)
+    names = {k.lower() for k, _ in pairs}
+    return urlencode([(k, v) for k, v in pairs if not drop(k.lower(), names)])
+
+
+def _signed(name: str, names: set[str]) -> bool:
+    """Whether query parameter ``name`` is a credential of a signing scheme ``names`` show."""
+    if name.startswith(_SIGNED_PREFIXES):
+        return True
+    return any(need <= names and name in params for need, params in _SIGNED_SCHEMES)
+
+
+def _secret_looking(name: str, names: set[str]) -> bool:
+    return _signed(name, names) or _SECRET_PARAM.search(name) is not None
+
+
+def _clean(url: str, drop: Callable[[str, set[str]], bool]) -> str:
+    if _CHAIN.search(url):
+        return "::".join(_clean(part, drop) for part in _CHAIN.split(url))
+    split = _split(url)
+    if split is None:
+        return url
+    scheme, _, rest = split
+    try:
+        parts = urlsplit(f"{scheme}://{rest}")
+    except ValueError:
+        return scheme + "://<unparsable>"
+    query = _query(parts.query, drop) if parts.query else ""
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
+
+
+def strip_credentials(url: str) -> str:
+    """``url`` without what is known to be a credential: a file's identity.
+
+    Removed: ``user:password@``, the fragment, and the query parameters of known signing
+    schemes (``X-Amz-*``, ``X-Goog-*``; an Azure SAS's ``sv``, ``se``, ``sp``, ``sig`` ...
+    when ``sv`` and ``sig`` are present; ``Signature``, ``Expires`` and the key id of S3/GCS V2
+    and CloudFront signatures). Every other parameter is kept, whatever its name, so two URLs
+    that differ in one (``?key=a``, ``?key=b``) stay two files, and a re-signed URL is the
+    same file.
+
+    Example:
+        >>> strip_credentials("https://u:p)w@host/get?key=a&X-Amz-Signature=s#f")
+        'https://host/get?key=a'
+    """
+    return _clean(url, _signed)
+
+
 def redact_url(url: str) -> str:
     """Return ``url`` without credentials: no ``user:password@``, no secret query parameters.
 
     Query parameters that look like signatures or tokens (``X-Amz-*``, ``X-Goog-*``, ``sig``,
-    ``token``, ``key`` ...) are removed; others are kept. Chained URLs (``a::b``) are redacted
-    part by part; plain paths are returned unchanged.
+    ``token``, ``key`` ...) and those of known signing schemes (:func:`strip_credentials`) are
+    removed; others are kept. Chained URLs (``a::b``) are redacted part by part; plain paths
+    are returned unchanged.
 
     Example:
         >>> redact_url("https://u:pw@host/a.tar?X-Amz-Signature=abc&v=1")
         'https://host/a.tar?v=1'
     """
-    if "::" in url:
-        return "::".join(redact_url(part) for part in url.split("::"))
-    if "://" not in url:
-        return url
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return url.split("://", 1)[0] + "://<unparsable>"
-    netloc = parts.netloc.rpartition("@")[2]
-    query = parts.query
-    if query:
-        kept = [
-            (k, v)
-            for k, v in parse_qsl(query, keep_blank_values=True)
-            if not _SECRET_PARAM.search(k.lower())
-        ]
-        query = urlencode(kept)
-    return urlunsplit((parts.scheme, netloc, parts.path, query, ""))
+    return _clean(url, _secret_looking)
 
 
 def _secret_values(options: Any) -> list[str]:

@@ -215,6 +215,8 @@ class Attempts:
         what: What is being done, for messages (``"could not read bytes 0-512"``).
         stats: Counters to add to, if any.
         count_requests: Whether each attempt counts as a request (a stream counts its own).
+        denied_hint: Said after a refusal (401, 403: a permanent failure), e.g. that the
+            storage options' credentials were withheld from this origin.
     """
 
     def __init__(
@@ -226,8 +228,10 @@ class Attempts:
         stats: IOStats | None,
         *,
         count_requests: bool = True,
+        denied_hint: str = "",
     ) -> None:
         self.policy = policy
+        self.denied_hint = denied_hint
         self.url = url
         self.secrets = secrets
         self.what = what
@@ -265,7 +269,7 @@ class Attempts:
             raise ShardNotFoundError(f"{self.what}: not found ({desc})", shard=shard) from None
         if kind == _PERMANENT:
             self._count_error()
-            err = PermanentRemoteError(f"{self.what}: {desc}", shard=shard)
+            err = PermanentRemoteError(f"{self.what}: {desc}{self.denied_hint}", shard=shard)
             vars(err).update(attempts=self.count, status=_status_of(exc))
             raise err from None
         elapsed = time.monotonic() - self.start

@@ -42,6 +42,7 @@ from .backends import file_stat, is_http, request_timeout, url_to_fs, with_defau
 from .conditional import AnswerCheck, check_length
 from .http1 import Http1Pools, plain_options
 from .local import LocalFile
+from .origins import Scope
 from .parts import download
 from .rangeread import Check, RangeRead, checked, stat_check
 from .redact import _secret_values, redact_url
@@ -79,16 +80,20 @@ class Store:
     ``(storage_options, retry)`` and starts new counters in the process that unpickles it.
 
     Args:
-        storage_options: Passed to ``fsspec.url_to_fs``; ignored for local files.
+        storage_options: Passed to ``fsspec.url_to_fs``; ignored for local files. Entries
+            keyed by an origin (``"https://host:port"``) are for that origin only.
         retry: The retry policy; the default when ``None``.
         stats: The counters to add to; new ones when ``None``.
+        named: The URLs the (flat) options are for: a URL on another origin is opened
+            without their credentials (:mod:`wids.storage.origins`); every origin gets
+            them when ``None``.
 
     Example:
         >>> store = Store({"anon": True})
         >>> store.source("s3://bucket/shard-000.tar").read_range(512, 1024)  # doctest: +SKIP
     """
 
-    __slots__ = ("_options", "_plain", "_retry", "_secrets", "stats")
+    __slots__ = ("_options", "_plain", "_retry", "_scope", "_secrets", "stats")
 
     def __init__(
         self,
@@ -96,31 +101,45 @@ class Store:
         retry: RetryPolicy | None = None,
         *,
         stats: IOStats | None = None,
+        named: Any = None,
     ) -> None:
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
         self._options: dict[str, Any] = dict(storage_options or {})
+        self._scope = Scope(self._options, named)
         self._retry = retry if retry is not None else RetryPolicy()
         self._secrets = tuple(_secret_values(self._options))
         self.stats = stats if stats is not None else IOStats()
         self._plain = Http1Pools()  # this process's plain HTTP connections (storage/http1.py)
 
     @classmethod
-    def of(cls, store: Store | Mapping[str, Any] | None, retry: RetryPolicy | None = None) -> Store:
+    def of(
+        cls,
+        store: Store | Mapping[str, Any] | None,
+        retry: RetryPolicy | None = None,
+        *,
+        named: Any = None,
+    ) -> Store:
         """``store`` itself if it is a :class:`Store`, else a store of these storage options.
 
         Public functions take ``storage_options=`` (a mapping); inside wids the same parameter
-        may carry a store, which then passes through unchanged (with its counters).
+        may carry a store, which then passes through unchanged (with its counters and the
+        origins it was made for). ``named``: the URLs a new store's options are for.
         """
         if isinstance(store, Store):
             if retry is None or retry == store.retry:
                 return store
-            return cls(store.storage_options, retry, stats=store.stats)
-        return cls(store, retry)
+            return cls(store.storage_options, retry, stats=store.stats, named=store.named)
+        return cls(store, retry, named=named)
 
     def with_stats(self, stats: IOStats | None = None) -> Store:
         """The same options and retry policy, counting into ``stats`` (new counters if ``None``)."""
-        return Store(self._options, self._retry, stats=stats)
+        return Store(self._options, self._retry, stats=stats, named=self.named)
+
+    @property
+    def named(self) -> frozenset[str] | None:
+        """The origins the flat options are for (``None``: every origin)."""
+        return self._scope.named
 
     def close_idle(self) -> None:
         """Close the idle plain HTTP connections this store's sources kept (they reconnect)."""
@@ -145,7 +164,7 @@ class Store:
         return Source(url, self, size=size, etag=etag)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (Store, (self._options, self._retry))
+        return (partial(Store, named=self.named), (self._options, self._retry))
 
     def __repr__(self) -> str:
         return f"Store(options={sorted(self._options)}, retry={self._retry!r})"
@@ -188,6 +207,7 @@ class Source:
         self.size = size
         self.etag = etag
         self.store = store if store is not None else Store()
+        self._options = self.store._scope.options_for(url)
         self.is_local = is_local(url)
         self.local_path: str | None = local_file(url) if self.is_local else None
         self._local = LocalFile(self.local_path) if self.local_path is not None else None
@@ -199,8 +219,8 @@ class Source:
 
     @property
     def storage_options(self) -> Mapping[str, Any]:
-        """The store's fsspec options."""
-        return self.store.storage_options
+        """The fsspec options this file is opened with (the store's, for its origin)."""
+        return MappingProxyType(self._options)
 
     @property
     def retry(self) -> RetryPolicy:
@@ -243,6 +263,7 @@ class Source:
             what,
             counters,
             count_requests=count_requests,
+            denied_hint=self.store._scope.withheld(self.url),
         )
 
     def _filesystem(self) -> tuple[Any, str]:

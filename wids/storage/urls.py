@@ -6,8 +6,9 @@
   with ``file://`` removed), :func:`output_dir` and :func:`stored_url`: where an index lives
   and how it records a shard.
 - :func:`url_name`: the one way wids names a local file after a URL (cache entries, scan
-  tables, index snapshots, member-table sidecars): credentials never reach a file name, and a
-  re-signed URL names the same file.
+  tables, index snapshots, member-table sidecars): credentials never reach a file name, a
+  re-signed URL names the same file, and URLs that differ in any other query parameter name
+  different files.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import hashlib
 import os
 import re
 
-from .redact import redact_url
+from .redact import strip_credentials
 
 __all__ = [
     "is_local",
@@ -88,8 +89,12 @@ def url_name(url: str, suffix: str = "") -> str:
     """A local file name for ``url``: 24 hex digits of a hash, a readable tail, ``suffix``.
 
     Credentials are not part of a file's identity: the hash is of the URL without
-    ``user:password@`` and signature/token query parameters (:func:`redact_url`), so a
-    re-signed presigned URL names the same file and no secret reaches a file name. The tail is
+    ``user:password@`` and the signature parameters of S3, GCS, Azure and CloudFront signed
+    URLs (:func:`~wids.storage.redact.strip_credentials`), so a re-signed URL names the same
+    file and no secret reaches a file name. Every other query parameter is part of it:
+    ``get?key=a`` and ``get?key=b`` name two files. (Before wids 0.4 parameters whose name
+    merely contained ``key``, ``sig``, ``token``, ``auth`` or ``session`` were dropped too:
+    such URLs now have new names, and their old cache entries are not found.) The tail is
     the URL's last path segment (no query, at most 80 characters, only ``A-Za-z0-9._-``, no
     leading dot), ``file`` when there is none.
 
@@ -97,7 +102,7 @@ def url_name(url: str, suffix: str = "") -> str:
         >>> url_name("https://u:pw@host/data/train-0.tar?X-Amz-Signature=s", ".json")[24:]
         '-train-0.tar.json'
     """
-    clean = redact_url(url)
+    clean = strip_credentials(url)
     digest = hashlib.sha256(clean.encode("utf-8", "surrogatepass")).hexdigest()[:24]
     tail = re.split(r"[?#]", clean, maxsplit=1)[0].rstrip("/").rsplit("/", 1)[-1]
     tail = _UNSAFE.sub("_", tail)[-80:].lstrip(".")

@@ -192,7 +192,7 @@ def make_subset(
     from ..index import open_index
 
     t0 = time.monotonic()
-    store = Store.of(storage_options)
+    store = Store.of(storage_options, named=index)
     target = os.fspath(to)
     if "://" in target and not target.startswith("file://"):
         raise ValueError(f"the subset's directory must be local, got {redact_url(target)}")

@@ -1,0 +1,246 @@
+"""Credentials go only to the origins they were given for (wids.storage.origins).
+
+Two real HTTP servers on 127.0.0.1 (different ports) record the headers of every request they
+get; an index on one names shards on both. The options given for the index's origin must
+reach that origin only; another origin gets its own entry, or nothing.
+"""
+
+from __future__ import annotations
+
+import pickle
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from recordingserver import RecordingServer
+from tarfixtures import make_samples, write_shard
+
+from wids import ShardListDataset, build_index, open_index
+from wids.cli import main as wids_main
+from wids.errors import PermanentRemoteError
+from wids.index import verify_index
+from wids.storage import Store
+from wids.storage.origins import Scope, origin, without_credentials
+
+SECRET_A = "Bearer SECRET-FOR-A-0123456789"
+SECRET_B = "Bearer SECRET-FOR-B-9876543210"
+
+
+@pytest.fixture
+def two_servers(tmp_path: Path) -> Iterator[tuple[RecordingServer, RecordingServer]]:
+    """Server A holds the index and shard a; server B (another port) holds shard b."""
+    root_a, root_b = tmp_path / "a", tmp_path / "b"
+    root_a.mkdir()
+    root_b.mkdir()
+    write_shard(root_a / "a.tar", make_samples(6, prefix="a", fields=(".txt",)))
+    write_shard(root_b / "b.tar", make_samples(6, prefix="b", fields=(".txt",)))
+    a, b = RecordingServer(root_a), RecordingServer(root_b)
+    try:
+        build_index([f"{a.base}/a.tar", f"{b.base}/b.tar"], str(root_a / "train.json"))
+        a.seen.clear()
+        b.seen.clear()
+        yield a, b
+    finally:
+        a.stop()
+        b.stop()
+
+
+def _read_all(ds: ShardListDataset) -> list[str]:
+    try:
+        return [ds[i]["__key__"] for i in range(len(ds))]
+    finally:
+        ds.close()
+
+
+# -- origins and scopes (pure functions) -----------------------------------------------------
+
+
+def test_origin_normalises_scheme_host_port_and_drops_userinfo() -> None:
+    assert origin("HTTP://u:p@Host.Example/x") == "http://host.example:80"
+    assert origin("https://host.example:443/x?y") == "https://host.example:443"
+    assert origin("http://host.example:8080/x") != origin("http://host.example:8081/x")
+    assert origin("http://[::1]:9/x") == "http://[::1]:9"
+    assert origin("s3://bucket-a/x") == origin("s3a://bucket-b/y") == "s3://"
+    assert origin("gs://b/x") == origin("gcs://b/x") == "gs://"
+    assert origin("simplecache::https://h/x") == "https://h:443"
+    assert origin("/data/x.tar") is None and origin("file:///x") is None
+    # a userinfo that hides another host is not that host
+    assert origin("http://a.example:80@b.example/x") == "http://b.example:80"
+
+
+def test_without_credentials_drops_every_credential_bearing_option() -> None:
+    options = {
+        "headers": {"X-Api-Key": "k"},
+        "client_kwargs": {"auth": "x", "timeout": 5, "headers": {"A": "b"}, "trust_env": True},
+        "key": "AK",
+        "secret": "S",
+        "token": "T",
+        "anon": False,
+        "block_size": 1,
+        "get_client": print,
+        "ssl": False,
+    }
+    assert without_credentials(options) == {
+        "client_kwargs": {"timeout": 5, "trust_env": True},
+        "anon": False,
+        "block_size": 1,
+    }
+
+
+def test_scope_gives_flat_options_to_named_origins_and_entries_to_their_origin() -> None:
+    flat = {"headers": {"Authorization": SECRET_A}, "client_kwargs": {"trust_env": True}}
+    scope = Scope({**flat, "http://b.example:8080": {"headers": {"X": "1"}}}, named="http://a/i")
+    assert scope.options_for("http://a/x.tar") == flat
+    assert scope.options_for("http://A:80/y.tar") == flat
+    assert scope.options_for("http://c/x.tar") == {"client_kwargs": {"trust_env": True}}
+    assert scope.options_for("http://b.example:8080/x.tar") == {
+        "client_kwargs": {"trust_env": True},
+        "headers": {"X": "1"},
+    }
+    assert "withheld" in scope.withheld("http://c/x.tar")
+    assert scope.withheld("http://a/x.tar") == "" and scope.withheld("http://b.example:8080/") == ""
+    # unscoped (no named URLs): everywhere, as a bare Store
+    assert Scope(flat).options_for("http://c/x.tar") == flat
+    with pytest.raises(TypeError, match="mapping of options"):
+        Scope({"http://b": "nope"})
+
+
+def test_store_keeps_its_origins_when_pickled_and_copied() -> None:
+    store = Store({"headers": {"Authorization": SECRET_A}}, named="http://a/train.json")
+    for copy in (pickle.loads(pickle.dumps(store)), store.with_stats(), Store.of(store)):
+        assert copy.named == frozenset({"http://a:80"})
+        assert "headers" not in copy.source("http://b/x.tar").storage_options
+        assert "headers" in copy.source("http://a/x.tar").storage_options
+
+
+# -- real servers ------------------------------------------------------------------------------
+
+
+def test_index_on_a_naming_shards_on_b_sends_a_credentials_only_to_a(
+    two_servers: tuple[RecordingServer, RecordingServer], tmp_path: Path
+) -> None:
+    a, b = two_servers
+    opts = {"headers": {"Authorization": SECRET_A}}
+    for access, cache in (("range", None), ("shard", tmp_path / "cache")):
+        ds = ShardListDataset(
+            f"{a.base}/train.json", storage_options=opts, access=access, cache_dir=cache
+        )
+        assert len(_read_all(ds)) == 12
+    assert a.auth_seen() == {SECRET_A}
+    assert b.seen, "shard b was read"
+    assert b.auth_seen() == {None}
+    assert "SECRET-FOR-A" not in b.all_header_values()
+
+
+def test_per_origin_options_give_each_server_its_own_credentials(
+    two_servers: tuple[RecordingServer, RecordingServer],
+) -> None:
+    a, b = two_servers
+    b.require = SECRET_B
+    opts = {
+        "headers": {"Authorization": SECRET_A},
+        b.base: {"headers": {"Authorization": SECRET_B}},
+    }
+    assert len(_read_all(ShardListDataset(f"{a.base}/train.json", storage_options=opts))) == 12
+    assert a.auth_seen() == {SECRET_A}
+    assert b.auth_seen() == {SECRET_B}
+
+
+def test_a_refusal_from_another_origin_says_credentials_were_withheld(
+    two_servers: tuple[RecordingServer, RecordingServer],
+) -> None:
+    a, b = two_servers
+    b.require = SECRET_A  # B wants A's token: the user must say so
+    ds = ShardListDataset(
+        f"{a.base}/train.json", storage_options={"headers": {"Authorization": SECRET_A}}
+    )
+    with pytest.raises(PermanentRemoteError) as e:
+        _read_all(ds)
+    msg = str(e.value)
+    assert "withheld" in msg and b.base in msg and "storage_options" in msg
+    assert "SECRET-FOR-A" not in msg
+    assert b.auth_seen() == {None}
+
+
+def test_shards_the_user_names_all_get_the_options(
+    two_servers: tuple[RecordingServer, RecordingServer],
+) -> None:
+    a, b = two_servers
+    shards = [
+        {"url": f"{a.base}/a.tar", "nsamples": 6},
+        {"url": f"{b.base}/b.tar", "nsamples": 6},
+    ]
+    opts = {"headers": {"Authorization": SECRET_A}}
+    assert len(_read_all(ShardListDataset(shards, storage_options=opts))) == 12
+    assert a.auth_seen() == {SECRET_A} and b.auth_seen() == {SECRET_A}
+
+
+def test_verify_and_open_index_keep_credentials_at_home(
+    two_servers: tuple[RecordingServer, RecordingServer],
+) -> None:
+    a, b = two_servers
+    opts = {"headers": {"Authorization": SECRET_A}}
+    total, problems = verify_index(f"{a.base}/train.json", opts)
+    assert (total, problems) == (2, [])
+    idx = open_index(f"{a.base}/train.json", opts)
+    idx.close()
+    assert a.auth_seen() == {SECRET_A}
+    assert b.seen and b.auth_seen() == {None}
+
+
+def test_cli_takes_per_origin_options(
+    two_servers: tuple[RecordingServer, RecordingServer], capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = two_servers
+    b.require = SECRET_B
+    rc = wids_main(
+        [
+            "index",
+            "verify",
+            f"{a.base}/train.json",
+            "-s",
+            f"headers.Authorization={SECRET_A}",
+            "-s",
+            f"{b.base}/headers.Authorization={SECRET_B}",
+        ]
+    )
+    assert rc == 0, capsys.readouterr()
+    assert a.auth_seen() == {SECRET_A} and b.auth_seen() == {SECRET_B}
+    assert "SECRET" not in "".join(capsys.readouterr())
+
+
+def test_a_redirect_to_another_origin_drops_authorization(tmp_path: Path) -> None:
+    """aiohttp drops Authorization when a redirect leaves the origin; this holds it to that."""
+    root = tmp_path / "b"
+    root.mkdir()
+    write_shard(root / "b.tar", make_samples(3, prefix="b", fields=(".txt",)))
+    b = RecordingServer(root)
+
+    class Redirect(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", b.base + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+    a = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=a.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{a.server_address[1]}/b.tar"
+        ds = ShardListDataset(
+            [{"url": url, "nsamples": 3}],
+            storage_options={"headers": {"Authorization": SECRET_A}},
+        )
+        assert len(_read_all(ds)) == 3
+        assert b.seen and b.auth_seen() == {None}
+    finally:
+        a.shutdown()
+        a.server_close()
+        b.stop()

@@ -1,0 +1,185 @@
+"""Which storage options a URL is opened with: credentials go only to the origins they are for.
+
+Storage options are given for the URLs a user names (a dataset's index, a shard list, a
+command's argument). An index is data, not the user: the shards it names may live on other
+servers, and the user's ``Authorization`` header, cookies, keys or tokens must not follow them
+there. So a :class:`Scope` sorts options by *origin*:
+
+- :func:`origin`: for URLs whose server is part of the URL (``http``, ``https``, ``ftp``,
+  ``sftp``, ``webdav`` ...) the origin is ``scheme://host:port`` (lower case, default port
+  filled in, ``user:password@`` dropped). For object stores (``s3``, ``gs``, ``az``, ``hf`` ...)
+  the server is chosen by the options (``endpoint_url``, the account), not by the URL, so an
+  index cannot steer those credentials anywhere: their origin is the scheme alone (``s3://``).
+  ``s3a`` counts as ``s3``, ``gcs`` as ``gs``. A chained URL (``simplecache::https://...``)
+  has the origin of its last part. Local paths have none.
+- The *flat* options (``{"headers": {...}, "key": ...}``) are for the *named* origins: those of
+  the URLs the store was made for. A URL on any other origin is opened with the flat options
+  minus every credential-bearing one (:func:`without_credentials`).
+- Options keyed by an origin (``{"http://b.example:8080": {"headers": {...}}}``) are for that
+  origin only; they are merged over what that origin gets from the flat options.
+
+A scope made without named URLs (``named=None``) gives the flat options to every origin: the
+behaviour of a bare :class:`~wids.storage.source.Store`. Every public entry point that reads
+URLs out of a file (a dataset, ``open_index``, ``verify_index``, ``subset``, the CLI) names the
+URLs it was given.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+__all__ = ["Scope", "origin", "without_credentials"]
+
+# Schemes whose URL names the server the request goes to (so an index could name another one).
+_SERVER_SCHEMES = frozenset(
+    {"http", "https", "ftp", "ftps", "sftp", "ssh", "smb", "webdav", "dav", "davs", "webhdfs"}
+)
+_DEFAULT_PORTS = {"http": 80, "https": 443, "ftp": 21, "ftps": 990, "sftp": 22, "ssh": 22}
+# "::" that starts the next link of a chained URL (not the "::" of an IPv6 address)
+_CHAIN = re.compile(r"::(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+_ALIASES = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az", "adl": "az"}
+
+# Option names that carry or select credentials, matched anywhere in a (nested) key: headers of
+# any name (a custom header may be an API key), auth objects, cookies, keys, secrets, tokens,
+# passwords, session and credential objects, SAS tokens, client certificates and TLS contexts,
+# connectors and client factories (which may hold any of these), profiles and accounts.
+_CREDENTIAL = re.compile(
+    r"header|auth|cookie|key|secret|token|passw|credential|session|sas|signature|cert|ssl|tls"
+    r"|connector|get_client|profile|account|connection_string|user|login|netrc",
+    re.IGNORECASE,
+)
+
+
+def origin(url: str) -> str | None:
+    """The origin ``url``'s requests go to, as a normalised URL prefix; ``None`` if local.
+
+    Example:
+        >>> origin("HTTP://alice:pw@Data.Example:80/a/b.tar?x=1")
+        'http://data.example:80'
+        >>> origin("s3://bucket/a.tar"), origin("simplecache::https://h/x"), origin("/d/a.tar")
+        ('s3://', 'https://h:443', None)
+    """
+    url = _CHAIN.split(os.fspath(url))[-1]
+    if "://" not in url:
+        return None
+    scheme = url.split("://", 1)[0].lower()
+    scheme = _ALIASES.get(scheme, scheme)
+    if scheme == "file" or scheme == "local":
+        return None
+    if scheme not in _SERVER_SCHEMES:
+        return f"{scheme}://"
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+        port = parts.port
+    except ValueError:  # a bad port or bracket: keep it apart from every good origin
+        netloc = url.split("://", 1)[1].split("/", 1)[0].rpartition("@")[2]
+        return f"{scheme}://{netloc.lower()}#unparsable"
+    if port is None:
+        port = _DEFAULT_PORTS.get(scheme)
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    return f"{scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
+def is_origin_key(key: object) -> bool:
+    """Whether a storage-options key names an origin (``"https://host:port"``, ``"s3://"``)."""
+    return isinstance(key, str) and "://" in key
+
+
+def without_credentials(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` without any credential-bearing entry, at any depth of nested mappings.
+
+    Example:
+        >>> without_credentials({"headers": {"A": "b"}, "client_kwargs": {"auth": 1, "timeout": 5}})
+        {'client_kwargs': {'timeout': 5}}
+    """
+    out: dict[str, Any] = {}
+    for k, v in options.items():
+        if _CREDENTIAL.search(str(k)):
+            continue
+        out[k] = without_credentials(v) if isinstance(v, Mapping) else v
+    return out
+
+
+def _merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        old = out.get(k)
+        out[k] = _merge(old, v) if isinstance(old, Mapping) and isinstance(v, Mapping) else v
+    return out
+
+
+def _urls(value: Any) -> Iterable[str]:
+    """Every URL-like string in ``value`` (a URL, a path, or lists/mappings of them)."""
+    if isinstance(value, (str, os.PathLike)):
+        yield os.fspath(value)
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _urls(v)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for v in value:
+            yield from _urls(v)
+
+
+class Scope:
+    """Storage options sorted by origin (see the module).
+
+    Args:
+        options: The storage options: flat entries, and entries keyed by an origin.
+        named: The URLs the flat options are for (strings, or lists and mappings holding
+            them: a shard list or spec given in Python names all its URLs); ``None`` gives the
+            flat options to every origin.
+
+    Raises:
+        TypeError: An origin's entry is not a mapping.
+    """
+
+    __slots__ = ("flat", "named", "per_origin")
+
+    def __init__(self, options: Mapping[str, Any], named: Any = None) -> None:
+        self.flat = {k: v for k, v in options.items() if not is_origin_key(k)}
+        per: dict[str, dict[str, Any]] = {}
+        for k, v in options.items():
+            if not is_origin_key(k):
+                continue
+            if not isinstance(v, Mapping):
+                raise TypeError(
+                    f"storage_options[{k!r}] must be a mapping of options for that origin, "
+                    f"not {type(v).__name__}"
+                )
+            per[origin(k) or k] = dict(v)
+        self.per_origin = per
+        self.named: frozenset[str] | None = None
+        if named is not None:
+            found = (origin(u) for u in _urls(named))
+            self.named = frozenset(o for o in found if o is not None)
+
+    def trusted(self, url: str) -> bool:
+        """Whether ``url`` gets the flat options whole (its origin is named, or it is local)."""
+        o = origin(url)
+        return o is None or self.named is None or o in self.named
+
+    def options_for(self, url: str) -> dict[str, Any]:
+        """The options to open ``url`` with: never another origin's credentials."""
+        base = self.flat if self.trusted(url) else without_credentials(self.flat)
+        entry = self.per_origin.get(origin(url) or "")
+        return _merge(base, entry) if entry else dict(base)
+
+    def withheld(self, url: str) -> str:
+        """What to say after a refusal of ``url``, if flat credentials were withheld from it."""
+        o = origin(url)
+        if self.trusted(url) or o in self.per_origin:
+            return ""
+        if without_credentials(self.flat) == self.flat:
+            return ""
+        names = ", ".join(sorted(self.named or ())) or "the URLs you named"
+        return (
+            f"; the credentials in storage_options were given for {names} and withheld from "
+            f"{o} (an origin you did not name); to send credentials there, add "
+            f"storage_options={{{o!r}: {{...}}}} (see docs/credentials.md)"
+        )
