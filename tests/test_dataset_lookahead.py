@@ -109,7 +109,7 @@ def test_prefetched_epoch_of_distributed_sampler_is_byte_identical(remote, rank)
     ds = ShardListDataset(remote["index"], transformations=[])
     sampler = DistributedChunkedSampler(ds, num_replicas=2, rank=rank, chunksize=7, seed=5)
     seen, hits = _epoch(ds, sampler, "fork", remote["oracle"], batch_size=4)
-    assert seen == list(sampler._planned_order()) and len(seen) == len(ds) // 2
+    assert seen == list(sampler._planned_order(epoch=0)) and len(seen) == len(ds) // 2
     assert hits > 0
 
 
@@ -290,7 +290,7 @@ def test_forked_workers_inherit_the_tables_the_plan_starts_with(http_server, rem
     seen, _ = _epoch(ds, sampler, "fork", oracle)
     # the plan's first shards (here every shard): one request each, in the main process
     assert set(ds._catalog._members) == set(range(NS))
-    assert seen == list(sampler._planned_order()) and seen
+    assert seen == list(sampler._planned_order(epoch=0)) and seen
     # no worker asked for a table again: they inherited them, parsed
     assert _sidecar_requests(http_server, remote_index) == [1] * NS
     ds.close()
@@ -303,7 +303,7 @@ def test_spawned_workers_and_a_replaced_shard_after_tables_were_fetched(
     ds = ShardListDataset(remote_index["index"], transformations=[])
     sampler = ChunkedSampler(ds, chunksize=10, seed=2, num_workers=2, batch_size=8)
     seen, _ = _epoch(ds, sampler, "spawn", oracle)  # spawned: they fetch their own tables
-    assert seen == list(sampler._planned_order())
+    assert seen == list(sampler._planned_order(epoch=0))
     # a shard replaced after the main process fetched its table: never read as indexed
     name = f"la-ri/{os.path.basename(remote_index['paths'][0])}"
     ds = ShardListDataset(remote_index["index"], transformations=[])
@@ -356,7 +356,7 @@ def test_a_forked_worker_prefetches_its_first_batch_before_it_arrives(remote, lo
         for s in batch:
             assert strip_meta(s) == remote["oracle"][s["__index__"]], s["__index__"]
             seen.append(s["__index__"])
-    assert seen == list(sampler._planned_order())
+    assert seen == list(sampler._planned_order(epoch=0))
     if loader_batch == 8:  # the sampler's batch size: each worker's first batch was read early
         assert first == {0: 1, 1: 1}
     else:  # another batch size: what was read early is dropped, the lookahead goes on
@@ -447,7 +447,7 @@ def test_forked_workers_over_local_shards_start_no_lookahead(local_index):
         timeout=60,
     )
     got = list(loader)
-    assert [s["__index__"] for b, _ in got for s in b] == list(sampler._planned_order())
+    assert [s["__index__"] for b, _ in got for s in b] == list(sampler._planned_order(epoch=0))
     assert all(none for _, none in got)  # read in place: nothing started early either
 
 

@@ -529,6 +529,13 @@ def _peak_bytes(fn) -> int:
         tracemalloc.stop()
 
 
+class _Shards:
+    """Shard lengths as a dataset (a plain list would be one shard of len() samples)."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+
+
 def _take(sampler, n: int) -> list[int]:
     import itertools
 
@@ -538,23 +545,28 @@ def _take(sampler, n: int) -> list[int]:
 @pytest.mark.parametrize(
     "make",
     [
-        pytest.param(lambda: __import__("wids").ChunkedSampler([HUGE]), id="chunked"),
-        pytest.param(lambda: __import__("wids").ChunkedSampler([HUGE // 2] * 2), id="2-shards"),
+        pytest.param(lambda: __import__("wids").ChunkedSampler(_Shards([HUGE])), id="chunked"),
         pytest.param(
-            lambda: __import__("wids").ChunkedSampler([HUGE], shufflefirst=True), id="reordered"
+            lambda: __import__("wids").ChunkedSampler(_Shards([HUGE // 2] * 2)), id="2-shards"
         ),
         pytest.param(
-            lambda: __import__("wids").ChunkedSampler([HUGE], num_workers=4, batch_size=8),
+            lambda: __import__("wids").ChunkedSampler(_Shards([HUGE]), shufflefirst=True),
+            id="reordered",
+        ),
+        pytest.param(
+            lambda: __import__("wids").ChunkedSampler(_Shards([HUGE]), num_workers=4, batch_size=8),
             id="workers",
         ),
         pytest.param(lambda: __import__("wids").ShardedSampler(lengths=[HUGE]), id="sharded"),
         pytest.param(
-            lambda: __import__("wids").DistributedChunkedSampler([HUGE], num_replicas=4, rank=3),
+            lambda: __import__("wids").DistributedChunkedSampler(
+                _Shards([HUGE]), num_replicas=4, rank=3
+            ),
             id="distributed",
         ),
         pytest.param(
             lambda: __import__("wids").DistributedChunkedSampler(
-                [HUGE], num_replicas=4, rank=0, partition="global", chunksize=2000
+                _Shards([HUGE]), num_replicas=4, rank=0, partition="global", chunksize=2000
             ),
             id="global",
         ),
@@ -590,7 +602,11 @@ def test_distributed_ranks_have_equal_exact_lengths_at_10_12() -> None:
     lengths = [HUGE + 3, 7]
     for drop_last in (False, True):
         sizes = {
-            len(DistributedChunkedSampler(lengths, num_replicas=8, rank=r, drop_last=drop_last))
+            len(
+                DistributedChunkedSampler(
+                    _Shards(lengths), num_replicas=8, rank=r, drop_last=drop_last
+                )
+            )
             for r in range(8)
         }
         assert sizes == {(HUGE + 10) // 8 if drop_last else -(-(HUGE + 10) // 8)}

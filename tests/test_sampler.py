@@ -18,6 +18,16 @@ from hypothesis import strategies as st
 from wids import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
 
 
+class Shards:
+    """Shard lengths without samples: what the samplers read from ShardListDataset."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return sum(self.lengths)
+
+
 class Sized:
     """A dataset that only has a length: one shard."""
 
@@ -132,7 +142,7 @@ class TestChunkedSamplerReference:
         assert list(s) == oracle(s.ranges, 17, epoch, shuffle, shufflefirst)
 
     def test_fixed_chunking_ignores_shards(self):
-        s = ChunkedSampler([7, 7, 7], chunksize=5, chunking="fixed", seed=3)
+        s = ChunkedSampler(Shards([7, 7, 7]), chunksize=5, chunking="fixed", seed=3)
         assert s.ranges == [(0, 5), (5, 10), (10, 15), (15, 20), (20, 21)]
         s.set_epoch(2)
         assert list(s) == oracle(s.ranges, 3, 2, True, False)
@@ -161,30 +171,36 @@ class TestDistributedChunkedSamplerReference:
 
     def test_explicit_values_win(self, fake_dist):
         fake_dist(1, 4)
-        s = DistributedChunkedSampler([10], rank=0)  # the reference replaced rank 0 by get_rank()
+        s = DistributedChunkedSampler(
+            Shards([10]), rank=0
+        )  # the reference replaced rank 0 by get_rank()
         assert (s.rank, s.num_replicas) == (0, 4)
-        s = DistributedChunkedSampler([10], num_replicas=2)
+        s = DistributedChunkedSampler(Shards([10]), num_replicas=2)
         assert (s.rank, s.num_replicas) == (1, 2)
 
     def test_without_process_group(self):
-        s = DistributedChunkedSampler([10])
+        s = DistributedChunkedSampler(Shards([10]))
         assert (s.rank, s.num_replicas, len(s)) == (0, 1, 10)
-        s = DistributedChunkedSampler([10], num_replicas=3, rank=2)  # honoured, not reset to 1
+        s = DistributedChunkedSampler(
+            Shards([10]), num_replicas=3, rank=2
+        )  # honoured, not reset to 1
         assert (s.rank, s.num_replicas, len(s)) == (2, 3, 4)
         with pytest.raises(ValueError, match="both"):
-            DistributedChunkedSampler([10], rank=1)
+            DistributedChunkedSampler(Shards([10]), rank=1)
         with pytest.raises(ValueError, match="both"):
-            DistributedChunkedSampler([10], num_replicas=2)
+            DistributedChunkedSampler(Shards([10]), num_replicas=2)
 
     @pytest.mark.parametrize("replicas, rank", [(0, 0), (2, 2), (2, -1), (-1, 0)])
     def test_bad_rank(self, replicas, rank):
         with pytest.raises(ValueError):
-            DistributedChunkedSampler([10], num_replicas=replicas, rank=rank)
+            DistributedChunkedSampler(Shards([10]), num_replicas=replicas, rank=rank)
 
     @pytest.mark.parametrize("drop_last, expected", [(False, 4), (None, 4), (True, 3)])
     def test_ten_samples_three_ranks(self, drop_last, expected):
         outs = [
-            list(DistributedChunkedSampler([10], num_replicas=3, rank=r, drop_last=drop_last))
+            list(
+                DistributedChunkedSampler(Shards([10]), num_replicas=3, rank=r, drop_last=drop_last)
+            )
             for r in range(3)
         ]
         assert [len(o) for o in outs] == [expected] * 3
@@ -197,41 +213,65 @@ class TestDistributedChunkedSamplerReference:
 
 class TestShardedSampler:
     def test_reference(self):
-        s = ShardedSampler([100, 100, 3])
+        s = ShardedSampler(Shards([100, 100, 3]))
         assert s.ranges == [(0, 100), (100, 200), (200, 203)]
-        assert sorted(s) == list(range(203))
-        assert list(s) == oracle(s.ranges, 0, 0, False, False, sharded=True)
+        first = list(s)
+        assert sorted(first) == list(range(203))
+        assert first == oracle(s.ranges, 0, 0, False, False, sharded=True)
         s.set_epoch(4)
         assert list(s) == oracle(s.ranges, 0, 4, False, False, sharded=True)
         assert ShardedSampler(None, lengths=[5, 0, 5]).ranges == [(0, 5), (5, 5), (5, 10)]
 
-    def test_epoch_changes_only_through_set_epoch(self):
-        s = ShardedSampler([100, 100, 3])
+    def test_each_pass_advances_the_epoch_until_set_epoch(self):
+        """The reference's bump: code that never calls set_epoch gets a new order every pass."""
+        s = ShardedSampler(Shards([100, 100, 3]))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no warning any more: this is the default
+            a, b = list(s), list(s)
+        assert a != b and s.epoch == 2
+        assert a == oracle(s.ranges, 0, 0, False, False, sharded=True)
+        assert b == oracle(s.ranges, 0, 1, False, False, sharded=True)
+        it = iter(s)
+        next(it)
+        assert s.epoch == 2  # only a complete pass advances
+        s.set_epoch(1)  # an explicit epoch wins, and ends the automatic advance
+        assert list(s) == b and list(s) == b and s.epoch == 1
+
+    def test_auto_epoch_false_repeats_an_epoch(self):
+        s = ShardedSampler(Shards([100, 100, 3]), auto_epoch=False)
         first = list(s)
-        with pytest.warns(UserWarning, match="set_epoch"):
-            again = list(s)
-        assert again == first and s.epoch == 0
+        assert list(s) == first and s.epoch == 0
         s.set_epoch(1)
         assert list(s) != first
 
-    def test_auto_epoch_is_the_reference_bump(self):
-        s = ShardedSampler([100, 100, 3], auto_epoch=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            a, b = list(s), list(s)
-        assert a != b and s.epoch == 2
-        it = iter(s)
-        next(it)
-        assert s.epoch == 2  # only a complete pass bumps
+    def test_auto_epoch_true_advances_after_set_epoch_too(self):
+        s = ShardedSampler(Shards([100, 100, 3]), auto_epoch=True)
+        s.set_epoch(3)
+        list(s)
+        assert s.epoch == 4
 
-    def test_no_warning_with_set_epoch(self):
-        s = ChunkedSampler([50], chunksize=10)
+    def test_set_epoch_every_epoch_is_not_advanced_behind_its_back(self):
+        """A loop calling set_epoch (torch style) sees exactly its epochs, and no warning."""
+        s = ChunkedSampler(Shards([50]), chunksize=10)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             for epoch in range(3):
                 s.set_epoch(epoch)
-                list(s)
-            list(s)  # repeating a set epoch on purpose (evaluation) is fine
+                assert list(s) == oracle(s.ranges, 0, epoch, True, False)
+                assert s.epoch == epoch  # a state_dict saved late in the epoch names it
+            assert list(s) == oracle(s.ranges, 0, 2, True, False)  # evaluation: same epoch
+
+    def test_a_resumed_automatic_sampler_goes_on_to_the_next_epoch(self):
+        s = ChunkedSampler(Sized(40), chunksize=8)
+        list(s)
+        it = iter(s)
+        head = [next(it) for _ in range(13)]
+        state = s.state_dict()
+        assert (state["epoch"], state["position"]) == (1, 13)
+        t = ChunkedSampler(Sized(40), chunksize=8)
+        t.load_state_dict(state)
+        assert head + list(t) == oracle(t.ranges, 0, 1, True, False)
+        assert t.epoch == 2 and list(t) == oracle(t.ranges, 0, 2, True, False)
 
 
 # -- inputs, locality, no torch ---------------------------------------------------------------
@@ -255,33 +295,35 @@ def test_dataset_kinds():
 
     assert ChunkedSampler(TorchDs(), chunksize=100).ranges == [(0, 12)]
     assert ChunkedSampler(WithLengths(), chunksize=100).ranges == [(0, 5), (5, 12)]
-    assert ChunkedSampler((5, 7), chunksize=100).ranges == [(0, 5), (5, 12)]
+    # a list or tuple is a dataset of len() samples, not a list of shard lengths (the reference)
+    assert ChunkedSampler((5, 7), chunksize=100).ranges == [(0, 2)]
+    assert ChunkedSampler([3, 1, 2, 5], chunksize=3).ranges == [(0, 3), (3, 4)]
     assert ChunkedSampler(range(12), chunksize=100).ranges == [(0, 12)]  # a sized object
-    assert list(ChunkedSampler([], chunksize=3)) == []
+    assert list(ChunkedSampler(Shards([]), chunksize=3)) == []
     with pytest.raises(TypeError):
         ChunkedSampler(object())
     with pytest.raises(ValueError):
-        ChunkedSampler([5, -1])
+        ChunkedSampler(Shards([5, -1]))
     for bad in [13, (3, 2), (-1, 4)]:
         with pytest.raises(ValueError, match="num_samples"):
-            ChunkedSampler([5, 7], num_samples=bad)
+            ChunkedSampler(Shards([5, 7]), num_samples=bad)
     for kw in [dict(chunksize=0), dict(chunking="x"), dict(batch_size=0), dict(num_workers=-1)]:
         with pytest.raises(ValueError):
-            ChunkedSampler([5, 7], **kw)
+            ChunkedSampler(Shards([5, 7]), **kw)
     with pytest.raises(ValueError, match="partition"):
-        DistributedChunkedSampler([5], num_replicas=1, rank=0, partition="rows")
+        DistributedChunkedSampler(Shards([5]), num_replicas=1, rank=0, partition="rows")
 
 
 def test_chunks_follow_shards_and_cap():
-    s = ChunkedSampler([10, 3, 0, 8], chunksize=4, num_samples=(2, 19))
+    s = ChunkedSampler(Shards([10, 3, 0, 8]), chunksize=4, num_samples=(2, 19))
     assert s.ranges == [(2, 6), (6, 10), (10, 13), (13, 17), (17, 19)]
 
 
 def test_import_and_non_distributed_samplers_do_not_import_torch():
     code = (
         "import sys, wids.sampler as m\n"
-        "list(m.ChunkedSampler([3, 4]))\n"
-        "list(m.ShardedSampler([3, 4]))\n"
+        "list(m.ChunkedSampler(range(7)))\n"
+        "list(m.ShardedSampler(lengths=[3, 4]))\n"
         "assert 'torch' not in sys.modules, sorted(k for k in sys.modules if 'torch' in k)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -292,7 +334,7 @@ def test_distributed_sampler_works_without_torch():
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "import wids.sampler as m\n"
-        "s = m.DistributedChunkedSampler([3, 4], num_replicas=2, rank=1, shuffle=False)\n"
+        "s = m.DistributedChunkedSampler(range(7), num_replicas=2, rank=1, shuffle=False)\n"
         "assert list(s) == [4, 5, 6, 0], list(s)\n"
         "assert type(s).__mro__[-1] is object and len(type(s).__mro__) == 3, type(s).__mro__\n"
     )
@@ -303,11 +345,11 @@ def test_distributed_sampler_is_a_torch_distributed_sampler():
     """Lightning passes it through only if isinstance(sampler, DistributedSampler)."""
     from torch.utils.data import DistributedSampler
 
-    s = DistributedChunkedSampler([5, 5, 3], num_replicas=2, rank=1, shuffle=False)
+    s = DistributedChunkedSampler(Shards([5, 5, 3]), num_replicas=2, rank=1, shuffle=False)
     assert isinstance(s, DistributedSampler)
+    assert (s.epoch, s.seed, s.shuffle, s.drop_last) == (0, 0, False, False)
     assert list(s) == [7, 8, 9, 10, 11, 12, 0]  # our order, not torch's
     assert (s.num_replicas, s.rank, s.num_samples, s.total_size) == (2, 1, 7, 14)
-    assert (s.epoch, s.seed, s.shuffle, s.drop_last) == (0, 0, False, False)
     s.set_epoch(3)
     assert s.state_dict()["epoch"] == 3
 
@@ -333,7 +375,7 @@ configs = st.fixed_dictionaries(
 def ranks(cfg, **extra):
     samplers = [
         DistributedChunkedSampler(
-            cfg["lengths"],
+            Shards(cfg["lengths"]),
             num_replicas=cfg["replicas"],
             rank=r,
             chunksize=cfg["chunksize"],
@@ -427,11 +469,11 @@ def test_resume_at_any_position(cfg, where, workers, via_json):
 
 
 def test_resume_with_explicit_position_and_set_epoch_clears():
-    s = ChunkedSampler([40, 40], chunksize=8)
+    s = ChunkedSampler(Shards([40, 40]), chunksize=8)
     s.set_epoch(2)
     full = list(s)
     state = s.state_dict(position=30)  # e.g. steps * batch_size, not what was prefetched
-    t = ChunkedSampler([40, 40], chunksize=8)
+    t = ChunkedSampler(Shards([40, 40]), chunksize=8)
     t.load_state_dict(state)
     assert list(t) == full[30:]
     t.load_state_dict(state)
@@ -442,19 +484,19 @@ def test_resume_with_explicit_position_and_set_epoch_clears():
 
 
 def test_resume_rejects_other_settings():
-    state = DistributedChunkedSampler([50], num_replicas=4, rank=1).state_dict()
+    state = DistributedChunkedSampler(Shards([50]), num_replicas=4, rank=1).state_dict()
     with pytest.raises(ValueError, match="world size"):
-        DistributedChunkedSampler([50], num_replicas=2, rank=1).load_state_dict(state)
+        DistributedChunkedSampler(Shards([50]), num_replicas=2, rank=1).load_state_dict(state)
     # rank 0's state fits every rank: positions are equal in lockstep
-    DistributedChunkedSampler([50], num_replicas=4, rank=3).load_state_dict(state)
+    DistributedChunkedSampler(Shards([50]), num_replicas=4, rank=3).load_state_dict(state)
     for kw in [dict(drop_last=True), dict(chunksize=7), dict(shuffle=False), dict(num_samples=40)]:
-        other = DistributedChunkedSampler([50], num_replicas=4, rank=1, **kw)
+        other = DistributedChunkedSampler(Shards([50]), num_replicas=4, rank=1, **kw)
         with pytest.raises(ValueError, match="saved with"):
             other.load_state_dict(state)
     with pytest.raises(ValueError, match="wids-sampler-state"):
-        ChunkedSampler([50]).load_state_dict({"epoch": 1})
+        ChunkedSampler(Shards([50])).load_state_dict({"epoch": 1})
     with pytest.raises(ValueError, match="position"):
-        DistributedChunkedSampler([50], num_replicas=4, rank=1).load_state_dict(
+        DistributedChunkedSampler(Shards([50]), num_replicas=4, rank=1).load_state_dict(
             {**state, "position": 14}
         )
 
@@ -497,16 +539,20 @@ def test_dataloader_worker_mapping():
     ds = WhoReads([40] * 8)
     plain = ChunkedSampler(ds, chunksize=40)
     seen, order = shards_per_worker(plain, ds, 5, 2)
+    plain.set_epoch(0)  # the loader's pass advanced it to epoch 1
     assert order == list(plain) and all(len(s) == 8 for s in seen.values())
 
     aware = ChunkedSampler(ds, chunksize=40, num_workers=2, batch_size=5)
     seen, order = shards_per_worker(aware, ds, 5, 2)
+    aware.set_epoch(0)  # the loader's pass advanced it to epoch 1
     assert order == list(aware) and sorted(order) == list(range(320))
     assert [len(s) for s in seen.values()] == [4, 4] and not set.intersection(*seen.values())
 
 
 def test_worker_aware_tail_borrows():
-    s = ChunkedSampler([10, 10, 3], chunksize=10, num_workers=2, batch_size=4, shuffle=False)
+    s = ChunkedSampler(
+        Shards([10, 10, 3]), chunksize=10, num_workers=2, batch_size=4, shuffle=False
+    )
     out = list(s)
     assert sorted(out) == list(range(23)) and len(s) == 23
     assert out[:4] == [0, 1, 2, 3] and out[4:8] == [10, 11, 12, 13]
@@ -555,7 +601,7 @@ def test_mix_distributed_and_weights():
     with pytest.raises(ValueError, match="weight"):
         ChunkedSampler(mixed((1.0, -1.0)), mix=True)
     with pytest.raises(ValueError, match="components"):
-        ChunkedSampler([10], mix=True)
+        ChunkedSampler(Shards([10]), mix=True)
     with pytest.raises(ValueError, match="global"):
         DistributedChunkedSampler(ds, num_replicas=1, rank=0, mix=True, partition="block")
 

@@ -256,8 +256,8 @@ def _chunked_floor(nginx: Nginx, paths: list[Path], spans: tuple, args: Any) -> 
     import fsspec
 
     _, cum, starts, ends = spans
-    lengths = [args.samples] * len(paths)
-    order = list(ChunkedSampler(lengths, chunksize=args.samples, seed=0, shufflefirst=True))
+    total = args.samples * len(paths)  # chunks of one shard each, as bench_cache's epoch
+    order = list(ChunkedSampler(range(total), chunksize=args.samples, seed=0, shufflefirst=True))
     urls = [f"{nginx.base}/{p.name}" for p in paths]
     fs = fsspec.filesystem("http", skip_instance_cache=True)
     plans = []

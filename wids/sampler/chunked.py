@@ -7,7 +7,6 @@ import itertools
 import math
 import operator
 import random
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
@@ -55,19 +54,18 @@ Partition = Literal["block", "global"]
 def _shard_lengths(dataset: Any) -> Any:
     """Per-shard sample counts as an int64 array.
 
-    From ``dataset.lengths``, a list/tuple of ints, or ``[len(dataset)]``.
+    From ``dataset.lengths`` (``ShardListDataset``, ``ConcatDataset``-like objects), else
+    ``[len(dataset)]``: a list, a range or a user's ``Dataset`` is one shard of ``len()``
+    samples, as in the reference (a list of ints is a dataset of ints, not of shard lengths).
     """
     import numpy as np
 
     lengths = getattr(dataset, "lengths", None)
-    if lengths is None and isinstance(dataset, (list, tuple)):
-        if all(isinstance(x, int) and not isinstance(x, bool) for x in dataset):
-            lengths = dataset
     if lengths is None:
         if not hasattr(dataset, "__len__"):
             raise TypeError(
-                f"need shard lengths: an object with .lengths, a list of ints or a sized "
-                f"dataset, not {type(dataset).__name__}"
+                f"need a sized dataset (len()) or one with shard lengths (.lengths), not "
+                f"{type(dataset).__name__}"
             )
         lengths = [len(dataset)]
     if not isinstance(lengths, (list, tuple, np.ndarray)):
@@ -84,6 +82,15 @@ def _shard_lengths(dataset: Any) -> Any:
         bad = int(np.argmax(result < 0))
         raise ValueError(f"shard lengths must be >= 0, got {int(result[bad])} for shard {bad}")
     return result
+
+
+class _Lengths:
+    """Shard lengths given on their own (``ShardedSampler(lengths=...)``), as a dataset."""
+
+    __slots__ = ("lengths",)
+
+    def __init__(self, lengths: Sequence[int]) -> None:
+        self.lengths = lengths
 
 
 def _span(num_samples: int | tuple[int, int] | None, total: int) -> Range:
@@ -107,9 +114,10 @@ class ChunkedSampler:
     :class:`DistributedChunkedSampler` for several ranks.
 
     Args:
-        dataset: Anything with ``.lengths`` (per-shard sample counts, like ``ShardListDataset``),
-            a list or tuple of ints (the shard lengths themselves), or any sized object (one
-            shard). With ``mix=True`` it must also have ``.components``.
+        dataset: Anything with ``.lengths`` (per-shard sample counts, like
+            ``ShardListDataset``), or any sized object (a list, a user's ``Dataset``): one
+            shard of ``len(dataset)`` samples. With ``mix=True`` it must also have
+            ``.components``.
         num_samples: ``None`` for all indices, an int ``n`` for ``[0, n)``, or ``(lo, hi)``.
         chunksize: Largest number of indices in a chunk.
         seed: Base of the per-epoch seed ``seed + 1289738273 * epoch``.
@@ -121,16 +129,21 @@ class ChunkedSampler:
         num_workers: The DataLoader's ``num_workers``; with ``batch_size``, orders the indices
             so each worker reads its own chunks (0 or 1: plain order).
         batch_size: The DataLoader's ``batch_size`` (used only when ``num_workers > 1``).
-        auto_epoch: After a complete pass, advance the epoch by one (the reference did this;
-            off by default: call ``set_epoch`` each epoch, as with torch's samplers).
+        auto_epoch: After a complete pass, advance the epoch by one. ``None`` (the default,
+            the reference's behaviour): advance until ``set_epoch`` is first called, after
+            which the epoch changes only through ``set_epoch``. ``True``: always advance;
+            ``False``: never (torch's samplers).
 
     Raises:
         ValueError: For a ``num_samples`` outside the dataset or a bad option.
 
     Example:
-        >>> sampler = ChunkedSampler([3, 2], chunksize=10, shuffle=False)
-        >>> sampler.ranges, list(sampler)
-        ([(0, 3), (3, 5)], [0, 1, 2, 3, 4])
+        >>> sampler = ChunkedSampler(list(range(25)), num_samples=20, chunksize=8)
+        >>> sampler.ranges
+        [(0, 8), (8, 16), (16, 20)]
+        >>> first, second = list(sampler), list(sampler)  # epoch 0, then epoch 1
+        >>> sorted(first) == sorted(second) == list(range(20)), first != second
+        (True, True)
     """
 
     # DistributedChunkedSampler sets these on the instance before ChunkedSampler.__init__ runs
@@ -152,7 +165,7 @@ class ChunkedSampler:
         mix: bool = False,
         num_workers: int = 0,
         batch_size: int = 1,
-        auto_epoch: bool = False,
+        auto_epoch: bool | None = None,
     ) -> None:
         if chunking not in ("shard", "fixed"):
             raise ValueError(f"chunking must be 'shard' or 'fixed', got {chunking!r}")
@@ -170,7 +183,7 @@ class ChunkedSampler:
         self.chunking, self.mix = chunking, bool(mix)
         self.partition: Partition = self.partition or ("global" if mix else "block")
         self.chunksize, self.num_workers, self.batch_size = chunksize, num_workers, batch_size
-        self.auto_epoch = bool(auto_epoch)
+        self.auto_epoch = None if auto_epoch is None else bool(auto_epoch)
         self.span = _span(num_samples, int(lengths.sum()))
         self._cuts = _boundaries(lengths) if chunking == "shard" else _boundaries([])[:0]
         self._cuts_crc: int | None = None
@@ -190,9 +203,7 @@ class ChunkedSampler:
             self.ranges = self._chunk(lo, hi)
         self._position = 0  # indices handed out by the current iterator
         self._resume = 0  # indices to skip at the start of the next iterator
-        self._epoch_set = False
-        self._completed_epoch: int | None = None
-        self._warned = False
+        self._epoch_set = False  # set_epoch was called: no automatic advance under None
         self._offer_plan(dataset)
 
     def _offer_plan(self, dataset: Any) -> None:
@@ -248,7 +259,8 @@ class ChunkedSampler:
         """Use the order of ``epoch`` from the next iteration on.
 
         Setting the epoch that a loaded state holds keeps its resume position; any other epoch
-        starts at the beginning.
+        starts at the beginning. With ``auto_epoch=None`` (the default), the first call ends
+        the automatic advance after each pass: from then on the epoch is what was set.
         """
         epoch = operator.index(epoch)
         if epoch != self.epoch:
@@ -295,18 +307,6 @@ class ChunkedSampler:
 
     def __iter__(self) -> Iterator[int]:
         start, self._resume = self._resume, 0
-        if (
-            self._completed_epoch == self.epoch
-            and start == 0
-            and self.shuffle
-            and not (self._epoch_set or self.auto_epoch or self._warned)
-        ):
-            self._warned = True
-            warnings.warn(
-                f"{type(self).__name__} repeats the order of epoch {self.epoch}: call "
-                "set_epoch(epoch) before each epoch (or pass auto_epoch=True)",
-                stacklevel=2,
-            )
         self._position = start
         return self._generate(start)
 
@@ -314,8 +314,7 @@ class ChunkedSampler:
         for index in itertools.islice(self._indices(), start, None):
             self._position += 1
             yield index
-        self._completed_epoch = self.epoch
-        if self.auto_epoch:
+        if self.auto_epoch or (self.auto_epoch is None and not self._epoch_set):
             self.epoch += 1
             self._position = 0
 
@@ -393,7 +392,6 @@ class ChunkedSampler:
             raise ValueError(f"position must be in [0, {self._length}], got {position}")
         self.epoch, self.seed = operator.index(state["epoch"]), operator.index(state["seed"])
         self._resume = self._position = position
-        self._epoch_set = True
 
     def __repr__(self) -> str:
         return (

@@ -119,7 +119,7 @@ class DistributedChunkedSampler(ChunkedSampler, _Base):
         mix: bool = False,
         num_workers: int = 0,
         batch_size: int = 1,
-        auto_epoch: bool = False,
+        auto_epoch: bool | None = None,
     ) -> None:
         self.num_replicas, self.rank = _world(num_replicas, rank)
         self.drop_last, self.partition = bool(drop_last), partition
