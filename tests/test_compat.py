@@ -1,8 +1,9 @@
 """Reference-compatibility tests: the contract written down in docs/compat.md.
 
-Where the reference wids (webdataset==0.2.111) is installed in its own venv at
-``/tmp/wids-refvenv`` (or ``$WIDS_REFERENCE_VENV``), the same description is also read by it in
-a subprocess and the samples are compared; otherwise those tests are skipped.
+Where the reference wids (webdataset==0.2.111) is installed in its own venv
+(``$WIDS_REFERENCE_PYTHON``, see ``tests/reference.py``; ``tools/test.sh`` makes it), the same
+description is also read by it in a subprocess and the samples are compared; otherwise those
+tests are skipped.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from reference import reference_python
 from tar_oracle import dataset_samples, strip_meta
 
 import wids
@@ -34,7 +36,6 @@ def _png() -> bytes:
 
 
 META = {"__key__", "__index__", "__shard__", "__shardindex__", "__dataset__"}
-REF_VENV = os.environ.get("WIDS_REFERENCE_VENV", "/tmp/wids-refvenv")
 
 
 @pytest.fixture(scope="module")
@@ -226,18 +227,16 @@ _REF_SCRIPT = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(not os.path.exists(f"{REF_VENV}/bin/python"), reason="no reference venv")
 def test_same_as_reference(dataset_dir, tmp_path):
     d, _, _ = dataset_dir
     proc = subprocess.run(
-        [f"{REF_VENV}/bin/python", "-c", _REF_SCRIPT, str(d / "desc.json"), str(tmp_path)],
+        [reference_python(), "-I", "-c", _REF_SCRIPT, str(d / "desc.json"), str(tmp_path)],
         capture_output=True,
         text=True,
-        cwd=str(tmp_path),  # so the reference's "wids" is imported, not ours
+        cwd=str(tmp_path),  # -I and a directory of its own: the reference's "wids", not ours
         timeout=300,
     )
-    if proc.returncode != 0:
-        pytest.skip(f"reference wids failed to run: {proc.stderr[-500:]}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
     ref = json.loads(proc.stdout.strip().splitlines()[-1])
     ds = _ds(dataset_dir)
     assert ref["len"] == len(ds) and ref["lengths"] == ds.lengths

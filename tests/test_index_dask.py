@@ -15,19 +15,24 @@ from wids.subset import make_subset
 from wids.synth import write_dataset, write_shard
 
 distributed = pytest.importorskip("distributed")
+dask = pytest.importorskip("dask")
 
 NSHARDS = 6
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tmp_path_factory):
+    # dask's scratch space (else ./dask-scratch-space or $TMPDIR's, left behind) under tmp_path
+    scratch = str(tmp_path_factory.mktemp("dask-scratch"))
     with (
+        dask.config.set({"temporary-directory": scratch}),
         distributed.LocalCluster(
             n_workers=2,
             threads_per_worker=1,
             processes=True,
             host="127.0.0.1",
             dashboard_address="127.0.0.1:0",  # loopback, any free port (8787 may be taken)
+            local_directory=scratch,
         ) as lc,
         distributed.Client(lc) as client,
     ):

@@ -1,12 +1,9 @@
 """The JSON index we write loads in the reference wids (webdataset 0.2.111), unchanged.
 
 The reference's import name ``wids`` collides with ours, so it runs in its own venv
-(``$TMPDIR/wids-refvenv``, with ``torch==2.13.0`` and ``webdataset==0.2.111``) in a subprocess
-started with ``-I`` (no current directory or user site on its path).
-
-An existing venv is used whenever it works. Creating one takes minutes and needs the package
-index, so it happens only when slow tests are selected (``pytest -m slow``); otherwise, or if
-creating it fails, the tests skip with the reason.
+(``$WIDS_REFERENCE_PYTHON``, see ``tests/reference.py``; ``tools/test.sh`` makes it) in a
+subprocess started with ``-I`` (no current directory or user site on its path). Without the
+variable these tests skip, saying so.
 """
 
 from __future__ import annotations
@@ -14,22 +11,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 from indexcontract import shard_info, tar_table
+from reference import reference_python
 from tarfixtures import make_samples, write_shard
 
 from wids import JsonIndexWriter, SqliteIndexWriter, convert_index
 
 pytestmark = pytest.mark.slow
-
-REF_VENV = Path(tempfile.gettempdir()) / "wids-refvenv"
-REF_PACKAGES = ("torch==2.13.0", "webdataset==0.2.111")
-
-_PROBE = "import torch, wids, wids.wids_specs; print(wids.__file__)"
 
 _READ = r"""
 import json, os, sys
@@ -58,55 +50,9 @@ print("RESULT " + json.dumps(results))
 """
 
 
-def _works(python: Path) -> bool:
-    if not python.exists():
-        return False
-    r = subprocess.run(
-        [str(python), "-I", "-c", _PROBE], capture_output=True, text=True, cwd=tempfile.gettempdir()
-    )
-    return r.returncode == 0 and str(REF_VENV) in r.stdout
-
-
-def _create_venv() -> str | None:
-    """Create the venv (once, under a lock); return why it failed, or None."""
-    from wids.lock import FileLock
-
-    python = REF_VENV / "bin" / "python"
-    with FileLock(str(REF_VENV) + ".lock", timeout=3600):
-        if _works(python):
-            return None
-        steps = [
-            [sys.executable, "-m", "venv", "--clear", str(REF_VENV)],
-            [
-                str(python),
-                "-m",
-                "pip",
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                *REF_PACKAGES,
-            ],
-        ]
-        for cmd in steps:
-            try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=3000)
-            except (OSError, subprocess.TimeoutExpired) as e:
-                return f"{cmd[:3]}: {e}"
-            if r.returncode != 0:
-                return f"{' '.join(cmd[:4])} failed: {r.stderr.strip()[-500:]}"
-    return None if _works(python) else "the venv does not import the reference wids"
-
-
 @pytest.fixture(scope="module")
-def ref_python(request: pytest.FixtureRequest) -> str:
-    python = REF_VENV / "bin" / "python"
-    if not _works(python):
-        if "slow" not in (request.config.getoption("markexpr") or ""):
-            pytest.skip(f"no reference venv at {REF_VENV}; run with -m slow to create it")
-        why = _create_venv()
-        if why is not None:
-            pytest.skip(f"cannot make the reference venv: {why}")
-    return str(python)
+def ref_python() -> str:
+    return reference_python()
 
 
 def run_reference(python: str, jobs: list[dict]) -> list[dict]:

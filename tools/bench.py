@@ -25,7 +25,7 @@ decoding. Progress goes to stderr; the table to stdout. Nothing leaves 127.0.0.1
 
 Usage::
 
-    python tools/bench.py                           # the README's table (~2-4 minutes)
+    python tools/bench.py                           # the table of docs/benchmarks.md (~2-4 minutes)
     python tools/bench.py --quick                   # small data, seconds
     python tools/bench.py --reference /tmp/wids-refvenv
     python tools/bench.py --latency                 # also the rows under object-store latency
@@ -498,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ref-seconds", type=float, default=20.0, help="time budget per reference read")
     p.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
     p.add_argument(
-        "--update-readme", action="store_true", help="write the table into README.md (markers)"
+        "--update-docs", action="store_true", help="write the table into docs/benchmarks.md"
     )
     args = p.parse_args(argv)
     quick = args.quick
@@ -581,14 +581,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         print()
         print(table.markdown())
-    if args.update_readme:
-        _update_readme(header, table.markdown(), legend)
+    if args.update_docs:
+        _update_docs(header, table.markdown(), legend)
     return 0
 
 
-def _update_readme(header: list[str], markdown: str, legend: str) -> None:
-    """Put this run's table between the bench-table markers of README.md."""
-    readme = Path(__file__).resolve().parent.parent / "README.md"
+def _update_docs(header: list[str], markdown: str, legend: str) -> None:
+    """Put this run's table between the bench-table markers of docs/benchmarks.md."""
+    readme = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
     start, end = "<!-- bench-table:start -->", "<!-- bench-table:end -->"
     text = readme.read_text()
     head, rest = text.split(start, 1)
