@@ -64,7 +64,11 @@ def test_the_cli_page_is_the_help_of_every_command(site: Path) -> None:
 
 def test_the_api_page_documents_every_public_name(site: Path) -> None:
     listed = re.findall(r"^::: wids\.(\w+)$", (ROOT / "docs" / "api.md").read_text(), re.M)
-    assert sorted(listed) == sorted(wids.__all__), "docs/api.md must list exactly wids.__all__"
+    missing, extra = set(wids.__all__) - set(listed), set(listed) - set(wids.__all__)
+    assert not missing and not extra, (
+        f"docs/api.md must list wids.__all__: add {missing}, drop {extra}"
+    )
+    assert len(listed) == len(set(listed))
     html = (site / "api" / "index.html").read_text()
     for name in wids.__all__:
         assert f'id="wids.{name}"' in html, name  # rendered from the docstrings
