@@ -14,10 +14,13 @@
 #   wids_reference_venv     the reference wids (webdataset==0.2.111) in a venv of its own
 #
 # Its import name `wids` collides with ours, so it lives in $WIDS_REFERENCE_VENV (default:
-# .venv-reference); exports WIDS_REFERENCE_PYTHON, which the compatibility tests read.
+# .venv-reference); exports WIDS_REFERENCE_PYTHON, which the compatibility tests read
+# (tests/reference.py), and WIDS_REFERENCE_TESTS, the reference's source archive
+# (wids==0.1.11, the same code), whose test file tests/test_reference_tests.py runs against ours.
 
 WIDS_TORCH="torch==2.13.0"
 WIDS_REFERENCE_PACKAGES=("$WIDS_TORCH" "webdataset==0.2.111")
+WIDS_REFERENCE_SDIST="wids==0.1.11"
 
 _wids_log() { echo "$(basename "$0"): $*" >&2; }
 
@@ -58,12 +61,17 @@ wids_reference_venv() {
     local venv="${WIDS_REFERENCE_VENV:-.venv-reference}"
     _wids_make_venv "$venv" || return 1
     local stamp
-    stamp="$(printf '%s\n' "${WIDS_REFERENCE_PACKAGES[@]}" | sha256sum | cut -d' ' -f1)"
+    stamp="$(printf '%s\n' "${WIDS_REFERENCE_PACKAGES[@]}" "$WIDS_REFERENCE_SDIST" | sha256sum | cut -d' ' -f1)"
     if [ "$(cat "$venv/.wids-installed" 2>/dev/null)" != "$stamp" ]; then
         _wids_log "installing the reference wids (${WIDS_REFERENCE_PACKAGES[*]}) into $venv"
-        "$venv/bin/python" -m pip install -q --disable-pip-version-check "${WIDS_REFERENCE_PACKAGES[@]}"
+        local pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+        "${pip[@]}" install -q "${WIDS_REFERENCE_PACKAGES[@]}"
+        rm -rf "$venv/sdist"
+        "${pip[@]}" download -q --no-deps --no-binary :all: -d "$venv/sdist" "$WIDS_REFERENCE_SDIST"
         echo "$stamp" >"$venv/.wids-installed"
     fi
-    WIDS_REFERENCE_PYTHON="$(cd "$venv" && pwd)/bin/python"
-    export WIDS_REFERENCE_PYTHON
+    venv="$(cd "$venv" && pwd)"
+    export WIDS_REFERENCE_PYTHON="$venv/bin/python"
+    WIDS_REFERENCE_TESTS="$(ls "$venv"/sdist/wids-*.tar.gz)"
+    export WIDS_REFERENCE_TESTS
 }
