@@ -67,9 +67,7 @@ class TestSqliteIndex(IndexContract):
         assert r["samples"] == 10_000 and r["members"] == 30_000 and r["file_bytes"] > 0
 
     @pytest.mark.slow
-    def test_one_million_samples(self, request: pytest.FixtureRequest) -> None:
-        if "slow" not in (request.config.getoption("markexpr") or ""):
-            pytest.skip("~15 s; run with -m slow")
+    def test_one_million_samples(self) -> None:
         from bench_sqlite import bench_sqlite
 
         r = bench_sqlite(1000, 1000)
