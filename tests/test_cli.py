@@ -314,19 +314,20 @@ def test_an_output_that_is_a_shard_or_a_users_file_is_refused(shards, tmp_path):
 # ---------------------------------------------------------------------- plain-spoken errors
 
 
-def test_a_directory_or_an_unexpanded_glob_is_named_and_explained(shards, tmp_path):
+def test_a_directory_or_a_glob_matching_nothing_is_named_and_explained(shards, tmp_path):
     from wids import ShardListDataset, ShardNotFoundError
 
     d = os.path.dirname(shards[0])
     with pytest.raises(ShardNotFoundError, match="is a directory") as e:
         len(ShardListDataset(d))
     assert e.value.shard == d and isinstance(e.value, FileNotFoundError)
-    glob = os.path.join(d, "synth-*.tar")
-    with pytest.raises(ShardNotFoundError, match=r"wildcards like \* are not expanded"):
+    assert len(ShardListDataset(os.path.join(d, "synth-*.tar"))) == 60  # quoted globs expand
+    glob = os.path.join(d, "nothing-*.tar")
+    with pytest.raises(ShardNotFoundError, match="no file matches"):
         len(ShardListDataset(glob))
     r = run("index", "create", glob, "-o", str(tmp_path / "g.json"))
-    assert r.returncode == 2 and "not expanded" in r.stderr and "brace pattern" in r.stderr
-    assert "not expanded" not in run("index", "info", str(tmp_path / "none.json")).stderr
+    assert r.returncode == 2 and "no file matches" in r.stderr and glob in r.stderr
+    assert "matches" not in run("index", "info", str(tmp_path / "none.json")).stderr
 
 
 def test_remote_errors_say_what_failed_in_plain_words(s3_server):

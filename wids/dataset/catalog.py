@@ -238,6 +238,7 @@ class Catalog:
 
     def _load_pattern(self, src: Any) -> Description:
         from ..index import Component, expand_braces
+        from ..storage import expand_glob
 
         urls: list[str] = []
         for s in [src] if isinstance(src, (str, os.PathLike)) else src:
@@ -250,6 +251,7 @@ class Catalog:
             from ..index import map_url
 
             urls = [map_url(u, self.url_map) for u in urls]
+        urls = [m for u in urls for m in expand_glob(u, self._uncounted())]  # where they are
         if not urls:
             raise IndexFormatError("the shard pattern names no shards", shard=display_url(src))
         with cf.ThreadPoolExecutor(max_workers=min(8, len(urls))) as pool:

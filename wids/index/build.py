@@ -84,23 +84,39 @@ class BuildReport:
         }
 
 
-def expand_shard_args(args: Iterable[str]) -> list[str]:
-    """Expand shard arguments: brace patterns, and ``@listfile`` (one shard per line).
+def expand_shard_args(
+    args: Iterable[str], storage_options: Store | Mapping[str, Any] | None = None
+) -> list[str]:
+    """Expand shard arguments: brace patterns, wildcards, and ``@listfile`` (one per line).
+
+    Braces expand first, then each result's wildcards (``*``, ``?``, ``[...]``, on any
+    filesystem: ``s3://bucket/train-*.tar``), whose matches come in natural order
+    (``train-2`` before ``train-10``; :func:`wids.storage.expand_glob`).
+
+    Args:
+        args: Paths/URLs, patterns, ``@listfile`` names.
+        storage_options: fsspec options for listing remote wildcards.
+
+    Raises:
+        ShardNotFoundError: A wildcard matches nothing.
 
     Example:
         >>> expand_shard_args(["s3://b/train-{000000..000002}.tar"])
         ['s3://b/train-000000.tar', 's3://b/train-000001.tar', 's3://b/train-000002.tar']
     """
+    from ..storage import expand_glob
     from .urls import expand_braces
 
+    store = Store.of(storage_options)
     out: list[str] = []
     for arg in args:
         if arg.startswith("@"):
             with open(arg[1:], encoding="utf-8") as f:
                 lines = [ln.strip() for ln in f]
-            out += expand_shard_args(ln for ln in lines if ln and not ln.startswith("#"))
+            out += expand_shard_args((ln for ln in lines if ln and not ln.startswith("#")), store)
         else:
-            out += expand_braces(arg)
+            for url in expand_braces(arg):
+                out += expand_glob(url, store)
     return out
 
 
@@ -142,7 +158,8 @@ def build_index(
     """Scan shards and write a member-offset index (JSON or SQLite, by ``output``'s suffix).
 
     Args:
-        shards: Shard paths/URLs, brace patterns, or ``@listfile`` arguments.
+        shards: Shard paths/URLs, brace patterns, wildcards (``s3://b/train-*.tar``, in
+            natural order), or ``@listfile`` arguments.
         output: ``*.json`` or ``*.sqlite`` (also ``.sqlite3``, ``.db``): a local path or any
             writable fsspec URL (``s3://bucket/train.json``); a remote index is built in a
             temporary directory and uploaded, sidecars first and the description last.
@@ -181,10 +198,10 @@ def build_index(
     from .output import check_output, index_destination
 
     t0 = time.monotonic()
-    urls = expand_shard_args([shards] if isinstance(shards, str) else shards)
+    store = Store.of(storage_options)
+    urls = expand_shard_args([shards] if isinstance(shards, str) else shards, store)
     if not urls:
         raise ValueError("no shards given")
-    store = Store.of(storage_options)
     check_output(output, urls, store)
     placed: set[str] = set()  # sidecars written at their remote place by the jobs
     # Locked: two builders of one index would each publish, and delete the other's sidecars.

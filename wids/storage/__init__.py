@@ -11,6 +11,7 @@ The only part of wids that imports fsspec. Other parts import from this package,
   forked child leaves the parent's kept-alive connections alone;
 - :mod:`.stats`: :class:`FileStat`, :class:`IOStats`, :func:`comparable_etag`;
 - :mod:`.urls`: local or remote, how an index records a shard, :func:`url_name`;
+- :mod:`.globs`: wildcards in shard URLs (:func:`expand_glob`), in natural order;
 - :mod:`.publish`: writing: :func:`check_writable`, :func:`put_file`, :func:`destination`;
 - :mod:`.redact`: what is safe to show: :func:`redact_url`, :func:`redact_text` ...;
 - inside: :mod:`.retry` (policy, failure kinds, retry loops), :mod:`.backends` (fsspec
@@ -25,6 +26,7 @@ from . import forks
 from .backends import preload
 from .batch import Window, read_ranges
 from .descriptors import DescriptorPool
+from .globs import expand_glob, has_glob, natural_key
 from .parts import read_whole
 from .publish import check_writable, destination, put_file, read_head, same_place
 from .rangeread import Check
@@ -48,11 +50,14 @@ __all__ = [
     "comparable_etag",
     "destination",
     "escape_controls",
+    "expand_glob",
     "forks",
+    "has_glob",
     "is_local",
     "is_remote",
     "local_file",
     "local_path",
+    "natural_key",
     "output_dir",
     "preload",
     "put_file",

@@ -22,8 +22,8 @@ def no_such_file(path: str) -> str:
     """Say "no such file", and why when the name holds a wildcard the shell did not expand."""
     if any(c in path for c in "*?["):
         return (
-            "no such file (wildcards like * are not expanded here: let the shell expand them, "
-            "list the files, or use a brace pattern such as train-{000000..000009}.tar)"
+            "no such file (a wildcard like * expands only in a list of shards, as given to "
+            "wids index create or ShardListDataset; not in an index or a shard named by one)"
         )
     return "no such file"
 
