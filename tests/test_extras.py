@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-BLOCKED = ("torch", "s3fs", "gcsfs", "PIL")
+BLOCKED = ("torch", "s3fs", "gcsfs", "PIL", "aiohttp", "msgpack", "distributed")
 
 _SITECUSTOMIZE = f"""
 import sys
@@ -110,10 +110,92 @@ def test_the_core_works_without_torch_s3fs_gcsfs_or_pillow(blocked_env, tmp_path
     assert got["sampled"] == [list(range(8)), list(range(8))]
     assert got["decoded"] == ["text 1 1", 1]
     assert "field '.jpg': decoding images needs Pillow" in got["image"]
-    assert "pip install 'wids-shards[image]'" in got["image"]
-    assert "ds1 + ds2 needs torch" in got["add"] and "'wids-shards[torch]'" in got["add"]
-    assert "pip install 'wids-shards[s3]'" in got["s3"]
-    assert "pip install 'wids-shards[gcs]'" in got["gs"]
+    assert install("image") in got["image"]
+    assert "ds1 + ds2 needs torch" in got["add"] and install("torch") in got["add"]
+    assert install("s3") in got["s3"]
+    assert install("gcs") in got["gs"]
+
+
+def install(extra: str) -> str:
+    """What every "needs an extra" error says: the extra, and how to install it from a clone."""
+    return (
+        f"install the '{extra}' extra of wids-shards: pip install -e '.[{extra}]' in a clone of "
+        "its repository (it is not on the package index)"
+    )
+
+
+_EVERY_EXTRA = r"""
+import json, sys
+import numpy
+import wids
+import wids.show
+
+shard, port = sys.argv[1], sys.argv[2]
+
+
+def error_of(f):
+    try:
+        f()
+    except ImportError as e:
+        return str(e)
+    except Exception as e:
+        return f"not an ImportError: {type(e).__name__}: {e}"
+    return None
+
+
+def write(field, value):
+    with wids.TarWriter(shard, encoder=wids.Encoder(allow_pickle=True)) as w:
+        w.write({"__key__": "a", field: value})
+
+
+url = f"http://127.0.0.1:{port}/train.json"
+report = {
+    "http_dataset": error_of(lambda: len(wids.ShardListDataset(url))),
+    "http_index": error_of(lambda: wids.build_index([f"http://127.0.0.1:{port}/a.tar"], "x.json")),
+    "http_glob": error_of(lambda: wids.build_index([f"http://127.0.0.1:{port}/*.tar"], "y.json")),
+    "https_index": error_of(lambda: wids.open_index(f"https://127.0.0.1:{port}/t.json")),
+    "encode_image": error_of(lambda: write("jpg", numpy.zeros((4, 4, 3), dtype="uint8"))),
+    "encode_msgpack": error_of(lambda: write("msgpack", {"a": 1})),
+    "encode_torch": error_of(lambda: write("pth", {"a": 1})),
+    "grid": error_of(lambda: wids.show.render_grid([{".jpg": b"x"}], "g.png")),
+}
+print(json.dumps(report))
+"""
+
+
+def test_every_optional_import_names_its_extra(blocked_env, tmp_path):
+    """http(s):// without aiohttp, encoding without Pillow/msgpack/torch, the grid without PIL."""
+    from serverfixtures import free_port
+
+    shard = tmp_path / "w.tar"
+    r = _run(["-c", _EVERY_EXTRA, str(shard), str(free_port())], blocked_env, tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for case in ("http_dataset", "http_index", "http_glob", "https_index"):
+        assert got[case] and "needs aiohttp" in got[case] and install("http") in got[case], case
+    assert "encoding JPEG images needs Pillow" in got["encode_image"]
+    assert install("image") in got["encode_image"]
+    assert "encoding msgpack needs msgpack" in got["encode_msgpack"]
+    assert install("msgpack") in got["encode_msgpack"]
+    assert "needs torch" in got["encode_torch"] and install("torch") in got["encode_torch"]
+    assert "wids show --grid) needs Pillow" in got["grid"] and install("image") in got["grid"]
+
+
+def test_the_command_line_names_the_extras_too(blocked_env, tmp_path):
+    shard = tmp_path / "g-000000.tar"
+    make = (
+        "import sys, wids\n"
+        "with wids.TarWriter(sys.argv[1], encoder=False) as w:\n"
+        "    w.write({'__key__': '000000', 'jpg': b'not a jpeg', 'cls': b'1'})\n"
+    )
+    assert _run(["-c", make, str(shard)], blocked_env, tmp_path).returncode == 0
+    grid = _run(["-m", "wids", "show", str(shard), "--grid", "g.png"], blocked_env, tmp_path)
+    assert grid.returncode == 2 and "needs Pillow" in grid.stderr
+    assert install("image") in grid.stderr and "Traceback" not in grid.stderr
+    dask = ["-m", "wids", "index", "create", str(shard), "-o", "d.json", "--dask", "tcp://x:1"]
+    r = _run(dask, blocked_env, tmp_path)
+    assert r.returncode == 2 and "--dask needs dask.distributed" in r.stderr
+    assert install("dask") in r.stderr
 
 
 def test_the_command_line_indexes_without_the_extras(blocked_env, tmp_path):

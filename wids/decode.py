@@ -290,7 +290,7 @@ class Decoder:
         Raises:
             DecodeError: A field could not be decoded; names the shard, key and field.
             ImportError: Decoding a field needs an optional package that is not installed
-                (the message names the extra: ``pip install 'wids-shards[image]'``).
+                (the message names the ``image`` extra).
         """
         out = dict(sample)
         for field, value in sample.items():

@@ -75,7 +75,12 @@ def _image_encoder(fmt: str, quality: int) -> FieldEncoder:
     options = {"quality": quality} if fmt in ("JPEG", "WEBP") else {}
 
     def encode(value: Any) -> bytes:
-        from PIL import Image
+        try:
+            from PIL import Image
+        except ImportError as e:
+            from .extras import missing
+
+            raise missing("PIL", f"encoding {fmt} images", e) from None
 
         if _is_torch(value):
             value = _to_array(value, channels_first=True)
@@ -158,8 +163,10 @@ def _npy(value: Any) -> bytes:
 def _msgpack(value: Any) -> bytes:
     try:
         import msgpack
-    except ImportError:
-        raise EncodeError("encoding msgpack needs the msgpack package") from None
+    except ImportError as e:
+        from .extras import missing
+
+        raise missing("msgpack", "encoding msgpack", e) from None
     try:
         packed: bytes = msgpack.packb(value, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as e:
@@ -174,7 +181,12 @@ def _pickle(value: Any) -> bytes:
 
 
 def _torch_save(value: Any) -> bytes:
-    import torch
+    try:
+        import torch
+    except ImportError as e:
+        from .extras import missing
+
+        raise missing("torch", "encoding .pt/.pth fields", e) from None
 
     buf = io.BytesIO()
     torch.save(value, buf)

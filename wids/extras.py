@@ -1,8 +1,9 @@
 """The optional extras: which one brings a missing package, and the error that says so.
 
-``pip install wids-shards`` installs the core (tar parsing, indexes, the dataset, the samplers,
-local files). Everything else is an extra, imported only where it is used; when it is missing,
-the error names the extra to install::
+The distribution ``wids-shards`` installs the core (tar parsing, indexes, the dataset, the
+samplers, local files). Everything else is an extra, imported only where it is used; when it is
+missing, the error names the extra and how to install it (:func:`install_hint`: wids-shards is
+not on the package index, so from a clone, ``pip install -e '.[image]'``)::
 
     torch    torch       a torch Dataset, ds1 + ds2, DataLoader use, tensor image modes
     image    Pillow      decoding and encoding images
@@ -15,7 +16,7 @@ the error names the extra to install::
 
 from __future__ import annotations
 
-__all__ = ["missing", "missing_backend"]
+__all__ = ["install_hint", "missing", "missing_backend"]
 
 _EXTRA_OF_MODULE = {
     "torch": "torch",
@@ -37,6 +38,19 @@ _EXTRA_OF_PROTOCOL = {
 }
 
 
+def install_hint(extra: str) -> str:
+    """How to install ``extra``: from a clone, since wids-shards is not on the package index.
+
+    Example:
+        >>> install_hint("http")
+        "install the 'http' extra of wids-shards: pip install -e '.[http]' in a clone of its repository (it is not on the package index)"
+    """  # noqa: E501
+    return (
+        f"install the {extra!r} extra of wids-shards: pip install -e '.[{extra}]' in a clone "
+        "of its repository (it is not on the package index)"
+    )
+
+
 def missing(module: str, purpose: str, error: ImportError) -> ImportError:
     """The error for an optional ``module`` that failed to import, naming its extra.
 
@@ -50,7 +64,7 @@ def missing(module: str, purpose: str, error: ImportError) -> ImportError:
     """
     top = module.split(".")[0]
     extra = _EXTRA_OF_MODULE.get(top)
-    hint = f"pip install 'wids-shards[{extra}]'" if extra else f"pip install {top}"
+    hint = install_hint(extra) if extra else f"pip install {top}"
     package = _PACKAGE_OF_MODULE.get(top, top)
     return ImportError(f"{purpose} needs {package} ({error}): {hint}", name=top)
 
@@ -70,5 +84,5 @@ def missing_backend(url: str, error: ImportError) -> ImportError:
     if extra is None:
         return error
     return ImportError(
-        f"{protocol}:// URLs need the {extra} extra ({error}): pip install 'wids-shards[{extra}]'"
+        f"{protocol}:// URLs need the {extra} extra ({error}): {install_hint(extra)}"
     )

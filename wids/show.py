@@ -172,8 +172,12 @@ def render_grid(
     Raises:
         ValueError: No samples, or a bad ``cell``/``columns``.
     """
-    from PIL import Image, ImageDraw, ImageFont, ImageOps
+    try:
+        from PIL import Image, ImageDraw, ImageFont, ImageOps
+    except ImportError as e:
+        from .extras import missing
 
+        raise missing("PIL", "drawing a grid (wids show --grid)", e) from None
     if not samples:
         raise ValueError("no samples to draw")
     if cell < 32 or (columns is not None and columns < 1):

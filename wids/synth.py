@@ -31,8 +31,12 @@ _COLOURS = {
 
 def make_image(label: int, size: int, rng: random.Random) -> bytes:
     """A JPEG of a shape in the label's colour on a noisy background (needs Pillow)."""
-    from PIL import Image, ImageDraw
+    try:
+        from PIL import Image, ImageDraw
+    except ImportError as e:
+        from .extras import missing
 
+        raise missing("PIL", "drawing synthetic images", e) from None
     colour = _COLOURS[CLASS_NAMES[label % len(CLASS_NAMES)]]
     img = Image.effect_noise((size, size), 40).convert("RGB")
     draw = ImageDraw.Draw(img)

@@ -29,9 +29,9 @@ def dask_executor(address: str | None) -> Iterator[Executor | None]:
         return
     try:
         from distributed import Client
-    except ImportError:
-        raise RuntimeError(
-            "--dask needs dask.distributed: pip install 'wids-shards[dask]'"
-        ) from None
+    except ImportError as e:
+        from ..extras import missing
+
+        raise missing("distributed", "--dask", e) from None
     with Client(address) as client:
         yield client.get_executor()

@@ -349,13 +349,14 @@ class ShardListDataset(_DatasetBase[T_co]):
         See :class:`~wids.dataset.concat.ShardConcatDataset` (``lengths``, ``components``).
 
         Raises:
-            ImportError: torch is not installed (``pip install 'wids-shards[torch]'``).
+            ImportError: torch is not installed (the message names the ``torch`` extra).
         """
         try:
             from .concat import ShardConcatDataset
         except ImportError as e:
-            msg = f"ds1 + ds2 needs torch ({e}): pip install 'wids-shards[torch]'"
-            raise ImportError(msg) from None
+            from ..extras import missing
+
+            raise missing("torch", "ds1 + ds2", e) from None
         return ShardConcatDataset([self, other])
 
     def add_transform(self, transform: Transform) -> ShardListDataset:

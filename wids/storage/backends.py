@@ -8,7 +8,7 @@
 - :func:`is_http` / :func:`is_s3`: filesystems whose range requests wids makes itself,
   conditional and checked (:mod:`wids.storage.conditional`).
 - :func:`url_to_fs`: fsspec's, with a missing backend package named by the extra that
-  installs it (``pip install 'wids-shards[s3]'``).
+  installs it (the ``s3`` extra); so is aiohttp, wherever an HTTP timeout needs it.
 
 - :func:`preload`: import a URL's backend ahead of the first read.
 
@@ -71,7 +71,7 @@ def with_defaults(url: str, options: Mapping[str, Any], policy: RetryPolicy) -> 
     elif protocol in ("http", "https"):
         client = dict(opts.get("client_kwargs") or {})
         if "timeout" not in client:
-            aiohttp = importlib.import_module("aiohttp")  # what fsspec's HTTP filesystem needs
+            aiohttp = _aiohttp()  # what fsspec's HTTP filesystem needs
             client["timeout"] = aiohttp.ClientTimeout(
                 total=None, sock_connect=policy.timeout, sock_read=policy.timeout
             )
@@ -94,8 +94,17 @@ def request_timeout(url: str, options: Mapping[str, Any], policy: RetryPolicy) -
         return None
     if "timeout" in (options.get("client_kwargs") or {}):
         return None
-    aiohttp = importlib.import_module("aiohttp")
-    return aiohttp.ClientTimeout(total=None, sock_connect=policy.timeout, sock_read=None)
+    return _aiohttp().ClientTimeout(total=None, sock_connect=policy.timeout, sock_read=None)
+
+
+def _aiohttp() -> Any:
+    """aiohttp, or an ``ImportError`` naming the ``http`` extra."""
+    try:
+        return importlib.import_module("aiohttp")
+    except ImportError as e:
+        from ..extras import missing
+
+        raise missing("aiohttp", "http(s):// URLs", e) from None
 
 
 def _mtime(info: Mapping[str, Any]) -> float | None:
