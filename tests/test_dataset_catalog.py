@@ -87,9 +87,17 @@ def test_first_touch_is_per_process_and_forgotten_on_request(index):
     assert not Catalog(index[0], LocalCache(None), verify=False).needs_check(0)
 
 
-def test_pickle_drops_an_open_index_but_keeps_scanned_tables(index):
+def test_pickle_keeps_a_small_description_and_scanned_tables(index, monkeypatch):
+    """A spawned DataLoader worker gets the loaded description: on the old code it read the
+    index again. A large index is reopened instead (it reopens faster than it pickles)."""
+    import wids.dataset.catalog as catalog_module
+
     catalog = Catalog(index[0], LocalCache(None))
     catalog.members(0)
+    again = pickle.loads(pickle.dumps(catalog))
+    assert again.loaded and again.locate(-1)[1] == NS - 1
+    assert again.members(1)[0] == catalog.members(1)[0]
+    monkeypatch.setattr(catalog_module, "PICKLED_SHARDS", NS - 1)
     again = pickle.loads(pickle.dumps(catalog))
     assert not again.loaded  # the open index is reopened in the new process
     assert again.locate(-1)[1] == NS - 1

@@ -36,7 +36,15 @@ from .description import Description
 from .localcache import LocalCache
 from .localtables import parse_local_tables
 
-__all__ = ["Catalog", "display_url"]
+__all__ = ["PICKLED_BYTES", "PICKLED_SHARDS", "PICKLED_TABLES", "Catalog", "display_url"]
+
+PICKLED_SHARDS = 1 << 14
+"""A loaded description of an index of up to this many shards goes with a pickled catalog."""
+PICKLED_TABLES = 32
+"""A remote index of up to this many shards has its member tables loaded with it, and they go
+with a pickled catalog, at most ..."""
+PICKLED_BYTES = 16 << 20
+"""... and their bytes at most."""
 
 
 def _is_shard_pattern(src: Any) -> bool:
@@ -96,6 +104,7 @@ class Catalog:
         # table, end of its last member's data
         self._members: dict[int, tuple[ShardMembers, int]] = {}
         self._scanned: set[int] = set()  # member tables that came from scanning (costly)
+        self._first: list[int] = []  # tables loaded with the description (load)
         self._warned_duplicates = False
         self.reset_process()
 
@@ -125,13 +134,30 @@ class Catalog:
         self._lock = threading.RLock()
 
     def __getstate__(self) -> dict[str, Any]:
+        """A copy for another process: the loaded description and the first tables, bounded.
+
+        A DataLoader pickles the dataset for each worker it starts under forkserver or spawn:
+        a description of up to :data:`PICKLED_SHARDS` shards goes with it (the worker does
+        not read the index again), and the member tables loaded with it (:meth:`load`), up to
+        :data:`PICKLED_BYTES`. Tables scanned from shards go too (a pass over a shard each);
+        other tables reload from the index where needed.
+        """
         state = self.__dict__.copy()
         del state["_verified"], state["_lock"]
-        # Tables from an index reload cheaply; scanned ones would cost a pass over the shard.
-        state["_members"] = {i: m for i, m in self._members.items() if i in self._scanned}
-        if self._loaded is not None and self._loaded.indexed is not None:
-            state["_loaded"] = None  # holds an open index; reload in the new process
-            state["_members"] = {}
+        loaded = self._loaded
+        keep = {i: m for i, m in self._members.items() if i in self._scanned}
+        if loaded is not None and loaded.indexed is not None:
+            if len(loaded.lengths) > PICKLED_SHARDS:
+                state["_loaded"] = None  # a large index reopens faster than it pickles
+                keep = {}
+            else:
+                room = PICKLED_BYTES
+                for i in self._first[:PICKLED_TABLES]:
+                    got = self._members.get(i)
+                    if got is not None and got[0].nbytes <= room:
+                        keep[i] = got
+                        room -= got[0].nbytes
+        state["_members"] = keep
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -172,7 +198,13 @@ class Catalog:
     # -- the description ----------------------------------------------------------------------
 
     def load(self) -> Description:
-        """The description, loaded on first use."""
+        """The description, loaded on first use.
+
+        A small remote index (up to :data:`PICKLED_TABLES` shards) has its member tables
+        fetched at once with it (one round trip for all, beside the one the first read would
+        make anyway): loaded before a DataLoader starts its workers, they are inherited by
+        forked workers and go with the pickled dataset to the others.
+        """
         loaded = self._loaded
         if loaded is None:
             with self._lock:
@@ -181,7 +213,11 @@ class Catalog:
                     preload(self._loaded.infos[0].url)  # before DataLoader workers fork
                     if not self.remote_tables and self.duplicates == "error":  # else: a warning
                         parse_local_tables(self._loaded, self._keep_members)  # before forks
+                    elif len(self._loaded.lengths) <= PICKLED_TABLES:
+                        self._first = list(range(len(self._loaded.lengths)))
                 loaded = self._loaded
+            if self._first and self.remote_tables:  # outside the lock: members() takes it
+                self.prefetch_members(self._first, at_least=1)
         return loaded
 
     def _load_description(self) -> Description:

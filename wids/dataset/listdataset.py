@@ -25,8 +25,9 @@ import numpy as np
 
 from ..decode import Decoder, interpret_transformations
 from ..index import check_url_map
+from ..plan import plan_of
 from ..samples import DUPLICATE_POLICIES, DuplicatePolicy
-from ..storage import RetryPolicy, Store, forks
+from ..storage import RetryPolicy, Store, forks, is_local
 from .catalog import Catalog, display_url
 from .description import DatasetComponent
 from .localcache import LocalCache
@@ -253,8 +254,8 @@ class ShardListDataset(_DatasetBase[T_co]):
     def _check_process(self) -> None:
         if self._made == forks.generation:
             return
-        # forked: the parent's readers are not ours. One thread resets: a worker's early
-        # lookahead (wids.dataset.warmstart) checks beside the worker's first batch
+        # forked: the parent's readers are not ours. One thread resets (a user's threads may
+        # read beside the DataLoader's)
         with forks.lock:
             if self._made != forks.generation:
                 self._catalog.reset_process()
@@ -302,7 +303,7 @@ class ShardListDataset(_DatasetBase[T_co]):
         self._check_process()
         located = [self._catalog.locate(x) for x in indices]
         out = []
-        for sample in self._pool.read_batch(located, self.merge_gap):
+        for sample in self._pool.read_batch(located, self.merge_gap, plan_of(indices)):
             for t in self.transformations:
                 sample = t(sample)
             out.append(sample)
@@ -377,9 +378,14 @@ class ShardListDataset(_DatasetBase[T_co]):
         view = ShardView(self._catalog, self._raw, shard)
         return view, local, self._catalog.load().shard_dict(shard)
 
-    def _attach_sampler(self, sampler: Any) -> None:
-        """A sampler built on this dataset offers its order: the lookahead prefetch's plan."""
-        self._pool.attach_plan(sampler)
+    def _reads_plans(self) -> bool:
+        """Whether indices that carry their plan (:mod:`wids.plan`) speed this dataset up.
+
+        Samplers ask when an iteration starts: a plan is worth its cost for remote shards
+        (read ahead, fetched whole early); local ones are read in place.
+        """
+        loaded = self._catalog.load()
+        return not is_local(loaded.infos[0].url) or not is_local(loaded.infos[-1].url)
 
     def get_stats(self) -> tuple[int, int]:
         """``(accesses, misses)`` of shard look-ups in this process, as the reference."""

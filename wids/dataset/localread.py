@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..storage import DescriptorPool, is_local
+from ..storage import DescriptorPool
 from .tables import MemberTable
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..storage import IOStats
     from .readers import LocalReader
 
-__all__ = ["LOCAL_GAP", "LocalShard", "read_local", "read_local_batch"]
+__all__ = ["LOCAL_GAP", "LocalShard", "read_local_batch"]
 
 Located = Sequence[tuple[int, int, int]]
 
@@ -247,29 +247,3 @@ def read_local_batch(shards: dict[int, LocalShard], located: Located) -> list[di
             out[pos] = ls.sample(j, i, buf, start)
         k = m
     return out
-
-
-def read_local(pool: Any, located: Located, merge_gap: int) -> list[dict[str, Any]] | None:
-    """A batch read by the pool's fast path if every shard of it is local, else ``None``.
-
-    A local shard not open yet is opened (and checked) here, as the pool's other reads would.
-    ``pool`` is the dataset's :class:`~wids.dataset.pool.ReaderPool` (not imported: it imports
-    this module); its ``accesses``, ``misses`` and ``samples`` are counted as by its other reads.
-    """
-    fast, counts = pool.fast, pool.counts
-    for _, shard, _ in located:
-        if shard not in fast:
-            if shard in pool._tables or not is_local(pool.catalog.load().infos[shard].url):
-                return None
-            pool.reader(shard, count=False)
-            counts["misses"] += 1
-            if shard not in fast:
-                return None
-    ahead = pool._ahead(located, merge_gap) if pool.plan is not None else None
-    if ahead is not None:  # off for local shards, but it follows the sampler's order
-        ahead.observe([i for i, _, _ in located])
-    try:
-        return read_local_batch(fast, located)
-    finally:
-        if ahead is not None:
-            ahead.schedule()

@@ -1,32 +1,31 @@
-"""Lookahead prefetch: a process predicts the batches it will be asked for, and reads them early.
+"""Lookahead prefetch: a process reads early the batches the plan it was handed says come next.
 
-The samplers know their order ahead of time. A sampler built on a dataset offers itself to it
-(``ChunkedSampler._offer_plan``; the dataset keeps it as ``ReaderPool.plan``), so every
-DataLoader worker gets a copy of the sampler as it is when the worker starts (forked or
-pickled): epoch, seed and resume position. A worker regenerates the sampler's order, cuts it
-into batches of the size of the first batch it receives, and takes those the DataLoader sends
-it: batch ``k`` goes to worker ``k % num_workers``. In the main process (``num_workers=0``) the
-live sampler's position says where the batch came from.
+The sampler hands out indices that carry their plan (:mod:`wids.plan`): a window of the
+iteration's order and each index's position in it. A batch that reaches the dataset therefore
+says where it stands and what follows, in whichever process reads it (the main process, or a
+DataLoader worker under any start method; persistent workers; ``in_order=False``; a resumed
+``StatefulDataLoader``). Nothing is predicted from a copy of the sampler.
 
-Every batch received is compared with the prediction. Persistent workers keep their copy
-of the sampler across epochs: when a worker's batch differs from the prediction (its epoch
-ended, or the sampler was set to another epoch), the worker tries the next epochs of the same
-sampler (and the same epoch again, for a sampler whose epoch was not set), from the start, and
-follows the one whose batch for this worker is the batch received. A batch that fits none (a
-sampler of the user's own) turns the lookahead off for good in the worker, silently: reads then
-happen as without it. In the main process the live sampler is asked again once it moved on.
+Which of the following batches this process will be given is the DataLoader's choice, made
+later. :class:`Lookahead` reads ahead the batches at the *stride* this process has seen: the
+distance in positions between the last two batches it was given in one iteration (before the
+second one, the batch size times the workers: the DataLoader's workers take turns). That is a
+guess about bandwidth, never about samples: a batch is read from prefetched bytes only where
+its blocks are identical (same shard, same byte range) to blocks prefetched for exactly its
+position in exactly its iteration; the rest is read directly, and prefetches of positions the
+process was not given are dropped. A wrong guess costs bytes (bounded by the window), never a
+wrong sample.
 
-:class:`Lookahead` keeps a bounded window of the predicted batches in flight in background
-threads (``depth`` batches, ``max_bytes``, ``max_requests``): each is planned exactly as the
-read of the batch will be (same readers, same merged blocks, same header checks) and its
-remote blocks are read with :func:`~wids.storage.read_ranges`, so prefetched bytes pass the
-same checks as direct reads (tar headers, ``Content-Range``, the pinned etag). The read of a
-batch then takes the prefetched blocks that are identical (same shard, same byte range) and
-reads the rest directly; a failed prefetch is dropped and the block read directly (which
-raises the typed error if the shard changed). Batches the window has passed are dropped.
-Further ahead (``horizon`` samples), shards of which the plan reads at least a share soon are
-announced to the pool, which starts their whole-shard downloads early (``access="auto"`` with
-a cache, ``access="shard"``). :meth:`Lookahead.close` stops the threads.
+:class:`Lookahead` keeps a bounded window of batches in flight in background threads
+(``depth`` batches, ``max_bytes``, ``max_requests``): each is planned exactly as the read of
+the batch will be (same readers, same merged blocks, same header checks: the pool's
+``plan_reads``) and its remote blocks are read with :func:`~wids.storage.read_ranges`, so
+prefetched bytes pass the same checks as direct reads (tar headers, ``Content-Range``, the
+pinned etag). A failed prefetch is dropped and the block read directly (which raises the typed
+error if the shard changed). Further ahead (the plan's window), shards of which the order
+reads at least a share soon are announced to the pool, which starts their whole-shard
+downloads early (``access="auto"`` with a cache, ``access="shard"``). :meth:`Lookahead.close`
+stops the threads.
 """
 
 from __future__ import annotations
@@ -37,45 +36,53 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from ..storage import Window, is_local, read_ranges
-from .batchplan import plan_reads
-from .prediction import PlannedBatches
-from .promotion import planned
+from ..storage import Window, read_ranges
 from .readers import fetch_blocks
 
 if TYPE_CHECKING:
+    from ..plan import Plan
     from ..storage import Check, IOStats
-    from .catalog import Catalog
     from .readers import Block, ShardReader
 
-__all__ = ["Lookahead", "fetch_prefetched", "start_lookahead"]
+__all__ = ["Lookahead", "fetch_prefetched"]
 
 log = logging.getLogger(__name__)
 
 Prefetched = dict["Block", bytes]
 
 
+def _workers() -> int:
+    """The number of DataLoader workers in a worker (torch's ``get_worker_info``), else 1."""
+    import sys
+
+    if "torch" not in sys.modules:
+        return 1
+    from torch.utils.data import get_worker_info
+
+    info = get_worker_info()
+    return 1 if info is None else max(1, int(info.num_workers))
+
+
 class Lookahead:
-    """A bounded window of predicted batches read ahead in background threads (one process).
+    """A bounded window of the batches a plan says come next, read in background threads.
 
     Args:
-        plan: The predicted batches.
         prepare: ``prepare(indices)`` plans the read of a batch as the pool will (opening the
             readers it needs) and returns its remote requests: ``[(block, source, check)]``.
         announce: ``announce(shard, share)``: the plan reads ``share`` of the shard's samples
-            within the horizon; the pool may start a whole-shard download (returns whether
-            it did: then the shard's blocks are not prefetched by range).
-        lengths: Samples per shard; ``locate(index) -> shard``.
+            soon; the pool may start a whole-shard download (returns whether it did: then the
+            shard's blocks are not prefetched by range).
+        locate: ``locate(index) -> shard``.
+        lengths: Samples per shard.
         depth: Batches read ahead at most.
         max_bytes: Prefetched bytes held or in flight at most.
         max_requests: Requests in flight at most.
-        horizon: Samples ahead that count for :func:`announce`.
+        horizon: Positions ahead that count for ``announce`` (at most the plan's window).
         stats: I/O counters the prefetches count into.
     """
 
     def __init__(
         self,
-        plan: PlannedBatches,
         prepare: Callable[[list[int]], list[tuple[Block, Any, Any]]],
         announce: Callable[[int, float], bool],
         locate: Callable[[int], int],
@@ -87,7 +94,6 @@ class Lookahead:
         horizon: int = 2048,
         stats: Any = None,
     ) -> None:
-        self.plan = plan
         self._prepare, self._announce, self._locate = prepare, announce, locate
         self._lengths = lengths
         self.depth, self.max_bytes, self.max_requests = depth, max_bytes, max_requests
@@ -95,7 +101,11 @@ class Lookahead:
         self.merge_gap = 0  # the dataset's, set before each batch
         self.announce_share = 0.5
         self._stats = stats
-        self._jobs: dict[int, Future[Prefetched]] = {}  # batch number -> its prefetch
+        # where this process stands: the plan of its last batch, its position, size, stride
+        self.plan: Plan | None = None
+        self.position = self.size = self.stride = 0
+        self.batches = 0  # batches observed
+        self._jobs: dict[tuple[int, int], Future[Prefetched]] = {}  # (token, position) -> job
         self._held = 0  # bytes held or in flight
         # the prefetches' requests take turns in one window (first come, first served): it
         # stays full while batches are queued, and the nearest batch's requests go first
@@ -112,19 +122,24 @@ class Lookahead:
         self._planner: ThreadPoolExecutor | None = None
         self._planning: Future[None] | None = None
 
-    def observe(self, batch: list[int]) -> Prefetched | None:
-        """The batch being read: its prefetched blocks, or ``None`` (mispredicted or none)."""
-        self._wait_planning()  # the plan is not walked by two threads at once
-        number, generation = self.plan.seen, self.plan.generation
-        if not self.plan.observe(batch):
-            self._drop_all()
-            return None
-        if self.plan.generation != generation:  # another epoch: the window predicted the old
-            self._drop_all()
-            return None
+    def observe(self, plan: Plan, position: int, size: int) -> Prefetched | None:
+        """The batch at ``position`` of ``plan``'s iteration: its prefetched blocks, if any.
+
+        Learns the stride (the positions between this process's batches) from it.
+        """
+        self._wait_planning()  # one thread moves the position at a time
+        last = self.plan
+        if last is not None and last.token == plan.token and position > self.position:
+            self.stride = position - self.position
+        elif last is None or last.token != plan.token or position <= self.position:
+            # a new iteration (or its start again): the DataLoader's workers take turns
+            self.stride = size * _workers()
+        self.plan, self.position, self.size = plan, position, size
+        self.batches += 1
+        key = (plan.token, position)
         with self._mutex:
-            stale = [k for k in self._jobs if k < number]
-            job = self._jobs.pop(number, None)
+            job = self._jobs.pop(key, None)
+            stale = [k for k in self._jobs if k[0] != plan.token or k[1] < position]
             dropped = [self._jobs.pop(k) for k in stale]
         for f in dropped:
             self._discard(f)
@@ -140,33 +155,45 @@ class Lookahead:
         finally:
             self._release(job)
 
+    def upcoming(self, depth: int) -> list[tuple[int, list[int]]]:
+        """``(position, indices)`` of the next ``depth`` batches at the stride, in the plan."""
+        plan, size, stride = self.plan, self.size, self.stride
+        if plan is None or size < 1 or stride < 1:
+            return []
+        out = []
+        for k in range(1, depth + 1):
+            position = self.position + k * stride
+            batch = plan.batch(position, size)
+            if batch is None:
+                break
+            out.append((position, batch))
+        return out
+
     def schedule(self, depth: int | None = None) -> None:
-        """Start prefetches for the next ``depth`` predicted batches; announce shards ahead.
+        """Start prefetches for the next ``depth`` batches at the stride; announce shards ahead.
 
         Args:
             depth: Batches to prefetch this time (default and at most :attr:`depth`).
         """
         depth = self.depth if depth is None else min(depth, self.depth)
-        if self._closed or not self.plan.ok:
+        plan = self.plan
+        if self._closed or plan is None:
             return
-        first = self.plan.seen
-        if (first - 1) % 8 == 0:  # from the first batch on, often enough: the horizon is longer
-            self._look_far()
-        upcoming = self.plan.upcoming(max(depth, 1))
-        for k, batch in enumerate(upcoming[:depth]):
-            number = first + k
+        if (self.batches - 1) % 8 == 0:  # from the first batch on, often enough
+            self._look_far(plan)
+        for position, batch in self.upcoming(depth):
+            key = (plan.token, position)
             with self._mutex:
                 executor = self._threads()
-                if number in self._jobs or executor is None:
+                if key in self._jobs or executor is None:
                     continue
-                self._jobs[number] = executor.submit(self._fetch, batch)
+                self._jobs[key] = executor.submit(self._fetch, batch)
 
     def schedule_soon(self, depth: int | None = None) -> None:
         """:meth:`schedule` in a background thread; the next :meth:`observe` waits for it.
 
-        Planning walks the sampler's order (a whole epoch's, the first time in a process) and
-        the horizon's shards: done in the caller's thread, it held back the batch just read,
-        the first one most.
+        Planning opens the readers of the batches ahead (their member tables, maybe a request
+        each): done in the caller's thread, it held back the batch just read.
         """
         with self._mutex:
             if self._closed:
@@ -178,9 +205,8 @@ class Lookahead:
     def _schedule_quietly(self, depth: int | None = None) -> None:
         try:
             self.schedule(depth)
-        except Exception as exc:  # a sampler that cannot be replayed: read without lookahead
-            log.debug("lookahead off: planning failed: %s", exc)
-            self.plan.ok = False
+        except Exception as exc:  # the reads meet the problem themselves
+            log.debug("lookahead: planning failed: %s", exc)
 
     def _wait_planning(self) -> None:
         planning, self._planning = self._planning, None
@@ -197,16 +223,12 @@ class Lookahead:
             )
         return self._executor
 
-    def _look_far(self) -> None:
-        """Announce shards of which the horizon's batches read a large share."""
-        size = self.plan.size
-        if not size:
-            return
+    def _look_far(self, plan: Plan) -> None:
+        """Announce shards of which the plan's next ``horizon`` positions read a large share."""
         counts: dict[int, int] = {}
-        for batch in self.plan.upcoming(max(1, self.horizon // size)):
-            for i in batch:
-                shard = self._locate(i)
-                counts[shard] = counts.get(shard, 0) + 1
+        for i in plan.ahead(self.position, self.horizon).tolist():
+            shard = self._locate(i)
+            counts[shard] = counts.get(shard, 0) + 1
         for shard, n in counts.items():
             if shard in self._announced or n < self.announce_share * self._lengths[shard]:
                 continue
@@ -320,41 +342,3 @@ def fetch_prefetched(
         for i, data in zip(rest, got, strict=True):
             out[i] = data
     return out
-
-
-def start_lookahead(
-    pool: Any, located: Sequence[tuple[int, int, int]], plan: PlannedBatches | None = None
-) -> Lookahead:
-    """The lookahead of a ``ReaderPool`` in this process (off for local shards).
-
-    ``pool`` is the dataset's :class:`~wids.dataset.pool.ReaderPool` (not imported: it
-    imports this module); ``plan``: a prediction already begun (:mod:`.warmstart`).
-    """
-    catalog: Catalog = pool.catalog
-    loaded = catalog.load()
-    plan = plan if plan is not None else PlannedBatches(pool.plan)
-    if not located or is_local(loaded.infos[located[0][1]].url):
-        plan.ok = False
-    ahead: Lookahead
-
-    def prepare(indices: list[int]) -> list[tuple[Block, Any, Any]]:
-        located = [catalog.locate(i) for i in indices]
-        readers, _, _, blocks, _, checks = plan_reads(pool, located, ahead.merge_gap, False)
-        out = []
-        for k, b in enumerate(blocks):
-            reader = readers[b.shard]
-            src = reader.source
-            if src is not None and not src.is_local and not reader.cached:
-                out.append((b, src, checks[k] if checks else None))
-        return out
-
-    def announce(shard: int, share: float) -> bool:
-        return planned(pool, shard, share)
-
-    def locate(i: int) -> int:
-        return catalog.locate(i)[1]
-
-    lengths = [int(n) for n in loaded.lengths]
-    limits = getattr(pool, "lookahead_limits", None) or {}  # depth, max_bytes, ... (tests)
-    ahead = Lookahead(plan, prepare, announce, locate, lengths, stats=catalog.store.stats, **limits)
-    return ahead

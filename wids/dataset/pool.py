@@ -10,8 +10,14 @@ see :class:`~wids.cache.Promoter`). A shard is checked against the index by the 
 its reader opens first in a process. Reads end in
 :meth:`~wids.dataset.tables.MemberTable.sample`, one sample or a batch at a time.
 
-Readers, member tables, the promoter and its threads belong to one process: never pickled,
-dropped after a fork, stopped by :meth:`ReaderPool.close`.
+A batch that carries its sampler's plan (:mod:`wids.plan`) also drives this process's
+:class:`~wids.dataset.lookahead.Lookahead`: the batches the plan says come next are read early,
+and shards the plan reads most of soon are announced for promotion (:meth:`ReaderPool.planned`).
+The plan of a batch's reads (:meth:`ReaderPool.plan_reads`) is the one both the direct reads
+and the prefetches use.
+
+Readers, member tables, the promoter, the lookahead and their threads belong to one process:
+never pickled, dropped after a fork, stopped by :meth:`ReaderPool.close`.
 """
 
 from __future__ import annotations
@@ -21,28 +27,31 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..storage import DescriptorPool
-from .batchplan import plan_reads
+from ..storage import DescriptorPool, is_local
 from .catalog import Catalog
-from .localread import LocalShard, read_local
-from .lookahead import Lookahead, fetch_prefetched, start_lookahead
-from .promotion import requested
+from .localread import LocalShard, read_local_batch
+from .lookahead import Lookahead, fetch_prefetched
 from .readers import (
     HEADER,
+    Block,
     CachedReader,
     LocalReader,
     RangeReader,
     ShardReader,
     download_check,
     header_check,
+    plan_batch,
 )
 from .stats import DatasetStats
 from .tables import MemberTable
-from .warmstart import watch_forks
 
 if TYPE_CHECKING:
     from ..cache import Promoter
     from ..index import ShardInfo, ShardMembers
+    from ..plan import Plan
+    from ..storage import Check
+
+Located = Sequence[tuple[int, int, int]]
 
 __all__ = ["ACCESS_MODES", "ReaderPool"]
 
@@ -75,17 +84,10 @@ class ReaderPool:
         # range reads are counted towards promotion only in this configuration
         self._promotable = access == "auto" and self.local.cache_dir is not None
         self.counts = {"samples": 0, "accesses": 0, "misses": 0, "cache_hits": 0}
-        self.plan: Any = None  # the sampler that offered its order (wids.dataset.lookahead)
+        # the lookahead's bounds (depth, max_bytes, max_requests, horizon), if not its defaults
+        self.lookahead_limits: dict[str, int] = {}
         self.descriptors = DescriptorPool()  # of local shards; checks its process itself
         self.reset_process()
-
-    def attach_plan(self, sampler: Any) -> None:
-        """Keep the sampler whose order the lookahead predicts (the last one built wins).
-
-        A DataLoader over it that forks workers starts early (:mod:`.warmstart`).
-        """
-        self.plan = sampler
-        watch_forks(self)
 
     def reset_process(self) -> None:
         """Drop the readers of another process (after a fork or unpickling), never using them."""
@@ -201,7 +203,7 @@ class ReaderPool:
             check = header_check(((0, *table.first_member(local)),), start)
         try:
             if self._promotable:  # before the read: a promotion then overlaps with it
-                requested(self, shard, reader, end - start)
+                self.requested(shard, reader, end - start)
             buf = reader.read_span(start, end, self.catalog.store.stats, check)
         finally:
             if len(self.readers) > self.lru_size:
@@ -213,29 +215,32 @@ class ReaderPool:
         return table.sample(local, i, buf, start)
 
     def read_batch(
-        self, located: Sequence[tuple[int, int, int]], merge_gap: int
+        self, located: Located, merge_gap: int, plan: tuple[Plan, int] | None = None
     ) -> list[dict[str, Any]]:
         """The samples ``(global index, shard, index in shard)``, untransformed, in order.
 
         Samples of one shard whose spans are adjacent or within ``merge_gap`` bytes are read
-        with one request; all requests are issued concurrently.
+        with one request; all requests are issued concurrently. ``plan``: the batch's plan and
+        its position in it (:func:`wids.plan.plan_of`), which the lookahead reads ahead from.
         """
-        local_raws = read_local(self, located, merge_gap)  # local shards: few preads
+        local_raws = self._read_local(located)  # local shards: few preads
         if local_raws is not None:
             return local_raws
         self.catalog.prefetch_members(shard for _, shard, _ in located)
-        ahead = self._ahead(located, merge_gap)
-        prefetched = ahead.observe([i for i, _, _ in located]) if ahead is not None else None
+        ahead = self._ahead(merge_gap) if plan is not None else None
+        prefetched = None
+        if ahead is not None and plan is not None:
+            prefetched = ahead.observe(plan[0], plan[1], len(located))
         window = ahead.window if ahead is not None else None
         early = ahead is not None and not prefetched
         if ahead is not None and early:  # nothing prefetched (the first batch): plan the next
             ahead.schedule_soon()  # ones during its reads, which count in the window
-        readers, tables, spans, blocks, where, checks = plan_reads(self, located, merge_gap)
+        readers, tables, spans, blocks, where, checks = self.plan_reads(located, merge_gap)
         raws = []
         try:  # readers stay open until every block is read: evict only afterwards
             if self._promotable:  # before the reads: a promotion then overlaps with them
                 for blk in blocks:
-                    requested(self, blk.shard, readers[blk.shard], blk.end - blk.start)
+                    self.requested(blk.shard, readers[blk.shard], blk.end - blk.start)
             stats = self.catalog.store.stats
             data = fetch_prefetched(
                 blocks, readers, stats, checks=checks, prefetched=prefetched, window=window
@@ -261,6 +266,69 @@ class ReaderPool:
             if ahead is not None and not early:
                 ahead.schedule_soon()
         return raws
+
+    def _read_local(self, located: Located) -> list[dict[str, Any]] | None:
+        """A batch read by the fast path if every shard of it is local, else ``None``.
+
+        A local shard not open yet is opened (and checked) here, as the other reads would;
+        ``accesses``, ``misses`` and ``samples`` are counted as by them. Local shards are read
+        in place: nothing is read ahead for them.
+        """
+        fast, counts = self.fast, self.counts
+        for _, shard, _ in located:
+            if shard not in fast:
+                if shard in self._tables or not is_local(self.catalog.load().infos[shard].url):
+                    return None
+                self.reader(shard, count=False)
+                counts["misses"] += 1
+                if shard not in fast:
+                    return None
+        return read_local_batch(fast, located)
+
+    def plan_reads(
+        self, located: Located, merge_gap: int, count: bool = True
+    ) -> tuple[
+        dict[int, ShardReader],
+        dict[int, MemberTable],
+        list[tuple[int, int, int, int]],
+        list[Block],
+        list[tuple[int, int]],
+        list[Check | None] | None,
+    ]:
+        """The one plan of a batch's reads: readers, tables, spans, blocks, places, checks.
+
+        Opens (or finds) the readers of the batch's shards, computes each sample's byte span
+        (512 bytes earlier where the reader verifies, for the first member's tar header),
+        merges them into blocks (:func:`~wids.dataset.readers.plan_batch`) and makes the header
+        check of each block. The direct reads and the lookahead's prefetches both use it, so
+        prefetched blocks are the very blocks, with the very checks, of the direct read.
+
+        Args:
+            located: ``(global index, shard, index in shard)`` of each sample, in batch order.
+            merge_gap: As for :func:`~wids.dataset.readers.plan_batch`.
+            count: Count the shard look-ups in ``accesses`` (not for prefetches).
+        """
+        readers = {shard: self.reader(shard, count) for _, shard, _ in located}
+        tables = {shard: self._tables[shard] for shard in readers}
+        spans = []
+        for _, shard, local in located:
+            start, end = tables[shard].span(local)
+            if readers[shard].verifies:  # the first member's tar header too, to check it
+                start -= HEADER
+            spans.append((shard, start, end, local))
+        blocks, where = plan_batch(spans, merge_gap)
+        headers: dict[int, list[tuple[int, str, int]]] = {}
+        for (_, shard, local), (b, offset) in zip(located, where, strict=True):
+            if readers[shard].verifies:
+                name, size = tables[shard].first_member(local)
+                headers.setdefault(b, []).append((offset, name, size))
+        checks = None
+        if headers:
+            checks = [
+                header_check(headers[b], blk.start) if b in headers else None
+                for b, blk in enumerate(blocks)
+            ]
+        return readers, tables, spans, blocks, where, checks
 
     # -- readers ------------------------------------------------------------------------------
 
@@ -381,16 +449,99 @@ class ReaderPool:
                 self._promoter = Promoter(self.local.shard_cache(), self.promote_share)
             return self._promoter
 
-    def _ahead(self, located: Sequence[tuple[int, int, int]], merge_gap: int) -> Lookahead | None:
-        """This process's lookahead, if a sampler offered its order (``None`` otherwise)."""
-        if self.plan is None:
-            return None
-        if self._lookahead is None:
-            with self._lock:  # a worker's early start (lookahead.watch_forks) may race it
-                if self._lookahead is None:
-                    self._lookahead = start_lookahead(self, located)
-        self._lookahead.merge_gap = merge_gap
-        return self._lookahead
+    def requested(self, shard: int, reader: ShardReader, nbytes: int) -> None:
+        """``access="auto"``: count ``nbytes`` read by range from ``shard`` towards promotion."""
+        if not self._promotable or reader.cached:
+            return
+        source = reader.source
+        if source is None or source.is_local:
+            return
+        info = self.catalog.load().infos[shard]
+        members, data_end = self.catalog.members(shard)
+        self.get_promoter().requested(
+            source,
+            nbytes,
+            shard_bytes=info.size if info.size is not None else data_end,
+            expected=info.fingerprint,
+            stats=self.catalog.store.stats,
+            verify=download_check(members, info.url),
+        )
+
+    def planned(self, shard: int, share: float) -> bool:
+        """The plan reads ``share`` of the samples of ``shard`` soon: start its download early.
+
+        Returns:
+            Whether the shard is being fetched whole (its reads will come from the cache):
+            ``access="auto"`` promotes it now, ``access="shard"`` starts its download.
+        """
+        local = self.local
+        if local.cache_dir is None or local.offline or self.access == "range":
+            return False
+        info = self.catalog.load().infos[shard]
+        source = self.catalog.source(info.url, info)
+        if source.is_local:
+            return False
+        members, data_end = self.catalog.members(shard)
+        stats = self.catalog.store.stats
+        verify = download_check(members, info.url)
+        if self.access == "shard":  # read whole anyway: start the download before the first read
+            local.shard_cache().prefetch(
+                source, expected=info.fingerprint, stats=stats, verify=verify
+            )
+            return True
+        return bool(
+            self.get_promoter().planned(
+                source,
+                share,
+                shard_bytes=info.size if info.size is not None else data_end,
+                expected=info.fingerprint,
+                stats=stats,
+                verify=verify,
+            )
+        )
+
+    def _ahead(self, merge_gap: int) -> Lookahead:
+        """This process's lookahead, made on the first batch that carries a plan."""
+        ahead = self._lookahead
+        if ahead is None:
+            with self._lock:
+                ahead = self._lookahead
+                if ahead is None:
+                    ahead = self._lookahead = self._start_lookahead()
+        ahead.merge_gap = merge_gap
+        return ahead
+
+    def _start_lookahead(self) -> Lookahead:
+        catalog = self.catalog
+        loaded = catalog.load()
+        ahead: Lookahead
+
+        def prepare(indices: list[int]) -> list[tuple[Block, Any, Any]]:
+            located = [catalog.locate(i) for i in indices]
+            if all(is_local(loaded.infos[shard].url) for _, shard, _ in located):
+                return []  # read in place: nothing to read ahead
+            readers, _, _, blocks, _, checks = self.plan_reads(located, ahead.merge_gap, False)
+            out = []
+            for k, b in enumerate(blocks):
+                reader = readers[b.shard]
+                src = reader.source
+                if src is not None and not src.is_local and not reader.cached:
+                    out.append((b, src, checks[k] if checks else None))
+            return out
+
+        def locate(i: int) -> int:
+            return catalog.locate(i)[1]
+
+        lengths = [int(n) for n in loaded.lengths]
+        ahead = Lookahead(
+            prepare,
+            self.planned,
+            locate,
+            lengths,
+            stats=catalog.store.stats,
+            **self.lookahead_limits,
+        )
+        return ahead
 
     def _promoted(self, shard: int, reader: ShardReader) -> ShardReader:
         """Swap a range reader for the cached copy once its promotion has finished."""

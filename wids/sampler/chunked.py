@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import itertools
 import math
 import operator
@@ -10,6 +9,7 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
+from ..plan import planned_order
 from .chunks import (
     _BIG,
     Range,
@@ -126,8 +126,10 @@ class ChunkedSampler:
         chunking: ``"shard"`` cuts chunks at shard boundaries; ``"fixed"`` cuts ``[lo, hi)``
             into consecutive pieces of ``chunksize`` regardless of shards (the reference).
         mix: Draw each epoch from ``dataset.components`` in proportion to their weights.
-        num_workers: The DataLoader's ``num_workers``; with ``batch_size``, orders the indices
-            so each worker reads its own chunks (0 or 1: plain order).
+        num_workers: Not needed for speed: the indices handed out carry the plan the dataset
+            reads ahead from, whatever the loader (:mod:`wids.plan`). With ``batch_size``, it
+            still orders the indices so that each of ``num_workers`` workers taking turns
+            reads its own chunks (0 or 1: plain order).
         batch_size: The DataLoader's ``batch_size`` (used only when ``num_workers > 1``).
         auto_epoch: After a complete pass, advance the epoch by one. ``None`` (the default,
             the reference's behaviour): advance until ``set_epoch`` is first called, after
@@ -204,33 +206,9 @@ class ChunkedSampler:
         self._position = 0  # indices handed out by the current iterator
         self._resume = 0  # indices to skip at the start of the next iterator
         self._epoch_set = False  # set_epoch was called: no automatic advance under None
-        self._offer_plan(dataset)
-
-    def _offer_plan(self, dataset: Any) -> None:
-        """Let the dataset predict this sampler's order in its workers (lookahead prefetch).
-
-        A dataset with ``_attach_sampler`` (``ShardListDataset``) keeps a reference to the
-        sampler; DataLoader workers get the sampler's state (epoch, seed, resume position) as
-        it is when they start, and check every prediction against the batches they are given.
-        """
-        attach = getattr(dataset, "_attach_sampler", None)
-        if callable(attach):
-            attach(self)
-
-    def _planned_order(self, start: int | None = None, epoch: int | None = None) -> Iterator[int]:
-        """The indices the next iteration yields (from ``start``, default its resume position).
-
-        With ``epoch``, the order of that epoch from ``start`` (default 0): what persistent
-        DataLoader workers are given once the sampler moved on to another epoch.
-        Read-only: the sampler's state is not changed (a worker calls this on its copy).
-        """
-        if epoch is not None:
-            other = self
-            if operator.index(epoch) != self.epoch:
-                other = copy.copy(self)
-                other.epoch = operator.index(epoch)
-            return itertools.islice(other._indices(), start or 0, None)
-        return itertools.islice(self._indices(), self._resume if start is None else start, None)
+        # read, never configured: the dataset learns the plan from the indices handed out
+        reads_plans = getattr(dataset, "_reads_plans", None)
+        self._reader = dataset if callable(reads_plans) else None
 
     def _chunk(self, lo: int, hi: int) -> _Runs:
         return _chunks(lo, hi, self._cuts, self.chunksize)
@@ -308,10 +286,14 @@ class ChunkedSampler:
     def __iter__(self) -> Iterator[int]:
         start, self._resume = self._resume, 0
         self._position = start
-        return self._generate(start)
+        order: Iterator[int] = itertools.islice(self._indices(), start, None)
+        reader = self._reader
+        if reader is not None and reader._reads_plans():
+            order = planned_order(order, start)  # each index carries what follows it
+        return self._generate(order)
 
-    def _generate(self, start: int) -> Iterator[int]:
-        for index in itertools.islice(self._indices(), start, None):
+    def _generate(self, order: Iterator[int]) -> Iterator[int]:
+        for index in order:
             self._position += 1
             yield index
         if self.auto_epoch or (self.auto_epoch is None and not self._epoch_set):

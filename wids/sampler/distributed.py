@@ -63,7 +63,8 @@ class DistributedChunkedSampler(ChunkedSampler, _Base):
     Lightning's ``Trainer`` (``use_distributed_sampler=True``, the default) uses it as it is and
     calls ``set_epoch`` every epoch. HF Accelerate's ``accelerator.prepare(loader)`` would keep
     only every ``R``-th batch of this rank's share: iterating under it raises
-    :class:`~wids.errors.SamplerWrappedError`.
+    :class:`~wids.errors.SamplerWrappedError` (found through Accelerate's public state, see
+    :mod:`wids.sampler.resplit`).
 
     With ``partition="block"`` (the default) rank ``r`` owns positions
     ``[r * L, (r + 1) * L)`` of the range, ``L = len(sampler)``, every epoch, so its shard
@@ -137,7 +138,7 @@ class DistributedChunkedSampler(ChunkedSampler, _Base):
             auto_epoch=auto_epoch,
         )
         # what torch's DistributedSampler holds, for code that reads it (the values are ours;
-        # no ``dataset``: a ShardListDataset keeps its sampler, and a cycle would be pickled)
+        # no ``dataset``: the sampler reads it only when an iteration starts)
         self.num_samples = self._length
         self.total_size = self._length * self.num_replicas
 

@@ -1,0 +1,214 @@
+"""The read plan travels with the indices (``wids.plan``): every loader setting reads ahead.
+
+Shards and the index are served by nginx; DataLoader workers are real processes under fork,
+forkserver and spawn. Each test checks the samples against ``tarfile`` (the oracle) and that
+the lookahead read batches early (its hits, counted in the worker that read them).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pytest
+from tar_oracle import dataset_samples, strip_meta
+
+from wids import ChunkedSampler, DistributedChunkedSampler, ShardListDataset, build_index
+from wids.plan import STEP, PlannedIndex, plan_of
+from wids.synth import write_dataset
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, get_worker_info  # noqa: E402
+
+NS, NSAMPLES, BATCH = 4, 40, 8
+CONTEXTS = ["fork", "forkserver", "spawn"]
+
+
+@pytest.fixture(scope="module")
+def remote(http_server, tmp_path_factory):
+    """Shards and their index (with member sidecars) on nginx."""
+    src = tmp_path_factory.mktemp("plan-src")
+    paths = write_dataset(
+        str(src), shards=NS, samples_per_shard=NSAMPLES, real_images=False, prefix="pl"
+    )
+    index = src / "train.json"
+    build_index(paths, str(index), name="train")
+    for root, _, files in os.walk(src):
+        for name in files:
+            path = os.path.join(root, name)
+            http_server.put(path, "plan/" + os.path.relpath(path, src))
+    url = http_server.url("plan/train.json")
+    return {"paths": paths, "index": url, "oracle": dataset_samples(paths)}
+
+
+def _batch_info(batch):
+    """Collate in the worker: the samples, and this process's lookahead hits so far."""
+    info = get_worker_info()
+    ds = info.dataset if info is not None else None
+    ahead = ds._pool._lookahead if ds is not None else None
+    return batch, (ahead.hits if ahead is not None else 0)
+
+
+def _check(remote, got, order=None):
+    """The samples are the oracle's; in the sampler's order when ``order`` is given."""
+    samples = [s for batch, _ in got for s in batch]
+    indices = [s["__index__"] for s in samples]
+    if order is not None:
+        assert indices == order
+    assert sorted(indices) == sorted(set(indices))
+    for s in samples:
+        assert strip_meta(s) == remote["oracle"][s["__index__"]]
+    return indices
+
+
+def _hits(got):
+    return max(h for _, h in got)
+
+
+# -- the plan itself ------------------------------------------------------------------------------
+
+
+def test_indices_carry_their_plan_and_equal_the_plain_order(remote):
+    ds = ShardListDataset(remote["index"], transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=10, seed=3)
+    planned = list(sampler)
+    sampler.set_epoch(0)
+    plain = list(sampler)
+    assert planned == plain and all(type(i) is PlannedIndex for i in planned)
+    for k, i in enumerate(planned):
+        assert i.position == k
+        assert list(i.plan.ahead(k, STEP)) == plain[k : k + STEP][: len(i.plan.ahead(k, STEP))]
+    assert plan_of(planned[5:9]) == (planned[5].plan, 5)
+    assert plan_of([1, 2]) is None and plan_of([]) is None
+    assert pickle.loads(pickle.dumps(planned[:3])) == planned[:3]
+    assert pickle.loads(pickle.dumps(planned[3])).position == 3
+
+
+def test_local_shards_get_plain_indices(tmp_path):
+    paths = write_dataset(str(tmp_path), shards=2, samples_per_shard=5, real_images=False)
+    build_index(paths, str(tmp_path / "i.json"))
+    ds = ShardListDataset(str(tmp_path / "i.json"), transformations=[])
+    assert all(type(i) is int for i in ChunkedSampler(ds, chunksize=3))
+
+
+def test_building_samplers_leaves_the_dataset_alone(remote):
+    """On the old code the last sampler built became the dataset's plan (and fork hooks)."""
+    ds = ShardListDataset(remote["index"], transformations=[])
+    len(ds)
+    before = pickle.dumps(ds)
+    first = ChunkedSampler(ds, chunksize=10, seed=1)
+    DistributedChunkedSampler(ds, num_replicas=2, rank=1, seed=2)
+    assert pickle.dumps(ds) == before
+    assert "plan" not in vars(ds._pool)
+    list(first)  # iterating configures nothing either
+    assert pickle.dumps(ds) == before
+
+
+# -- real DataLoader workers over nginx ------------------------------------------------------
+
+
+def _loader(ds, sampler, ctx, **kw):
+    return DataLoader(
+        ds,
+        sampler=sampler,
+        batch_size=BATCH,
+        num_workers=2,
+        multiprocessing_context=ctx,
+        collate_fn=_batch_info,
+        **kw,
+    )
+
+
+@pytest.mark.parametrize("ctx", CONTEXTS)
+def test_natural_code_reads_ahead_under_every_start_method(remote, ctx):
+    """A sampler built without num_workers/batch_size: the old lookahead predicted nothing
+    it could use for it under forkserver and spawn (no fork hooks ran)."""
+    ds = ShardListDataset(remote["index"], access="range", transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=NSAMPLES, seed=4)
+    got = list(_loader(ds, sampler, ctx))
+    sampler.set_epoch(0)
+    _check(remote, got, [int(i) for i in sampler])
+    assert _hits(got) > 0
+
+
+@pytest.mark.parametrize("ctx", CONTEXTS)
+def test_out_of_order_loader_reads_ahead(remote, ctx):
+    ds = ShardListDataset(remote["index"], access="range", transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=NSAMPLES, seed=5)
+    got = list(_loader(ds, sampler, ctx, in_order=False))
+    assert sorted(_check(remote, got)) == list(range(len(ds)))
+    assert _hits(got) > 0
+
+
+@pytest.mark.parametrize("ctx", CONTEXTS)
+def test_a_second_sampler_over_the_same_dataset_keeps_its_own_plan(remote, ctx):
+    ds = ShardListDataset(remote["index"], access="range", transformations=[])
+    train = ChunkedSampler(ds, chunksize=NSAMPLES, seed=6)
+    valid = ChunkedSampler(ds, num_samples=(NSAMPLES, 3 * NSAMPLES), chunksize=NSAMPLES, seed=7)
+    got_valid = list(_loader(ds, valid, ctx))
+    got_train = list(_loader(ds, train, ctx))
+    train.set_epoch(0)
+    valid.set_epoch(0)
+    _check(remote, got_train, [int(i) for i in train])
+    _check(remote, got_valid, [int(i) for i in valid])
+    assert _hits(got_train) > 0 and _hits(got_valid) > 0
+
+
+@pytest.mark.parametrize("ctx", CONTEXTS)
+def test_persistent_workers_follow_each_epoch(remote, ctx):
+    ds = ShardListDataset(remote["index"], access="range", transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=NSAMPLES, seed=8)
+    loader = _loader(ds, sampler, ctx, persistent_workers=True)
+    for epoch in range(2):
+        sampler.set_epoch(epoch)
+        got = list(loader)
+        sampler.set_epoch(epoch)
+        _check(remote, got, [int(i) for i in sampler])
+        assert _hits(got) > 0
+    del loader
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_stateful_dataloader_resume_reads_the_rest_ahead(remote, ctx):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    ds = ShardListDataset(remote["index"], access="range", transformations=[])
+
+    def make():
+        sampler = ChunkedSampler(ds, chunksize=NSAMPLES, seed=9)
+        return sampler, stateful.StatefulDataLoader(
+            ds,
+            sampler=sampler,
+            batch_size=BATCH,
+            num_workers=2,
+            multiprocessing_context=ctx,
+            collate_fn=_batch_info,
+        )
+
+    sampler, loader = make()
+    it = iter(loader)
+    head = [next(it) for _ in range(5)]
+    state = loader.state_dict()
+    del it
+    sampler2, loader2 = make()
+    loader2.load_state_dict(state)
+    rest = list(loader2)
+    sampler.set_epoch(0)
+    _check(remote, head + rest, [int(i) for i in sampler])
+    assert _hits(rest) > 0
+
+
+def test_spawned_workers_do_not_read_the_index_again(remote, http_server):
+    """The description and the first member tables go with the pickled dataset: on the old
+    code each spawned worker read the index and its first sidecars again."""
+    ds = ShardListDataset(remote["index"], access="range", transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=NSAMPLES, seed=10)  # len(ds): the index is read
+    http_server.reset_counts()
+    got = list(_loader(ds, sampler, "spawn"))
+    _check(remote, got)
+    assert http_server.request_count("plan/train.json") == 0
+    root = os.path.dirname(remote["paths"][0])
+    sidecars = os.listdir(os.path.join(root, "train.members"))
+    assert len(sidecars) == NS
+    for name in sidecars:  # a small index: all fetched with it, by the main process
+        assert http_server.request_count(f"plan/train.members/{name}") == 0, name
+    assert http_server.request_count() > 0  # the shards were read
