@@ -1,9 +1,10 @@
 """The cache directory itself: its mark, its layout, and the checks made before writing to it.
 
-Three writers share one cache directory: the shard cache (:mod:`wids.cache.shards`: ``data/``,
+Four writers share one cache directory: the shard cache (:mod:`wids.cache.shards`: ``data/``,
 ``meta/``, ``locks/``, ``tmp/``), the scan-once member tables (:mod:`wids.cache.scans`:
-``scans/``) and offline index snapshots (:mod:`wids.cache.snapshots`: ``indexes/``). Each
-goes through :func:`open_cache_dir` (or :func:`cache_subdir`) first, which enforces:
+``scans/``), offline index snapshots (:mod:`wids.cache.snapshots`: ``indexes/``) and the MD5s
+of copied local shards (:mod:`wids.index.contents`: ``digests/``). Each goes through
+:func:`open_cache_dir` (or :func:`cache_subdir`) first, which enforces:
 
 - **A cache directory is marked.** wids creates it with ``wids-cache.json`` (format and layout
   version) and a ``CACHEDIR.TAG`` (so backup tools skip it). An existing empty directory is
@@ -27,6 +28,8 @@ The layout of ``cache_dir`` (created and marked on first use)::
     indexes/<key>.json               offline copies of remote indexes (``wids.cache.snapshots``)
     indexes/<key>.widx(.json)        a remote shard table copied whole, and where it came from
     scans/<key>.json                 member tables of scanned shards (``wids.cache.scans``)
+    digests/<key>.md5.json           MD5s of local shards read to tell a copy from a rewrite
+                                     (``wids.index.contents``, for a dataset's catalog)
 
 ``<key>`` is :func:`wids.storage.url_name` of the URL (the one URL -> file name rule, also for
 ``scans/`` and ``indexes/``): 24 hex digits of the SHA-256 of the URL without credentials plus
@@ -71,7 +74,7 @@ MARKER = "wids-cache.json"
 """The file that marks a directory as a wids cache and records its layout version."""
 
 LAYOUT_VERSION = 1
-SUBDIRS = ("data", "meta", "locks", "tmp", "scans", "indexes")
+SUBDIRS = ("data", "meta", "locks", "tmp", "scans", "indexes", "digests")
 """Every subdirectory of the layout (each created only by the writer that needs it)."""
 
 _FORMAT = "wids-cache"

@@ -53,6 +53,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="what to do with a repeated key or field (default: error)",
     )
     c.add_argument("--full", action="store_true", help="rescan every shard (not incremental)")
+    c.add_argument(
+        "--no-md5",
+        dest="md5",
+        action="store_false",
+        help="do not record each local shard's md5 (recorded by default: it tells a copy with "
+        "new timestamps, cp -r, from a rewrite; it reads every byte, the scan only headers)",
+    )
     c.add_argument("--name", help="dataset name stored in the index")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     dask_flag(c)
@@ -87,8 +94,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     v = isub.add_parser(
         "verify",
-        help="check every shard's fingerprint (size, etag or mtime) and a recorded member "
-        "header, and load every member table (--deep: rescan the shards)",
+        help="check every shard's fingerprint (size, etag or mtime, md5 where only it can "
+        "tell a copy from a rewrite) and a recorded member header, and load every member "
+        "table (--deep: rescan the shards)",
         formatter_class=fmt,
         epilog="examples:\n  wids index verify data/train.json --deep\n"
         "  wids index verify train.json --url-map https://old.example/data/=s3://new-bucket/data/\n",
@@ -146,6 +154,7 @@ def _create(args: argparse.Namespace, executor: Any) -> Any:
         name=args.name,
         progress=not args.quiet and sys.stderr.isatty(),
         executor=executor,
+        md5=args.md5,
     )
 
 
@@ -197,6 +206,7 @@ def _cmd_index_verify(args: argparse.Namespace) -> int:
 
     url_map = parse_url_map(args.url_map)
     store = Store(parse_storage_options(args.storage_option), named=(args.index, url_map))
+    notes: list[Any] = []
     with dask_executor(args.dask) as executor:
         total, problems = verify_index(
             args.index,
@@ -205,7 +215,10 @@ def _cmd_index_verify(args: argparse.Namespace) -> int:
             url_map=url_map,
             allow_local_shards=args.allow_local_shards,
             executor=executor,
+            notes=notes,
         )
+    for n in notes:
+        print(f"OK ({n.kind.lower()}) {n.url}: {n.message}")
     for p in problems:
         print(f"{p.kind} {p.url}: {p.message}")
     print(f"{total - len(problems)} of {total} shards match the index")

@@ -24,10 +24,11 @@ from typing import Any
 
 from ..errors import IndexFormatError, IndexMismatchError
 from ..index import (
-    REPAIR_HINT,
     ShardInfo,
     ShardMembers,
     header_mismatch_at_spot,
+    mismatch_error,
+    settle,
     with_repair_hint,
 )
 from ..samples import DuplicatePolicy
@@ -427,12 +428,21 @@ class Catalog:
         def check(stat: FileStat) -> None:
             problem = fingerprint.mismatch(stat, data_end=data_end)
             if problem is not None:
-                raise _changed(problem, url)
+                raise mismatch_error(problem, url)
 
         if reader_source is not None and reader_source.answers_with_stat:
             reader_source.answer_check = check
             return
-        check(self.source(info.url).info(self.store.stats))
+        source = self.source(url)
+        stat, path = source.info(self.store.stats), source.local_path
+        if path is not None and fingerprint.needs_content(stat, data_end=data_end):
+            # new timestamps, same size: a copy (cp -r) or a rewrite? The bytes tell, once.
+            memo = self.local.contents(self.src)
+            problem, _ = settle(fingerprint, stat, path, memo, data_end=data_end)
+            if problem is not None:
+                raise mismatch_error(problem, url)
+            return
+        check(stat)
 
     def check_header(self, shard: int, members: ShardMembers, reader: Any) -> None:
         """First open in this process: one recorded member's tar header must be where it was.
@@ -445,13 +455,5 @@ class Catalog:
                 members, lambda start, end: bytes(reader.read_span(start, end, self.store.stats))
             )
             if problem is not None:
-                raise _changed(problem, self.load().infos[shard].url)
+                raise mismatch_error(problem, self.load().infos[shard].url)
         self._verified.add(shard)
-
-
-def _changed(problem: str, url: str) -> IndexMismatchError:
-    return IndexMismatchError(
-        f"not the shard the index describes: {problem}; it changed after indexing, so "
-        f"{REPAIR_HINT}",
-        shard=redact_url(url),
-    )

@@ -10,6 +10,7 @@ exist in the child); :meth:`LocalCache.close` stops its threads.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +19,11 @@ from ..storage import is_local, redact_url
 
 if TYPE_CHECKING:
     from ..cache import ShardCache
+    from ..index import ContentMemo
 
 __all__ = ["LocalCache"]
+
+logger = logging.getLogger(__name__)
 
 
 class LocalCache:
@@ -46,6 +50,7 @@ class LocalCache:
         self.offline = bool(offline)
         self._cache: ShardCache | None = None
         self._pid = 0
+        self._memo: ContentMemo | None = None
 
     def shard_cache(self) -> ShardCache:
         """This process's ``ShardCache``, made on first use.
@@ -64,6 +69,33 @@ class LocalCache:
             )
             self._cache, self._pid = cache, os.getpid()
         return cache
+
+    def contents(self, index: Any) -> ContentMemo:
+        """MD5s of local shards read to tell a copy from a rewrite (``wids.index.contents``).
+
+        Made on first use and kept, also in forked workers. Remembered across processes in
+        ``cache_dir/digests/`` when there is a cache directory, else in the ``*.members/``
+        directory of a local JSON ``index`` (which wids made), else in this process only.
+        """
+        if self._memo is None:
+            from ..index import ContentMemo
+
+            self._memo = ContentMemo(self._digests_dir(index))
+        return self._memo
+
+    def _digests_dir(self, index: Any) -> str | None:
+        if self.cache_dir is not None:
+            from ..cache import cache_subdir
+            from ..errors import CacheDirError
+
+            try:
+                return cache_subdir(self.cache_dir, "digests")
+            except (CacheDirError, OSError) as e:
+                logger.warning("not keeping digests in %s: %s", self.cache_dir, e)
+                return None
+        from ..index import index_digests_dir
+
+        return index_digests_dir(index)
 
     def close(self) -> None:
         """Stop this process's background fetches (the cache stays usable: they restart)."""

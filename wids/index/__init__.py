@@ -14,6 +14,7 @@ from .access import (
     shard_sample_counts,
 )
 from .build import BuildReport, build_index
+from .contents import ContentMemo, file_md5, index_digests_dir, mismatch_error, settle
 from .convert import convert_index
 from .fingerprint import Fingerprint, header_mismatch_at_spot, unchanged
 from .jsonformat import members_dir, sidecar_name
@@ -38,13 +39,14 @@ from .sqlitewriter import SqliteIndexWriter
 from .tablereader import TableIndex
 from .tablewriter import TableIndexWriter
 from .urls import check_url_map, expand_braces, map_url, resolve_url, unpipe_url
-from .verify import ShardProblem, verify_index, verify_shard
+from .verify import ShardProblem, check_shard, verify_index, verify_shard
 from .write import write_index
 
 __all__ = [
     "REPAIR_HINT",
     "BuildReport",
     "Component",
+    "ContentMemo",
     "Fingerprint",
     "IndexReader",
     "IndexWriter",
@@ -61,13 +63,16 @@ __all__ = [
     "build_index",
     "check_entry",
     "check_output",
+    "check_shard",
     "check_url_map",
     "convert_index",
     "count_shards",
     "count_without_members",
     "create_index_writer",
     "expand_braces",
+    "file_md5",
     "header_mismatch_at_spot",
+    "index_digests_dir",
     "index_destination",
     "is_sqlite_name",
     "is_table_name",
@@ -75,9 +80,11 @@ __all__ = [
     "load_spec",
     "map_url",
     "members_dir",
+    "mismatch_error",
     "open_index",
     "resolve_url",
     "scan_shard",
+    "settle",
     "shard_bytes",
     "shard_getter",
     "shard_sample_counts",

@@ -154,6 +154,7 @@ def build_index(
     name: str | None = None,
     progress: bool | Callable[[int, int], None] = False,
     executor: cf.Executor | None = None,
+    md5: bool = True,
 ) -> BuildReport:
     """Scan shards and write a member-offset index (JSON or SQLite, by ``output``'s suffix).
 
@@ -180,6 +181,10 @@ def build_index(
             whose shard is unchanged; the description is written last, here. A SQLite index
             is written whole here (the jobs return member tables). What jobs carry must
             pickle: shard URLs and the storage options.
+        md5: Record each local shard's MD5 (``md5sum``, as the reference's ``widsindex``
+            does), so a copy with new timestamps (``cp -r``) is told from a rewrite of the
+            same size; it reads every byte, where the scan reads only headers. ``False``
+            skips it. Remote shards record their store's MD5 when it gives one (GCS).
 
     Returns:
         What was done.
@@ -211,7 +216,7 @@ def build_index(
             path,
             output,
             store,
-            _Options(jobs, skip_bad, duplicates, incremental, name, progress, executor),
+            _Options(jobs, skip_bad, duplicates, incremental, name, progress, executor, md5),
             placed,
         )
     report.seconds = time.monotonic() - t0
@@ -227,6 +232,7 @@ class _Options:
     name: str | None
     progress: bool | Callable[[int, int], None]
     executor: cf.Executor | None
+    md5: bool = True
 
 
 def _build_locked(
@@ -258,6 +264,7 @@ def _build_locked(
             opts.duplicates,
             opts.incremental,
             build,
+            opts.md5,
         )
         for url, st in zip(urls, stored, strict=True)
     ]
@@ -277,7 +284,7 @@ def _build_locked(
     results: list[JobResult | None] = [None] * len(urls)
     todo = list(range(len(urls)))
     if previous:
-        todo = _reuse(urls, stored, store, previous, results, report)
+        todo = _reuse(urls, stored, store, previous, results, report, opts.md5)
 
     bar = _progress(opts.progress, len(urls), done=len(urls) - len(todo))
     if opts.executor is not None:
@@ -340,14 +347,18 @@ def _reuse(
     previous: Mapping[str, tuple[ShardInfo, ShardMembers]],
     results: list[JobResult | None],
     report: BuildReport,
+    md5: bool,
 ) -> list[int]:
-    """Fill ``results`` from the old index where the shard is unchanged; return the rest."""
+    """Fill ``results`` from the old index where the shard is unchanged; return the rest.
+
+    A local shard the old index records no MD5 for is scanned again when ``md5`` is wanted.
+    """
     todo = []
     for i, url in enumerate(urls):
         src = store.source(url)
         local = src.local_path
         prev = previous.get(os.path.abspath(local) if local is not None else url)
-        if prev is not None:
+        if prev is not None and (prev[0].md5sum is not None or local is None or not md5):
             try:
                 stat = src.info()
                 same = unchanged(prev[0].fingerprint, prev[1], stat, src.read_range)
@@ -355,7 +366,7 @@ def _reuse(
                 src.close()
             if same:
                 info = ShardInfo(
-                    stored[i], len(prev[1]), size=stat.size, etag=stat.etag, mtime=stat.mtime
+                    stored[i], len(prev[1]), stat.size, stat.etag, stat.mtime, prev[0].md5sum
                 )
                 results[i] = JobResult(info, prev[1], False)
                 report.reused += 1

@@ -3,7 +3,11 @@
 - :class:`Fingerprint` — what identifies a shard's bytes (size, etag, mtime, md5) with one
   rule, :meth:`Fingerprint.mismatch` / :meth:`Fingerprint.matches`, for comparing it with what
   the storage says now. The dataset's first touch, ``wids index verify``, incremental builds,
-  the scan cache, the shard cache's entries and subset copies all compare through it.
+  the scan cache, the shard cache's entries and subset copies all compare through it. A
+  recorded MD5 tells a copy with new timestamps from a same-size rewrite:
+  :meth:`Fingerprint.needs_content` says when only the bytes can
+  (:mod:`wids.index.contents` reads them once and asks :meth:`Fingerprint.mismatch` again),
+  and an S3 etag that is an MD5 is compared with it (:func:`etag_md5`).
 - :func:`header_mismatch_at_spot` — the tar header of one recorded member, read back: a shard
   replaced by another of the same size with its modification time restored passes the
   fingerprint but not this.
@@ -13,16 +17,24 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from ..errors import WidsError
 from ..storage import comparable_etag
 from .members import BLOCK, ShardMembers
 
-__all__ = ["Fingerprint", "Observed", "header_mismatch_at_spot", "spot_member", "unchanged"]
+__all__ = [
+    "Fingerprint",
+    "Observed",
+    "etag_md5",
+    "header_mismatch_at_spot",
+    "spot_member",
+    "unchanged",
+]
 
 
 class Observed(Protocol):
@@ -71,19 +83,32 @@ class Fingerprint:
     ) -> str | None:
         """What differs between this recorded fingerprint and the file as it is ``now``.
 
-        A shard's fingerprint is its size plus the storage's etag when both the record and the
-        store have one, else, when the store gives no etag, its modification time (local files;
-        HTTP servers that send no ETag). A store that gives an etag where the record has none
-        holds a copy made elsewhere (a local dataset uploaded to S3): its modification time is
-        the upload's, so only the size is compared (and the member header, see
-        :func:`header_mismatch_at_spot`). MD5s are compared when both sides know one.
+        The rule, in order:
+
+        1. The size must be the recorded one (and hold ``data_end``).
+        2. MD5s, when both sides know one, decide: equal bytes are the shard, whatever else
+           changed (a copy with new timestamps, an upload's new etag).
+        3. Etags, when both sides have one, equal: the shard.
+        4. A recorded MD5 and an etag that is a plain MD5 (32 hex digits, no ``-N``
+           multipart suffix: an S3 object uploaded in one part) decide as 2. (An object
+           encrypted with SSE-KMS or SSE-C has such an etag that is no MD5: its index must
+           record its etag, ``wids index create s3://...``.)
+        5. Etags that differ: not the shard.
+        6. A store without etags (local files, HTTP servers that send none): the
+           modification time. One that differs is a copy with new timestamps or a rewrite;
+           with a recorded MD5 the file's bytes can tell (:meth:`needs_content`), without
+           one the message says so.
+        7. A store that gives an etag where the record has neither etag nor MD5 holds a copy
+           made elsewhere (a local dataset uploaded to S3): its modification time is the
+           upload's, so only the size is compared (and the member header, see
+           :func:`header_mismatch_at_spot`).
 
         Args:
             now: What the storage says now (a :class:`~wids.storage.FileStat`: ``size``,
-                ``etag``, ``mtime``), or another fingerprint.
+                ``etag``, ``mtime``, maybe ``md5``), or another fingerprint.
             data_end: End of the shard's last member's data, when a member table is at hand:
                 the file must be at least this long.
-            strict: Require a positive identification (a size and an etag or mtime to
+            strict: Require a positive identification (a size and an etag, mtime or MD5 to
                 compare), as reusing a member table without rescanning does; otherwise what
                 cannot be compared passes.
 
@@ -95,22 +120,77 @@ class Fingerprint:
             return f"its size is {now.size} bytes where the index says {self.size}"
         if data_end is not None and now.size is not None and data_end > now.size:
             return f"it is {now.size} bytes but the index has members up to byte {data_end}"
-        if self.md5 is not None and now.md5 is not None and self.md5.lower() != now.md5.lower():
-            return f"its md5 is {now.md5} where the index says {self.md5}"
+        sized = None if self.size is not None or not strict else "the index records no size"
+        if self.md5 is not None and now.md5 is not None:
+            if self.md5.lower() != now.md5.lower():
+                return (
+                    f"its contents changed (same size, other bytes): its md5 is {now.md5} "
+                    f"where the index says {self.md5}"
+                )
+            return sized
         if self.etag is not None and now.etag is not None:
-            if comparable_etag(now.etag) != comparable_etag(self.etag):
-                return f"its etag is {now.etag!r} where the index says {self.etag!r}"
-            return None if self.size is not None or not strict else "the index records no size"
+            if comparable_etag(now.etag) == comparable_etag(self.etag):
+                return sized
+        tag_md5 = etag_md5(now.etag)
+        if self.md5 is not None and tag_md5 is not None:
+            if tag_md5 != self.md5.lower():
+                return (
+                    f"its etag {now.etag!r} (the MD5 of an object uploaded in one part) is not "
+                    f"the md5 {self.md5} the index records: its contents changed (or the "
+                    "bucket encrypts with SSE-KMS/SSE-C, whose etags are no MD5s: then index "
+                    "the uploaded shards, wids index create s3://...)"
+                )
+            return sized
+        if self.etag is not None and now.etag is not None:
+            return f"its etag is {now.etag!r} where the index says {self.etag!r}"
         if self.mtime is not None and now.mtime is not None and now.etag is None:
             if not _same_mtime(float(now.mtime), float(self.mtime)):
-                return (
-                    f"it was modified at {_when(now.mtime)} where the index says "
-                    f"{_when(self.mtime)}"
-                )
-            return None if self.size is not None or not strict else "the index records no size"
+                return _modified(now.mtime, self.mtime, self.md5 is not None)
+            return sized
         if strict:
             return "the index records neither an etag nor a modification time to compare"
         return None
+
+    def needs_content(self, now: Observed, *, data_end: int | None = None) -> bool:
+        """Whether only the file's bytes can settle :meth:`mismatch`: a copy or a rewrite?
+
+        True when the only difference is the modification time (same size, no etag) and
+        the record has an MD5 that ``now`` lacks: read the file, and ask :meth:`mismatch`
+        again with its MD5 (:func:`wids.index.contents.settle`).
+        """
+        now = Fingerprint.of(now)
+        return (
+            self.md5 is not None
+            and now.md5 is None
+            and now.etag is None
+            and self.mismatch(now, data_end=data_end) is not None
+            and self.mismatch(replace(now, mtime=self.mtime), data_end=data_end) is None
+        )
+
+
+def etag_md5(etag: str | None) -> str | None:
+    """The MD5 an etag is, when it looks like one: 32 hex digits, strong, no ``-N`` suffix.
+
+    S3 gives an object uploaded in one part the MD5 of its bytes as its etag (unless it is
+    encrypted with SSE-KMS or SSE-C); a multipart upload's etag ends in ``-<parts>``.
+    """
+    if etag is None or etag.strip().startswith("W/"):
+        return None
+    tag = comparable_etag(etag) or ""
+    return tag.lower() if _MD5_HEX.fullmatch(tag) else None
+
+
+_MD5_HEX = re.compile(r"[0-9a-fA-F]{32}")
+
+
+def _modified(now: float, then: float, has_md5: bool) -> str:
+    said = f"it was modified at {_when(now)} where the index says {_when(then)}"
+    if has_md5:
+        return f"{said} (same size; its contents were not compared)"
+    return (
+        f"{said}, and the index records no md5 to tell a copy with new timestamps (cp -r, "
+        "rsync without -t, docker COPY) from a rewrite of the same size"
+    )
 
 
 def _same_mtime(a: float, b: float) -> bool:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from ..errors import ShardNotFoundError, WidsError
 from ..samples import DuplicatePolicy
 from ..storage import IOStats, Source, Store, is_remote, local_path, put_file, redact_url
+from .contents import file_md5
 from .fingerprint import Fingerprint, unchanged
 from .jsonformat import MEMBERS_FORMAT, VERSION
 from .jsonwriter import render_sidecar
@@ -46,6 +47,8 @@ class ShardJob:
         sidecar: Where its member sidecar goes (path or URL), or ``None`` to return the table.
         duplicates: Policy for repeated keys or fields.
         reuse: Keep a matching sidecar already at ``sidecar`` instead of rescanning.
+        md5: Record the MD5 of a local shard's bytes (read whole for it; remote shards get
+            the one their store gives, GCS's ``md5Hash``, if any).
         build: Identifies the build: Dask names a task by its arguments and takes two
             submissions of one name for the same task, so a rerun (after a crash, or of a
             changed shard) must not look like the run before.
@@ -57,6 +60,7 @@ class ShardJob:
     duplicates: DuplicatePolicy = "error"
     reuse: bool = True
     build: str = ""
+    md5: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,11 +99,12 @@ def run_job(job: ShardJob, store: Store) -> JobResult:
             if kept is not None:
                 return kept
         stat, members, skipped = scan_shard(src, duplicates=job.duplicates, stats=stats)
+        md5 = stat.md5
+        if job.md5 and src.local_path is not None:
+            md5 = file_md5(src.local_path, stat)  # copies then tell from rewrites (contents.py)
     finally:
         src.close()
-    info = ShardInfo(
-        url=job.stored, nsamples=len(members), size=stat.size, etag=stat.etag, mtime=stat.mtime
-    )
+    info = ShardInfo(job.stored, len(members), stat.size, stat.etag, stat.mtime, md5)
     if job.sidecar is None:
         return JobResult(info, members, True, skipped, stats.bytes_read, stats.requests)
     _put(job.sidecar, render_sidecar(info, members), store)
@@ -126,15 +131,19 @@ def _kept(
         return None
     try:
         members = ShardMembers.from_columns(cols)
+        md5 = cols.get("md5sum")
         info = ShardInfo(
             url=job.stored,
             nsamples=len(members),
             size=cols.get("size"),
             etag=cols.get("etag"),
             mtime=cols.get("mtime"),
+            md5sum=md5 if isinstance(md5, str) else None,
         )
         if cols.get("nsamples") != len(members):
             return None
+        if job.md5 and info.md5sum is None and src.local_path is not None:
+            return None  # scanned again, for its md5
         recorded = Fingerprint(info.size, info.etag, info.mtime)
         if not unchanged(recorded, members, src.info(stats), src.read_range):
             return None

@@ -43,6 +43,7 @@ def render_sidecar(info: ShardInfo, members: ShardMembers) -> bytes:
         "size": info.size,
         "etag": info.etag,
         "mtime": info.mtime,
+        **({} if info.md5sum is None else {"md5sum": info.md5sum}),
         "fields": list(members.fields),
         "keys": members.keys(),
     }

@@ -15,13 +15,14 @@ from typing import Any
 from ..errors import WidsError
 from ..storage import Store, redact_url
 from .access import count_shards, shard_getter
+from .contents import ContentMemo, index_digests_dir, settle
 from .fingerprint import header_mismatch_at_spot
 from .members import ShardMembers
 from .model import ShardInfo
 from .registry import open_index
 from .scan import scan_shard
 
-__all__ = ["ShardProblem", "verify_index", "verify_shard"]
+__all__ = ["ShardProblem", "check_shard", "verify_index", "verify_shard"]
 
 _IN_FLIGHT = 256
 """Shards checked at once on an executor (a Dask cluster of many workers stays busy)."""
@@ -33,7 +34,8 @@ class ShardProblem:
 
     Attributes:
         url: The shard (credentials removed).
-        kind: ``"DAMAGED"`` (its member table cannot be read) or ``"CHANGED"`` (the shard).
+        kind: ``"DAMAGED"`` (its member table cannot be read) or ``"CHANGED"`` (the shard);
+            for a note on a shard that matches, ``"COPY"``.
         message: What is wrong.
     """
 
@@ -53,11 +55,37 @@ def verify_shard(
         store: Storage options for the shard.
         deep: Rescan the shard and compare every offset.
     """
+    return check_shard(info, members, store, deep)[0]
+
+
+def check_shard(
+    info: ShardInfo,
+    members: ShardMembers | None,
+    store: Store,
+    deep: bool = False,
+    memo: ContentMemo | None = None,
+) -> tuple[str | None, str | None]:
+    """:func:`verify_shard`, and a note on a shard that matches: ``(problem, note)``.
+
+    A local shard of the recorded size and MD5 but another modification time is a copy (its
+    bytes are read once to tell, see :mod:`wids.index.contents`): no problem, a note.
+
+    Args:
+        info: The shard's entry.
+        members: Its member table, if the index has one.
+        store: Storage options for the shard.
+        deep: Rescan the shard and compare every offset.
+        memo: Where MD5s read before are remembered (default: nowhere).
+    """
     src = store.source(info.url)
+    note = None
     try:
         stat = src.info()
         end = None if members is None else int(members.spans()[1].max(initial=0))
-        problem: str | None = info.fingerprint.mismatch(stat, data_end=end)
+        memo = memo if memo is not None else ContentMemo()
+        problem, copied = settle(info.fingerprint, stat, src.local_path, memo, data_end=end)
+        if copied:
+            note = "same size and md5 as indexed, another modification time (a copy)"
         if problem is None and members is not None:
             problem = header_mismatch_at_spot(members, src.read_range)
         if problem is None and deep:
@@ -67,10 +95,10 @@ def verify_shard(
             elif len(now) != info.nsamples:
                 problem = f"it has {len(now)} samples where the index says {info.nsamples}"
     except WidsError as e:
-        return e.message
+        return e.message, None
     finally:
         src.close()
-    return problem
+    return problem, (note if problem is None else None)
 
 
 def verify_index(
@@ -81,6 +109,7 @@ def verify_index(
     url_map: Mapping[str, str] | None = None,
     allow_local_shards: bool = False,
     executor: cf.Executor | None = None,
+    notes: list[ShardProblem] | None = None,
 ) -> tuple[int, list[ShardProblem]]:
     """Check every shard of an index: fingerprint, a recorded member header, its member table.
 
@@ -93,6 +122,10 @@ def verify_index(
         executor: Where the shards are checked (e.g. ``distributed.Client.get_executor()``);
             default: one at a time, here. At most a few hundred shards are in flight, so
             an index of 10^6 shards is checked in bounded memory.
+        notes: A list to which shards that match with a remark are appended, in index
+            order (kind ``"COPY"``: a local shard with the recorded size and md5 but a new
+            modification time, as ``cp -r`` leaves it). What was read to tell is remembered
+            in the ``*.members/`` directory of a local JSON index, when it can be written.
 
     Returns:
         ``(shards, problems)``: how many shards the index has, and those that do not match,
@@ -101,14 +134,21 @@ def verify_index(
     store = Store.of(storage_options, named=(index, url_map))
     idx = open_index(index, store, url_map=url_map, allow_local_shards=allow_local_shards)
     problems: dict[int, ShardProblem] = {}
-    futures: dict[cf.Future[str | None], tuple[int, str]] = {}
+    remarks: dict[int, ShardProblem] = {}
+    futures: dict[cf.Future[tuple[str | None, str | None]], tuple[int, str]] = {}
+    memo = ContentMemo(index_digests_dir(index))
 
-    def collect(done: Iterable[cf.Future[str | None]]) -> None:
+    def record(k: int, url: str, result: tuple[str | None, str | None]) -> None:
+        problem, note = result
+        if problem:
+            problems[k] = ShardProblem(url, "CHANGED", problem)
+        elif note:
+            remarks[k] = ShardProblem(url, "COPY", note)
+
+    def collect(done: Iterable[cf.Future[tuple[str | None, str | None]]]) -> None:
         for fut in done:
             k, url = futures.pop(fut)
-            problem = fut.result()
-            if problem:
-                problems[k] = ShardProblem(url, "CHANGED", problem)
+            record(k, url, fut.result())
 
     try:
         total = count_shards(idx)
@@ -123,14 +163,12 @@ def verify_index(
                 )
                 continue
             if executor is None:
-                problem = verify_shard(info, members, store, deep)
-                if problem:
-                    problems[k] = ShardProblem(redact_url(info.url), "CHANGED", problem)
+                record(k, redact_url(info.url), check_shard(info, members, store, deep, memo))
                 continue
             if len(futures) >= _IN_FLIGHT:  # the executor holds a bounded window, not the index
                 done, _ = cf.wait(futures, return_when=cf.FIRST_COMPLETED)
                 collect(done)
-            futures[executor.submit(verify_shard, info, members, store, deep)] = (
+            futures[executor.submit(check_shard, info, members, store, deep, memo)] = (
                 k,
                 redact_url(info.url),
             )
@@ -139,4 +177,6 @@ def verify_index(
         for fut in futures:
             fut.cancel()
         idx.close()
+    if notes is not None:
+        notes.extend(remarks[k] for k in sorted(remarks))
     return total, [problems[k] for k in sorted(problems)]

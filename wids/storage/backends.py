@@ -4,7 +4,7 @@
   timeout and leave retries to wids (a user's own settings win).
 - :func:`request_timeout`: the timeout of each ranged HTTP request wids makes itself.
 - :func:`file_stat`: a :class:`~wids.storage.stats.FileStat` from a backend's ``info()``
-  answer, whatever its keys for the etag and modification time.
+  answer, whatever its keys for the etag and modification time (and GCS's MD5).
 - :func:`is_http` / :func:`is_s3`: filesystems whose range requests wids makes itself,
   conditional and checked (:mod:`wids.storage.conditional`).
 - :func:`url_to_fs`: fsspec's, with a missing backend package named by the extra that
@@ -18,6 +18,7 @@ and methods.
 
 from __future__ import annotations
 
+import base64
 import importlib
 from collections.abc import Mapping
 from datetime import datetime
@@ -136,9 +137,25 @@ def _etag(info: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _md5(info: Mapping[str, Any]) -> str | None:
+    """GCS's ``md5Hash`` (base64 of the MD5 of the object's bytes) as hex, if it gives one.
+
+    Composite objects have none. S3's ETag is left to :class:`~wids.index.Fingerprint`: it is
+    an MD5 only for objects uploaded in one part without SSE-KMS/SSE-C encryption.
+    """
+    value = info.get("md5Hash")
+    if not isinstance(value, str):
+        return None
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except ValueError:
+        return None
+    return raw.hex() if len(raw) == 16 else None
+
+
 def file_stat(info: Mapping[str, Any], size: int) -> FileStat:
     """What a backend's ``info()`` answer says of a file of ``size`` bytes."""
-    return FileStat(size=size, etag=_etag(info), mtime=_mtime(info))
+    return FileStat(size=size, etag=_etag(info), mtime=_mtime(info), md5=_md5(info))
 
 
 def is_http(fs: Any) -> bool:

@@ -32,11 +32,14 @@ class FileStat:
         size: Size in bytes.
         etag: The storage's entity tag (quotes removed), if it has one.
         mtime: Modification time as a POSIX timestamp, if known.
+        md5: Hex MD5 of the whole file, when the store says it (GCS's ``md5Hash``), or when
+            wids computed it (a file it wrote, a local file it read).
     """
 
     size: int
     etag: str | None
     mtime: float | None
+    md5: str | None = None
 
 
 def comparable_etag(etag: str | None) -> str | None:
