@@ -38,6 +38,69 @@ def test_fingerprint_mismatch(recorded, now, differs):
         assert got is not None and differs in got
 
 
+MD5 = "0123456789abcdef0123456789abcdef"
+OTHER = "fedcba9876543210fedcba9876543210"
+
+
+@pytest.mark.parametrize(
+    "recorded, now, differs",
+    [
+        # md5s decide when both sides know one, whatever the mtime or etag says
+        (ShardInfo("s", 1, 100, mtime=1.0, md5sum=MD5), Fingerprint(100, None, 9.0, MD5), None),
+        (ShardInfo("s", 1, 100, etag="a", md5sum=MD5), Fingerprint(100, "b", 9.0, MD5), None),
+        (
+            ShardInfo("s", 1, 100, mtime=1.0, md5sum=MD5),
+            Fingerprint(100, None, 1.0, OTHER),
+            "contents changed",
+        ),
+        # an S3 etag that is a plain md5 (one part) is compared with a recorded md5
+        (
+            ShardInfo("s", 1, 100, mtime=1.0, md5sum=MD5),
+            FileStat(100, f'"{MD5.upper()}"', 9.0),
+            None,
+        ),
+        (
+            ShardInfo("s", 1, 100, mtime=1.0, md5sum=MD5),
+            FileStat(100, f'"{OTHER}"', 9.0),
+            "is not the md5",
+        ),
+        # a multipart etag (-N) or a weak one is no md5: only the size (and a header) then
+        (ShardInfo("s", 1, 100, mtime=1.0, md5sum=MD5), FileStat(100, f'"{OTHER}-3"', 9.0), None),
+        (ShardInfo("s", 1, 100, mtime=1.0, md5sum=MD5), FileStat(100, f'W/"{OTHER}"', 9.0), None),
+        # a recorded etag equal to the store's wins over the md5 rule (SSE-KMS etags)
+        (ShardInfo("s", 1, 100, etag=OTHER, md5sum=MD5), FileStat(100, OTHER, 9.0), None),
+        # a multipart etag recorded, the same bytes re-uploaded in one part
+        (ShardInfo("s", 1, 100, etag=f"{OTHER}-2", md5sum=MD5), FileStat(100, MD5, 9.0), None),
+        # GCS's md5Hash (FileStat.md5) against a recorded md5
+        (
+            ShardInfo("s", 1, 100, etag="CAE=", md5sum=MD5),
+            FileStat(100, "CAI=", 9.0, OTHER),
+            "contents changed",
+        ),
+        # a new mtime: with an md5 recorded the bytes can tell, without one the message says so
+        (ShardInfo("s", 1, 100, mtime=1.0, md5sum=MD5), FileStat(100, None, 2.0), "not compared"),
+        (ShardInfo("s", 1, 100, mtime=1.0), FileStat(100, None, 2.0), "records no md5"),
+    ],
+)
+def test_fingerprint_md5_rules(recorded, now, differs):
+    got = recorded.fingerprint.mismatch(now)
+    if differs is None:
+        assert got is None
+    else:
+        assert got is not None and differs in got
+
+
+def test_needs_content_only_when_the_mtime_alone_differs_and_an_md5_is_recorded():
+    fp = Fingerprint(100, None, 1.0, MD5)
+    assert fp.needs_content(FileStat(100, None, 2.0))
+    assert not fp.needs_content(FileStat(100, None, 1.0))  # the same: nothing to read
+    assert not fp.needs_content(FileStat(101, None, 2.0))  # another size: changed, no reading
+    assert not fp.needs_content(FileStat(100, None, 2.0), data_end=200)  # too short
+    assert not fp.needs_content(FileStat(100, "e", 2.0))  # a store: never read whole
+    assert not fp.needs_content(Fingerprint(100, None, 2.0, OTHER))  # md5 known already
+    assert not Fingerprint(100, None, 1.0).needs_content(FileStat(100, None, 2.0))  # no md5
+
+
 def test_fingerprint_strict_needs_a_positive_identification():
     def strict(info: ShardInfo, stat: FileStat) -> str | None:
         return info.fingerprint.mismatch(stat, strict=True)
@@ -149,7 +212,7 @@ def test_verify_catches_a_same_size_rewrite(tmp_path, capsys):
     data = paths[1].read_bytes()
     paths[1].write_bytes(data.replace(b"v" * 300, b"w" * 300, 1))  # same size, other bytes
     code, text = _verify(capsys, out)
-    assert code == 1 and f"CHANGED {paths[1]}: " in text and "modified at" in text
+    assert code == 1 and f"CHANGED {paths[1]}: " in text and "its contents changed" in text
     assert "2 of 3 shards match" in text and "--full" in text
 
 

@@ -232,9 +232,9 @@ def test_remote_index_offline_from_the_cache_with_the_server_stopped(tmp_path):
 # --------------------------------------------------------------- subset never harms user files
 
 
-def _dataset(root, shards=3, n=NSAMPLES, index="train.json"):
+def _dataset(root, shards=3, n=NSAMPLES, index="train.json", md5=True):
     paths = write_dataset(str(root), shards=shards, samples_per_shard=n, real_images=False)
-    build_index(paths, str(root / index), name="train")
+    build_index(paths, str(root / index), name="train", md5=md5)
     return paths, str(root / index)
 
 
@@ -320,8 +320,9 @@ def test_a_stale_same_size_shard_is_refused_or_replaced_never_served(tmp_path):
     assert [strip_meta(ds[i]) for i in range(len(ds))] == oracle[: 2 * NSAMPLES]
 
 
-def test_a_copy_that_is_not_the_indexed_shard_is_not_published(tmp_path):
-    paths, index = _dataset(tmp_path / "src")
+@pytest.mark.parametrize("md5", [True, False])
+def test_a_copy_that_is_not_the_indexed_shard_is_not_published(tmp_path, md5):
+    paths, index = _dataset(tmp_path / "src", md5=md5)
     # The source shard was rewritten after indexing at the same size: its first member is
     # now named differently (a valid tar still, checksum and all).
     st = os.stat(paths[1])
@@ -334,12 +335,14 @@ def test_a_copy_that_is_not_the_indexed_shard_is_not_published(tmp_path):
         f.seek(0)
         f.write(h)
     out = tmp_path / "o"
-    # its fingerprint (the modification time) tells, as on a dataset's first touch
-    with pytest.raises(IndexMismatchError, match=r"synth-000001.tar.*modified at"):
+    # its fingerprint (a new modification time; another md5 if recorded) tells
+    changed = "contents changed" if md5 else "modified at"
+    with pytest.raises(IndexMismatchError, match=rf"synth-000001.tar.*{changed}"):
         make_subset(index, out, shards=slice(0, 3))
     assert not out.exists()
     os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns))  # and with its mtime restored,
-    with pytest.raises(IndexMismatchError, match=r"synth-000001.tar.*member"):  # the header
+    changed = "contents changed" if md5 else "member"  # the md5, or else the header
+    with pytest.raises(IndexMismatchError, match=rf"synth-000001.tar.*{changed}"):
         make_subset(index, out, shards=slice(0, 3))
     assert not out.exists()  # everything this call created is gone again
     (out / "train.members").mkdir(parents=True)

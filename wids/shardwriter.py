@@ -267,6 +267,7 @@ class ShardWriter:
             encoder=False,
             storage_options=self.store,
             index=self._keeper is not None,
+            md5=self._keeper is not None,  # recorded: copies then tell from rewrites
             **self._tar_options,
         )
         self.fname = url

@@ -22,10 +22,12 @@ While writing, the member table (:class:`~wids.index.ShardMembers`) is collected
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import IO, Any
 
 import numpy as np
@@ -65,6 +67,10 @@ class TarWriter:
         compress: Only ``None`` or ``False``: a compressed tar cannot be read by byte range.
         storage_options: fsspec options for a URL destination.
         index: Record members' offsets and sizes (:meth:`members`); off only to measure its cost.
+        md5: Compute the MD5 of what is written to a local path, which :attr:`stat` then
+            carries into the index (``md5sum``, as ``wids index create`` records it): a copy
+            of the shard with new timestamps is then told from a rewrite. (A URL
+            destination's stat has the store's etag instead, and GCS's MD5.)
 
     Raises:
         ValueError: ``compress`` is set, or ``mtime``/``mode``/``user``/``group`` do not fit a
@@ -87,6 +93,7 @@ class TarWriter:
         compress: bool | None = None,
         storage_options: Mapping[str, Any] | Store | None = None,
         index: bool = True,
+        md5: bool = True,
     ) -> None:
         if compress:
             raise ValueError("compressed tars cannot be read by byte range; wids writes plain tar")
@@ -110,11 +117,14 @@ class TarWriter:
         self._msize: list[int] = []
         self._tmp: Any = None
         self._tmpdir: str | None = None
+        self._md5: Any = None
         if isinstance(fileobj, (str, os.PathLike)):
             self.url = os.fspath(fileobj)
             self._stream: Any = self._open_destination(self.url)
+            self._md5 = hashlib.md5() if md5 and self._tmpdir is None else None  # local only
         else:
             self._stream = fileobj
+        self._write = self._stream.write if self._md5 is None else self._hashing_write
         self._closed = False
 
     def _open_destination(self, url: str) -> IO[bytes]:
@@ -162,7 +172,7 @@ class TarWriter:
         key, members = prepared
         if key in self._keys:
             raise SampleLayoutError(f"key {key!r} was already written to this tar")
-        write, member = self._stream.write, self._headers.member
+        write, member = self._write, self._headers.member
         offset, payload = self.offset, 0
         for field, name, data in members:
             size = len(data)
@@ -217,7 +227,7 @@ class TarWriter:
     def finish(self) -> None:
         """Write the end-of-archive blocks and flush; the file is not yet published."""
         self._check_open()
-        self._stream.write(ZEROS * 2)
+        self._write(ZEROS * 2)
         self.offset += 2 * BLOCK
         self._stream.flush()
         self._closed = True
@@ -233,7 +243,7 @@ class TarWriter:
         if self._tmp is None or self._tmp.fd is None or not self._closed:
             raise ValueError("temp_stat() needs a finished TarWriter writing to a path")
         st = os.fstat(self._tmp.fd)
-        return FileStat(size=st.st_size, etag=None, mtime=st.st_mtime)
+        return FileStat(size=st.st_size, etag=None, mtime=st.st_mtime, md5=self.md5)
 
     def sync(self) -> None:
         """Finish the tar and flush its temporary file to disk; :meth:`close` publishes it.
@@ -272,10 +282,21 @@ class TarWriter:
             raise RuntimeError("internal error: no destination to publish")
         if is_remote(self.url):
             put_file(self._tmp.path, self.url, self.store)
-            return self.store.source(self.url).info()
-        path = os.path.abspath(local_path(self.url))
-        self._tmp.publish(path)
-        return Source(path).info()
+            stat = self.store.source(self.url).info()
+        else:
+            path = os.path.abspath(local_path(self.url))
+            self._tmp.publish(path)
+            stat = Source(path).info()
+        return stat if self.md5 is None else replace(stat, md5=self.md5)
+
+    def _hashing_write(self, data: bytes) -> int:
+        self._md5.update(data)
+        return self._stream.write(data)  # type: ignore[no-any-return]
+
+    @property
+    def md5(self) -> str | None:
+        """Hex MD5 of the tar once finished (a local path destination, ``md5=True``)."""
+        return self._md5.hexdigest() if self._md5 is not None and self._closed else None
 
     def abort(self) -> None:
         """Give up: nothing is published, temporary files are removed."""

@@ -101,6 +101,7 @@ class IndexKeeper:
             size=stat.size,
             etag=stat.etag,
             mtime=stat.mtime,
+            md5sum=getattr(stat, "md5", None),  # what TarWriter computed as it wrote
         )
         self.shards += 1
         self.samples += len(members)

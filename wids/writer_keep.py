@@ -80,8 +80,6 @@ def _consecutive(
     pattern: str, start: int, reader: IndexReader | None, known: dict[str, int], store: Store
 ) -> Iterator[tuple[str, Any, ShardMembers]]:
     """The shards ``pattern % n`` that exist from ``start`` up to the first missing one."""
-    from .index import scan_shard
-
     n = start
     while True:
         url = pattern % n
@@ -91,9 +89,8 @@ def _consecutive(
         except ShardNotFoundError:
             return
         i = known.get(_resolved(url))
-        members = None if i is None or reader is None else _reusable(reader, i, stat, src)
-        if members is None:
-            stat, members, _ = scan_shard(src)
+        got = None if i is None or reader is None else _reusable(reader, i, stat, src)
+        stat, members = got if got is not None else _scan(src)
         src.close()
         yield url, stat, members
         n += 1
@@ -103,8 +100,6 @@ def _kept_shard(
     url: str, reader: IndexReader | None, i: int, store: Store, index: str
 ) -> tuple[str, Any, ShardMembers]:
     """A shard the old index lists below ``start_shard``: checked, or scanned again."""
-    from .index import scan_shard
-
     src = store.source(url)
     try:
         try:
@@ -115,10 +110,10 @@ def _kept_shard(
                 "pass overwrite=True to write a new index of only the new shards",
                 shard=_redact(url),
             ) from None
-        members = None if reader is None else _reusable(reader, i, stat, src)
-        if members is None:
+        got = None if reader is None else _reusable(reader, i, stat, src)
+        if got is None:
             logger.info("%s changed since it was indexed; scanning it again", _redact(url))
-            stat, members, _ = scan_shard(src)
+        stat, members = got if got is not None else _scan(src)
         return url, stat, members
     finally:
         src.close()
@@ -191,17 +186,31 @@ def _old_index(
     return None, {}
 
 
-def _reusable(reader: IndexReader, i: int, stat: Any, src: Any) -> ShardMembers | None:
-    """The old index's member table of a shard, if it still describes the file."""
+def _scan(src: Any) -> tuple[Any, ShardMembers]:
+    """A shard's stat (with the md5 of a local one, as ``wids index create``) and members."""
+    from dataclasses import replace
+
+    from .index import file_md5, scan_shard
+
+    stat, members, _ = scan_shard(src)
+    if src.local_path is not None:
+        stat = replace(stat, md5=file_md5(src.local_path, stat))
+    return stat, members
+
+
+def _reusable(reader: IndexReader, i: int, stat: Any, src: Any) -> tuple[Any, ShardMembers] | None:
+    """A shard's stat (with its recorded md5) and old member table, if still its own."""
+    from dataclasses import replace
+
     from .index import shard_getter, unchanged
     from .storage import redact_url
 
     info = shard_getter(reader)(i)
     try:
         members = reader.members(i)
-        if members is None:
+        if members is None or not unchanged(info.fingerprint, members, stat, src.read_range):
             return None
-        return members if unchanged(info.fingerprint, members, stat, src.read_range) else None
+        return replace(stat, md5=info.md5sum or stat.md5), members
     except Exception as e:  # a damaged entry: scan the shard instead
         logger.warning("not reusing the index entry of %s: %s", redact_url(info.url), e)
         return None
