@@ -190,3 +190,116 @@ def test_decoder_pickles():
     assert dec.image == "rgb8" and dec.allow_pickle
     assert dec({".png": _png(), ".bin": b"ab"})[".png"].shape == (3, 5, 3)
     assert dec({".bin": b"ab"})[".bin"] == 2
+
+
+# -- decompression bombs (issue 21, item 9) ----------------------------------------------------
+
+
+def _gzip_zeros(mib: int) -> bytes:
+    import zlib
+
+    c = zlib.compressobj(9, wbits=31)
+    block = b"\0" * 2**20
+    return b"".join([c.compress(block) for _ in range(mib)] + [c.flush()])
+
+
+def _png_of(width: int, height: int) -> bytes:
+    out = io.BytesIO()
+    Image.new("1", (width, height)).save(out, "PNG")  # 1 bit per pixel: small to make
+    return out.getvalue()
+
+
+def _npy_header_only(shape: tuple[int, ...]) -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        out, {"descr": "<f8", "fortran_order": False, "shape": shape}
+    )
+    return out.getvalue()
+
+
+def _peak_mib(fn) -> float:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        fn()
+    except DecodeError:
+        pass
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak / 2**20
+
+
+def test_a_gzip_bomb_is_refused_at_256_mib_by_default():
+    bomb = _gzip_zeros(257)  # 257 MiB of text from 250 KB
+    assert len(bomb) < 300_000
+    sample = {"__key__": "k/1", "__shard__": "s.tar", ".txt.gz": bomb}
+    peak = _peak_mib(lambda: Decoder()(sample))
+    assert peak < 256 + 64  # the limit and a step, not twice the limit
+    small = Decoder(max_decompressed=2**20)
+    for field in (".txt.gz", ".json.gz", ".bin.gz"):
+        sample = {"__key__": "k/1", "__shard__": "s.tar", field: _gzip_zeros(2)}
+        with pytest.raises(DecodeError) as e:
+            small(sample)
+        assert "k/1" in str(e.value) and field in str(e.value) and e.value.shard == "s.tar"
+        assert "max_decompressed" in str(e.value)
+
+
+def test_the_decompressed_bound_is_configurable_and_exact():
+    data = b"abc" * 1000
+    small = Decoder(max_decompressed=3000)
+    assert small({"__key__": "k", ".txt.gz": gzip.compress(data)})[".txt.gz"] == data.decode()
+    with pytest.raises(DecodeError, match="more than 2,999 bytes"):
+        Decoder(max_decompressed=2999)({"__key__": "k", ".txt.gz": gzip.compress(data)})
+    two = gzip.compress(b"ab") + gzip.compress(b"cd") + b"\0" * 8  # members, padding
+    assert small({"__key__": "k", ".txt.gz": two})[".txt.gz"] == "abcd"
+    unbounded = Decoder(max_decompressed=None)
+    assert unbounded({"__key__": "k", ".x.gz": gzip.compress(data)})[".x.gz"] == data
+    with pytest.raises(ValueError, match="max_decompressed"):
+        Decoder(max_decompressed=0)
+
+
+def test_an_image_over_the_pixel_bound_is_refused_before_decoding():
+    png = _png_of(13000, 13000)  # 169 megapixels: Pillow only warns
+    with pytest.raises(DecodeError) as e:
+        Decoder()({"__key__": "big", ".png": png})
+    assert "big" in str(e.value) and ".png" in str(e.value) and "max_pixels" in str(e.value)
+    assert _peak_mib(lambda: Decoder()({"__key__": "big", ".png": png})) < 8
+    assert Decoder(max_pixels=None)({"__key__": "big", ".png": png})[".png"].size == (13000, 13000)
+    small = _png_of(40, 30)
+    assert Decoder(max_pixels=1200)({"__key__": "k", ".png": small})[".png"].size == (40, 30)
+    with pytest.raises(DecodeError, match="1,200 pixels"):
+        Decoder(max_pixels=1199)({"__key__": "k", ".png": small})
+
+
+def test_a_npy_header_declaring_more_than_its_bytes_allocates_nothing():
+    fake = _npy_header_only((2**27,))  # 1 GiB of float64 declared, none present
+    with pytest.raises(DecodeError, match="declares"):
+        Decoder()({"__key__": "k", ".npy": fake})
+    assert _peak_mib(lambda: Decoder()({"__key__": "k", ".npy": fake})) < 8
+    arr = np.arange(5.0)
+    buf = io.BytesIO()
+    np.save(buf, arr)
+    assert (Decoder()({"__key__": "k", ".npy": buf.getvalue()})[".npy"] == arr).all()
+
+
+def test_a_bomb_in_a_real_shard_is_a_decode_error_of_that_sample_only(tmp_path):
+    from tarfixtures import write_shard
+
+    from wids import ShardListDataset, build_index
+
+    members = [
+        ("000000.txt.gz", gzip.compress(b"fine")),
+        ("000001.txt.gz", _gzip_zeros(300)),
+        ("000002.png", _png_of(13000, 13000)),
+        ("000003.txt", b"after"),
+    ]
+    shard = write_shard(tmp_path / "s.tar", members)
+    build_index([str(shard)], str(tmp_path / "i.json"))
+    ds = ShardListDataset(str(tmp_path / "i.json"))
+    assert ds[0][".txt.gz"] == "fine" and ds[3][".txt"] == "after"
+    for i, field in ((1, ".txt.gz"), (2, ".png")):
+        with pytest.raises(DecodeError) as e:
+            ds[i]
+        assert f"{i:06d}" in str(e.value) and field in str(e.value) and "s.tar" in str(e.value)

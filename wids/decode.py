@@ -17,6 +17,19 @@ then by its last part, ``"png"``):
 - ``pyd pickle pkl pt pth`` unpickle, which can run code: refused with
   :class:`~wids.errors.UnsafeDecodeError` unless ``allow_pickle=True``;
 - anything else is left as ``bytes``.
+
+Bounded work on crafted fields (each limit a :class:`Decoder` argument; ``None`` lifts it):
+
+- ``max_decompressed`` (:data:`MAX_DECOMPRESSED`, 256 MiB): a ``*.gz`` field is inflated at
+  most this far; a 1 MB ``.txt.gz`` that would inflate to 1 GiB stops at the limit.
+- ``max_pixels`` (:data:`MAX_PIXELS`, 89,478,485: an 8-bit RGB image of 256 MiB, the size at
+  which Pillow itself starts warning of a decompression bomb): checked from the image's header,
+  before its pixels are decoded.
+- a ``.npy`` header whose shape needs more bytes than the field holds is refused before numpy
+  allocates the array.
+
+A field over a limit is a :class:`~wids.errors.DecodeError` naming the sample's key, the field
+and the limit; the sample's other fields and other samples are unaffected.
 """
 
 from __future__ import annotations
@@ -24,6 +37,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import zlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -33,6 +47,8 @@ from .extras import missing
 __all__ = [
     "IMAGE_EXTENSIONS",
     "IMAGE_MODES",
+    "MAX_DECOMPRESSED",
+    "MAX_PIXELS",
     "PICKLE_EXTENSIONS",
     "Decoder",
     "default_decoders",
@@ -45,6 +61,13 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset(
     "jpg jpeg png webp ppm pgm pbm pnm tif tiff bmp gif".split()
 )
 PICKLE_EXTENSIONS: frozenset[str] = frozenset("pyd pickle pkl pt pth".split())
+
+MAX_DECOMPRESSED = 256 * 2**20
+"""Default bound on a gunzipped field (256 MiB): far above any text, JSON or array a sample
+usually holds, far below what would take a training worker's memory."""
+MAX_PIXELS = 2**30 // 4 // 3
+"""Default bound on an image's pixels (89,478,485: 256 MiB as 8-bit RGB; Pillow's own
+``Image.MAX_IMAGE_PIXELS``, where it only warns)."""
 
 # mode -> (container, dtype, PIL mode); container "pil", "numpy" or "torch", dtype "uint8"
 # (0..255) or "float" (float32 in 0..1). "PIL" and "numpy" keep the image's own mode, as the
@@ -72,7 +95,7 @@ IMAGE_MODES: dict[str, tuple[str, str | None, str | None]] = {
 }
 
 
-def _image_decoder(mode: str) -> FieldDecoder:
+def _image_decoder(mode: str, max_pixels: int | None = MAX_PIXELS) -> FieldDecoder:
     container, dtype, pil_mode = IMAGE_MODES[mode]
 
     def decode(data: bytes) -> Any:
@@ -80,7 +103,14 @@ def _image_decoder(mode: str) -> FieldDecoder:
             from PIL import Image
         except ImportError as e:
             raise missing("PIL", "decoding images", e) from None
-        img: Image.Image = Image.open(io.BytesIO(data))
+        img: Image.Image = Image.open(io.BytesIO(data))  # reads the header only
+        width, height = img.size
+        if max_pixels is not None and width * height > max_pixels:
+            img.close()
+            raise DecodeError(
+                f"image of {width}x{height} = {width * height:,} pixels is over the limit of "
+                f"{max_pixels:,} (max_pixels; pass Decoder(max_pixels=...) to raise it)"
+            )
         img.load()
         if pil_mode is not None and img.mode != pil_mode:
             img = img.convert(pil_mode)
@@ -119,6 +149,20 @@ def _json(data: bytes) -> Any:
 def _npy(data: bytes) -> Any:
     import numpy as np
 
+    stream = io.BytesIO(data)
+    try:  # the header's shape, checked before numpy allocates the array for it
+        fmt = np.lib.format
+        version = fmt.read_magic(stream)
+        header = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+        shape, _, dtype = header(stream)  # version 3 differs only in the header's encoding
+    except (ValueError, TypeError, SyntaxError) as e:
+        raise DecodeError(f"not a .npy array: {e}") from None
+    need = dtype.itemsize * int(np.prod(shape, dtype=object))
+    if need > len(data) - stream.tell():
+        raise DecodeError(
+            f".npy header declares shape {shape} of {dtype} ({need:,} bytes); the field holds "
+            f"{len(data) - stream.tell():,}"
+        )
     return np.load(io.BytesIO(data), allow_pickle=False)
 
 
@@ -146,7 +190,7 @@ def _torch_load(data: bytes) -> Any:
 
 
 def default_decoders(
-    image: str = "PIL", *, allow_pickle: bool = False
+    image: str = "PIL", *, allow_pickle: bool = False, max_pixels: int | None = MAX_PIXELS
 ) -> dict[str, FieldDecoder | None]:
     """The built-in decoders by extension (lower case, no leading dot).
 
@@ -155,6 +199,8 @@ def default_decoders(
         allow_pickle: Include decoders that unpickle (``pyd pickle pkl pt pth``). When off,
             those extensions map to ``None``, which :class:`Decoder` turns into an
             :class:`~wids.errors.UnsafeDecodeError`.
+        max_pixels: Images with more pixels are a :class:`~wids.errors.DecodeError`
+            (``None``: no bound of ours).
 
     Returns:
         A new dict; change it freely.
@@ -165,7 +211,7 @@ def default_decoders(
     if image not in IMAGE_MODES:
         raise ValueError(f"unknown image mode {image!r}; one of {sorted(IMAGE_MODES)}")
     table: dict[str, FieldDecoder | None] = {}
-    img = _image_decoder(image)
+    img = _image_decoder(image, max_pixels)
     table.update(dict.fromkeys(IMAGE_EXTENSIONS, img))
     table.update(dict.fromkeys(("txt", "text"), _text))
     table.update(dict.fromkeys(("cls", "cls2", "index"), _int))
@@ -204,6 +250,12 @@ class Decoder:
             code from the shard: enable it only for shards you trust.
         decoders: Extra or replacement decoders, by extension without the leading dot
             (``"seg.png"`` or ``"png"``); ``None`` as a value leaves that extension raw.
+        max_decompressed: A ``*.gz`` field inflating to more bytes is a
+            :class:`~wids.errors.DecodeError` (default :data:`MAX_DECOMPRESSED`, 256 MiB;
+            ``None`` for no bound).
+        max_pixels: An image with more pixels is a :class:`~wids.errors.DecodeError`, found
+            from its header before decoding (default :data:`MAX_PIXELS`; ``None`` leaves only
+            Pillow's own ``Image.MAX_IMAGE_PIXELS``).
 
     Example:
         >>> dec = Decoder("rgb8").register("seg.png", lambda b: b[:4])
@@ -217,21 +269,35 @@ class Decoder:
         *,
         allow_pickle: bool = False,
         decoders: Mapping[str, FieldDecoder | None] | None = None,
+        max_decompressed: int | None = MAX_DECOMPRESSED,
+        max_pixels: int | None = MAX_PIXELS,
     ) -> None:
+        for name, limit in (("max_decompressed", max_decompressed), ("max_pixels", max_pixels)):
+            if limit is not None and (not isinstance(limit, int) or limit < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {limit!r}")
         self.image = image
         self.allow_pickle = bool(allow_pickle)
-        self._table = default_decoders(image, allow_pickle=self.allow_pickle)
+        self.max_decompressed = max_decompressed
+        self.max_pixels = max_pixels
+        self._table = self._builtin()
         self._user: dict[str, FieldDecoder | None] = {}
         for ext, fn in (decoders or {}).items():
             self.register(ext, fn)
 
+    def _builtin(self) -> dict[str, FieldDecoder | None]:
+        return default_decoders(
+            self.image, allow_pickle=self.allow_pickle, max_pixels=self.max_pixels
+        )
+
     def __getstate__(self) -> dict[str, Any]:
         # the built-in table holds closures; rebuild it on the other side
-        return {"image": self.image, "allow_pickle": self.allow_pickle, "_user": self._user}
+        return {k: v for k, v in self.__dict__.items() if k != "_table"}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("max_decompressed", MAX_DECOMPRESSED)
+        state.setdefault("max_pixels", MAX_PIXELS)
         self.__dict__.update(state)
-        self._table = default_decoders(self.image, allow_pickle=self.allow_pickle)
+        self._table = self._builtin()
 
     def register(self, extension: str, fn: FieldDecoder | None) -> Decoder:
         """Decode fields with this extension by ``fn(bytes)``; ``None`` keeps them raw.
@@ -270,7 +336,7 @@ class Decoder:
         ext = field.lstrip(".").lower()
         found, fn = self._lookup(ext)
         if not found and ext.endswith("gz") and (ext == "gz" or ext.endswith(".gz")):
-            data = gzip.decompress(data)
+            data = _gunzip(data, self.max_decompressed)
             ext = ext[:-3] if ext.endswith(".gz") else ""
             if not ext:
                 return data
@@ -308,6 +374,44 @@ class Decoder:
                 why = e.message if isinstance(e, WidsError) else f"{type(e).__name__}: {e}"
                 raise DecodeError(f"{where}: {why}", shard=shard) from e
         return out
+
+
+def _gunzip(data: bytes, limit: int | None) -> bytes:
+    """``gzip.decompress(data)``, stopping with a :class:`DecodeError` past ``limit`` bytes.
+
+    Inflated in steps of at most :data:`_STEP` bytes, so a bomb costs about ``limit`` bytes of
+    memory before it is refused (one call of unbounded output would cost twice that).
+    """
+    if limit is None or not data:
+        return gzip.decompress(data)
+    out: list[bytes] = []
+    total, rest = 0, data
+    while True:
+        inflate = zlib.decompressobj(wbits=31)  # one gzip member
+        pending = rest
+        while not inflate.eof:
+            try:
+                chunk = inflate.decompress(pending, min(_STEP, limit + 1 - total))
+            except zlib.error as e:
+                raise DecodeError(f"not valid gzip data: {e}") from None
+            total += len(chunk)
+            out.append(chunk)
+            if total > limit:
+                raise DecodeError(
+                    f"gzip data inflates to more than {limit:,} bytes (max_decompressed; pass "
+                    "Decoder(max_decompressed=...) to raise it)"
+                )
+            pending = inflate.unconsumed_tail
+            if not chunk and not pending:
+                raise DecodeError("gzip data ends before its end-of-stream marker")
+        rest = inflate.unused_data
+        if not rest.strip(b"\0"):  # the end, or zero padding (as gzip.decompress allows)
+            return b"".join(out)
+        if not rest.startswith(b"\x1f\x8b"):
+            raise DecodeError("not valid gzip data: garbage after a member")
+
+
+_STEP = 16 * 2**20
 
 
 def interpret_transformations(

@@ -147,7 +147,7 @@ class JsonIndex:
         pointer = entry.get("members")
         if pointer is None:
             return None
-        if not isinstance(pointer, str) or not pointer:
+        if not isinstance(pointer, str) or not pointer or "\x00" in pointer:
             raise IndexFormatError(
                 f"shardlist[{shard}]: 'members' must be a path, got {pointer!r}",
                 shard=self._where(),

@@ -140,8 +140,9 @@ class ShardMembers:
             return f"member_field outside the {len(fields)} fields"
         if int(sizes.min()) < 0 or int(sizes.max()) >= MAX_OFFSET:
             return f"member_size outside [0, 2**62): {int(sizes.min())} .. {int(sizes.max())}"
-        if int(offs[0]) < BLOCK or int(offs[-1]) >= MAX_OFFSET:
-            return f"member_offset outside [512, 2**62): {int(offs[0])} .. {int(offs[-1])}"
+        low, high = int(offs.min()), int(offs.max())  # every one: a middle 2**63-1 wraps
+        if low < BLOCK or high >= MAX_OFFSET:
+            return f"member_offset outside [512, 2**62): {low} .. {high}"
         # Member j's data starts after member j-1's data and member j's own 512-byte header.
         # (int64 cannot overflow here: every offset and size is below 2**62.)
         bad = np.flatnonzero(offs[1:] < offs[:-1] + sizes[:-1] + BLOCK)

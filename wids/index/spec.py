@@ -252,6 +252,7 @@ class _Loader:
             if not (
                 type(url) is str
                 and url
+                and "\x00" not in url
                 and type(nsamples) is int
                 and 0 <= nsamples <= MAX_NSAMPLES
                 and (size is None or (type(size) is int and 0 <= size < MAX_SHARD_SIZE))
@@ -299,6 +300,8 @@ def _bad_entry(entry: Any, k: int, where: _Where) -> IndexFormatError:
     url, nsamples = entry.get("url"), entry.get("nsamples")
     if not isinstance(url, str) or not url:
         return where.error(f"shardlist[{k}]: 'url' missing or not a string")
+    if "\x00" in url:
+        return where.error(f"shardlist[{k}]: 'url' contains a NUL character")
     if type(nsamples) is not int or nsamples < 0:
         return where.error(
             f"shardlist[{k}]: 'nsamples' missing or not a non-negative integer ({nsamples!r})"

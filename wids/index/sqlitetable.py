@@ -28,6 +28,7 @@ def shard_from_row(k: int, row: tuple[Any, ...], root: str, error: _Error) -> Sh
         and type(sid) is int
         and type(url) is str
         and url
+        and "\x00" not in url
         and type(n) is int
         and (size is None or (type(size) is int and 0 <= size < MAX_SHARD_SIZE))
         and 0 <= n <= max_samples(size)
@@ -38,7 +39,7 @@ def shard_from_row(k: int, row: tuple[Any, ...], root: str, error: _Error) -> Sh
     ):
         shown = ", ".join(repr(v)[:80] for v in row)
         raise error(
-            f"shards row {k} ({shown}): expected id {k}, a url, 0 <= nsamples <= "
+            f"shards row {k} ({shown}): expected id {k}, a url (no NUL), 0 <= nsamples <= "
             f"{max_samples(size) if type(size) is int else 'the most its size allows'}, "
             "size in [0, 2**62) or NULL, text etag/md5sum, a finite mtime, has_members 0/1"
         )
@@ -81,7 +82,10 @@ def table_from_rows(
             raise IndexFormatError(f"no member rows for {nsamples} samples")
         zero = np.zeros(1, dtype=np.int64)
         return ShardMembers([], b"", zero, zero, np.zeros(0), np.zeros(0), np.zeros(0))
-    cols = np.array(rows)
+    try:
+        cols = np.array(rows)
+    except (ValueError, TypeError, OverflowError):  # blobs, ragged rows, huge integers
+        cols = np.zeros((0, 0))
     if cols.ndim != 2 or cols.shape[1] != 4 or cols.dtype.kind != "i":
         raise IndexFormatError("member rows must hold integers only (no NULL, text or real)")
     cols = cols.astype(np.int64, copy=False)

@@ -241,8 +241,8 @@ class TableIndex:
         flags = self._flags(shard)
         cols = self._load()["cols"]
         stored = self._string("url", shard)
-        if not stored:
-            raise self._error(f"shard {shard}: empty url")
+        if not stored or "\x00" in stored:
+            raise self._error(f"shard {shard}: url empty or containing a NUL character")
         nsamples = int(cols["nsamples"][shard])
         size = int(cols["size"][shard]) if flags & HAS_SIZE and "size" in cols else None
         if size is not None and not (
