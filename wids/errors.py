@@ -38,6 +38,9 @@ Errors that concern one shard carry its URL (with credentials removed) in ``.sha
 
 from __future__ import annotations
 
+import contextlib
+import errno as _errno
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = [
@@ -284,3 +287,57 @@ class SamplerWrappedError(WidsError, RuntimeError):
     ``(R - 1) / R`` of the samples. Raised when the sampler is first iterated under such a
     wrapper; the message says what to do instead.
     """
+
+
+_WRITE_REASONS = {
+    _errno.ENOSPC: "no space left on the device",
+    _errno.EDQUOT: "disk quota exceeded",
+    _errno.EROFS: "read-only file system",
+    _errno.EFBIG: "file too large",
+    _errno.EACCES: "permission denied",
+    _errno.EPERM: "operation not permitted",
+}
+
+
+def write_error(error: BaseException, where: str) -> WriteError | None:
+    """The :class:`WriteError` for ``error`` raised while writing ``where``; ``None`` if other.
+
+    A system error of writing (``ENOSPC``, ``EDQUOT``, ``EROFS``, ``EFBIG``, ``EACCES``,
+    ``EPERM``) or SQLite's "database or disk is full" becomes one; anything else (a wids error,
+    a bug) is left alone. The message names the file the system named (else ``where``) and its
+    directory.
+
+    Args:
+        error: What was raised.
+        where: The output being written (a shard, an index, a cache entry; credentials
+            removed), the error's ``shard``.
+    """
+    import os
+
+    if isinstance(error, WidsError):
+        return None
+    if isinstance(error, OSError) and error.errno in _WRITE_REASONS:
+        code = error.errno
+    elif type(error).__module__ == "sqlite3" and "disk is full" in str(error):
+        code = _errno.ENOSPC
+    else:
+        return None
+    name = getattr(error, "filename", None)
+    target = os.fsdecode(name) if isinstance(name, (str, bytes)) else where
+    folder = os.path.dirname(os.path.abspath(target)) if "://" not in target else ""
+    cls = WritePermissionError if code in (_errno.EACCES, _errno.EPERM) else WriteError
+    what = "cannot write" if target == where else f"cannot write {target}"
+    message = f"{what}: {_WRITE_REASONS[code]}" + (f" in {folder}" if folder else "")
+    return cls(message, shard=where, errno=code)
+
+
+@contextlib.contextmanager
+def writing(where: str) -> Iterator[None]:
+    """Raise :func:`write_error`'s typed error for a failure of writing inside the block."""
+    try:
+        yield
+    except Exception as e:
+        typed = write_error(e, where)
+        if typed is None:
+            raise
+        raise typed from e

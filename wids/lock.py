@@ -18,6 +18,8 @@ a timeout. Ownership rules, chosen deliberately:
   :meth:`FileLock.downgrade`) because ``flock`` does not convert atomically.
 - **Fork-safe.** A child process inherits the descriptor but does not own the lock: in the
   child the object reports itself unlocked and releasing it never unlocks the parent's hold.
+- **No symbolic links.** A lock file is opened with ``O_NOFOLLOW``: a link planted at its name
+  is :class:`~wids.errors.OutputExistsError`, its target never created or written.
 - **Deletable lock files.** After ``flock`` succeeds, the lock checks that its path still
   names the file it locked, and retries if not. So a holder of the exclusive lock may remove
   the lock file (:meth:`FileLock.unlink`); anyone blocked on the old file notices and starts
@@ -40,13 +42,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from .errors import LockTimeoutError
+from .errors import LockTimeoutError, OutputExistsError
 
 __all__ = ["LOCK_MARK", "FileLock", "same_file", "writer_lock"]
 
 LOCK_MARK = b"wids writer lock\n"
 """Content of a lock file made by :func:`writer_lock`; only such (or empty) files are removed."""
 
+_OPEN_FLAGS = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
 _POLL_FIRST = 0.001
 _POLL_MAX = 0.05
 
@@ -239,7 +242,16 @@ class FileLock:
             directory = os.path.dirname(self.path)
             if directory:
                 os.makedirs(directory, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            try:  # never through a symbolic link planted at the lock's name
+                fd = os.open(self.path, _OPEN_FLAGS, 0o666)
+            except OSError as e:
+                if e.errno != errno.ELOOP:
+                    raise
+                raise OutputExistsError(
+                    "is a symbolic link; wids does not follow it to create or lock its target "
+                    "(remove it)",
+                    shard=self.path,
+                ) from None
             try:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if not _flock_wait(fd, op, left):
@@ -277,9 +289,9 @@ def writer_lock(dest: str | os.PathLike[str], *, timeout: float | None = 0.0) ->
     with lock:
         fd = lock._fd
         ours = fd is not None and os.pread(fd, len(LOCK_MARK) + 1, 0) in (b"", LOCK_MARK)
-        if ours and fd is not None:
-            os.pwrite(fd, LOCK_MARK, 0)
         try:
+            if ours and fd is not None:
+                os.pwrite(fd, LOCK_MARK, 0)  # may fail (a full disk): the file is still ours
             yield lock
         finally:
             if ours:

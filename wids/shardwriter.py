@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .encode import Encoder
-from .errors import IndexMismatchError, OutputExistsError, ShardNotFoundError
+from .errors import IndexMismatchError, OutputExistsError, ShardNotFoundError, writing
 from .storage import Store
 from .tarwrite import DEFAULT_MTIME, prepare_sample, tar_size
 from .writer import TarWriter
@@ -179,7 +179,8 @@ class ShardWriter:
         if self.index is not None:
             check_output(self.index, [], self.store)
             if not is_remote(self.index):
-                self._stack.enter_context(writer_lock(local_path(self.index), timeout=0))
+                with writing(self._where()):
+                    self._stack.enter_context(writer_lock(local_path(self.index), timeout=0))
         try:
             if not is_remote(self.pattern):
                 directory = os.path.dirname(os.path.abspath(local_path(self.pattern % 0)))
@@ -192,7 +193,8 @@ class ShardWriter:
 
                 self._keeper = IndexKeeper(self.index, self.store, self.name)
             if self.resume or (self.index is not None and not self.overwrite):
-                self._keep()
+                with writing(self._where()):
+                    self._keep()
         except BaseException:
             self._stack.close()
             raise
@@ -247,7 +249,8 @@ class ShardWriter:
             or self.count >= self.maxcount
             or (self.count and self.size + nbytes > self.maxsize - 1024)
         ):
-            self._next_shard()
+            with writing(self._where()):  # the index of the shard before (the shard is typed)
+                self._next_shard()
         if self._tar is None:  # an invariant, kept under python -O
             raise RuntimeError("internal error: no shard open")
         payload = self._tar.emit(prepared)
@@ -351,11 +354,12 @@ class ShardWriter:
             return
         try:
             self.open()
-            self._finish_shard()
-            while self._uploads:
-                self._collect(wait=True)
-            if self._keeper is not None:
-                self._keeper.close()
+            with writing(self._where()):
+                self._finish_shard()
+                while self._uploads:
+                    self._collect(wait=True)
+                if self._keeper is not None:
+                    self._keeper.close()
         except BaseException:
             self.abort()
             raise
@@ -393,7 +397,11 @@ class ShardWriter:
     def finish(self) -> None:
         """Publish the current shard now (webdataset's name); :meth:`close` ends the writer."""
         if self._state == "open":
-            self._finish_shard()
+            with writing(self._where()):
+                self._finish_shard()
+
+    def _where(self) -> str:
+        return _redact(self.index or self.pattern)
 
     def _shutdown(self) -> None:
         self._state = "closed"

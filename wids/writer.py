@@ -33,7 +33,7 @@ from typing import IO, Any
 import numpy as np
 
 from .encode import Encoder
-from .errors import SampleLayoutError
+from .errors import SampleLayoutError, write_error, writing
 from .index import ShardMembers
 from .storage import Store
 from .tarwrite import (
@@ -120,7 +120,8 @@ class TarWriter:
         self._md5: Any = None
         if isinstance(fileobj, (str, os.PathLike)):
             self.url = os.fspath(fileobj)
-            self._stream: Any = self._open_destination(self.url)
+            with writing(self._where()):
+                self._stream: Any = self._open_destination(self.url)
             self._md5 = hashlib.md5() if md5 and self._tmpdir is None else None  # local only
         else:
             self._stream = fileobj
@@ -174,21 +175,27 @@ class TarWriter:
             raise SampleLayoutError(f"key {key!r} was already written to this tar")
         write, member = self._write, self._headers.member
         offset, payload = self.offset, 0
-        for field, name, data in members:
-            size = len(data)
-            header = member(name, size)
-            write(header)
-            write(data)
-            pad = -size % BLOCK
-            if pad:
-                write(ZEROS[:pad])
-            offset += len(header)
-            if self.index:
-                self._mfield.append(self._field_ids.setdefault(field, len(self._field_ids)))
-                self._moffset.append(offset)
-                self._msize.append(size)
-            offset += size + pad
-            payload += size
+        try:
+            for field, name, data in members:
+                size = len(data)
+                header = member(name, size)
+                write(header)
+                write(data)
+                pad = -size % BLOCK
+                if pad:
+                    write(ZEROS[:pad])
+                offset += len(header)
+                if self.index:
+                    self._mfield.append(self._field_ids.setdefault(field, len(self._field_ids)))
+                    self._moffset.append(offset)
+                    self._msize.append(size)
+                offset += size + pad
+                payload += size
+        except OSError as e:  # a full disk: which shard, and where
+            typed = write_error(e, self._where())
+            if typed is None:
+                raise
+            raise typed from e
         self.offset = offset
         self._keys[key] = None
         self._counts.append(len(members))
@@ -227,9 +234,10 @@ class TarWriter:
     def finish(self) -> None:
         """Write the end-of-archive blocks and flush; the file is not yet published."""
         self._check_open()
-        self._write(ZEROS * 2)
-        self.offset += 2 * BLOCK
-        self._stream.flush()
+        with writing(self._where()):
+            self._write(ZEROS * 2)
+            self.offset += 2 * BLOCK
+            self._stream.flush()
         self._closed = True
 
     def temp_stat(self) -> Any:
@@ -255,7 +263,8 @@ class TarWriter:
             self.finish()
         if self._tmp is None or self._tmp.fd is None:
             raise ValueError("only a TarWriter writing to a path or URL can be synced")
-        os.fsync(self._tmp.fd)
+        with writing(self._where()):
+            os.fsync(self._tmp.fd)
 
     def close(self) -> None:
         """Finish the tar and publish it (rename into place, or upload) when it has a path.
@@ -268,8 +277,9 @@ class TarWriter:
             if not self._closed:
                 self.finish()
             if self._tmp is not None:
-                self._stream.close()
-                self.stat = self._publish()
+                with writing(self._where()):
+                    self._stream.close()
+                    self.stat = self._publish()
         except BaseException:
             self.abort()
             raise
@@ -288,6 +298,11 @@ class TarWriter:
             self._tmp.publish(path)
             stat = Source(path).info()
         return stat if self.md5 is None else replace(stat, md5=self.md5)
+
+    def _where(self) -> str:
+        from .storage import redact_url
+
+        return redact_url(self.url) if self.url is not None else "<stream>"
 
     def _hashing_write(self, data: bytes) -> int:
         self._md5.update(data)

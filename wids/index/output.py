@@ -19,7 +19,7 @@ import contextlib
 import os
 from collections.abc import Collection, Iterator, Sequence
 
-from ..errors import DestinationError, OutputExistsError
+from ..errors import DestinationError, OutputExistsError, writing
 from ..storage import (
     Store,
     check_writable,
@@ -108,10 +108,15 @@ def index_destination(
 
     Raises:
         LockTimeoutError: Another writer of the same local index is running.
+        WriteError: Writing failed for want of space or permission (``WritePermissionError``);
+            names the output, the file and its directory.
     """
     single_file = is_sqlite_name(output) or is_table_name(output)
     sidecars = None if single_file else members_dir
-    with destination(
-        output, store, sidecar_dir=sidecars, sidecar_name=SIDECAR_NAME, placed=placed
-    ) as path:
+    with (
+        writing(redact_url(output)),  # a full disk, a read-only directory: which output, where
+        destination(
+            output, store, sidecar_dir=sidecars, sidecar_name=SIDECAR_NAME, placed=placed
+        ) as path,
+    ):
         yield path
