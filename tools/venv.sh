@@ -7,7 +7,9 @@
 # a CPU wheel on the machines this project is tested on; an unpinned torch pulls a multi-GB CUDA
 # build), then this checkout editable with EXTRAS, pinned by tools/constraints.txt. A stamp in
 # the venv records what was installed, so a second run with the same pyproject.toml,
-# constraints and extras installs nothing. Then puts the venv's bin/ first on PATH (as
+# constraints and extras installs nothing. pip runs with --no-compile: byte-compiling every
+# module of torch and the rest took three quarters of the install time, while Python compiles
+# (and caches) only what is imported. Then puts the venv's bin/ first on PATH (as
 # `source .venv/bin/activate` would), so `python`, `wids`, `torchrun` and the test servers are
 # the venv's.
 #
@@ -47,7 +49,7 @@ wids_venv() {  # EXTRAS
     stamp="$(_wids_stamp "$WIDS_TORCH" "$extras")"
     if [ "$(cat "$venv/.wids-installed" 2>/dev/null)" != "$stamp" ]; then
         _wids_log "installing $WIDS_TORCH and wids[$extras] into $venv"
-        local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+        local pip=("$venv/bin/python" -m pip install -q --no-compile --disable-pip-version-check)
         "${pip[@]}" "$WIDS_TORCH"
         "${pip[@]}" -c tools/constraints.txt -e ".[$extras]"
         echo "$stamp" >"$venv/.wids-installed"
@@ -65,7 +67,7 @@ wids_reference_venv() {
     if [ "$(cat "$venv/.wids-installed" 2>/dev/null)" != "$stamp" ]; then
         _wids_log "installing the reference wids (${WIDS_REFERENCE_PACKAGES[*]}) into $venv"
         local pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-        "${pip[@]}" install -q "${WIDS_REFERENCE_PACKAGES[@]}"
+        "${pip[@]}" install -q --no-compile "${WIDS_REFERENCE_PACKAGES[@]}"
         rm -rf "$venv/sdist"
         "${pip[@]}" download -q --no-deps --no-binary :all: -d "$venv/sdist" "$WIDS_REFERENCE_SDIST"
         echo "$stamp" >"$venv/.wids-installed"
