@@ -610,3 +610,30 @@ def test_distributed_ranks_have_equal_exact_lengths_at_10_12() -> None:
             for r in range(8)
         }
         assert sizes == {(HUGE + 10) // 8 if drop_last else -(-(HUGE + 10) // 8)}
+
+
+# -------------------------------------------------------------------------------------------
+# Terminal escape sequences in shard URLs
+
+
+def test_cache_ls_escapes_control_characters_of_shard_urls(tmp_path, capsys):
+    """An OSC title, a clear screen and a bell in a cached shard's URL are shown escaped."""
+    import fsspec
+
+    from wids.cache import ShardCache
+    from wids.storage import Source
+
+    fs = fsspec.filesystem("memory")
+    name = "/wids-hostile-ls/a\x1b]0;pwned\x07\x1b[2J\x1b[31m\u202e.tar"
+    fs.pipe_file(name, b"x" * 1000)
+    try:
+        cache_dir = str(tmp_path / "cache")
+        ShardCache(cache_dir).open(Source("memory://" + name.lstrip("/"))).close()
+        assert wids_main(["cache", "--cache-dir", cache_dir, "ls"]) == 0
+        out = capsys.readouterr().out
+        assert "wids-hostile-ls/a" in out
+        for c in ("\x1b", "\x07", "\u202e"):
+            assert c not in out, repr(out)
+        assert "\\x1b]0;pwned\\x07\\x1b[2J" in out
+    finally:
+        fs.rm("/wids-hostile-ls", recursive=True)

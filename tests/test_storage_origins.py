@@ -244,3 +244,42 @@ def test_a_redirect_to_another_origin_drops_authorization(tmp_path: Path) -> Non
         a.shutdown()
         a.server_close()
         b.stop()
+
+
+@pytest.mark.servers
+def test_an_index_on_s3_naming_an_http_shard_sends_it_no_s3_options(s3_server, tmp_path: Path):
+    """S3 keys, secret and endpoint stay with S3; the HTTP shard is opened with no options."""
+    root = tmp_path / "www"
+    root.mkdir()
+    write_shard(root / "h.tar", make_samples(3, prefix="h", fields=(".txt",)))
+    write_shard(tmp_path / "s.tar", make_samples(3, prefix="s", fields=(".txt",)))
+    web = RecordingServer(root)
+    try:
+        s3_shard = s3_server.put(tmp_path / "s.tar", "origins/s.tar")
+        index = s3_server.url("origins/train.json")
+        s3 = dict(s3_server.storage_options)
+        # per origin: the build names both shards, and S3's options are S3's only
+        build_index([s3_shard, f"{web.base}/h.tar"], index, storage_options={"s3://": s3})
+        web.seen.clear()
+        ds = ShardListDataset(index, storage_options=s3)
+        assert sorted(_read_all(ds)) == [f"h{i:06d}" for i in range(3)] + [
+            f"s{i:06d}" for i in range(3)
+        ]
+        assert web.seen and web.auth_seen() == {None}
+        assert s3["secret"] not in web.all_header_values()
+    finally:
+        web.stop()
+
+
+def test_a_local_index_names_its_servers(two_servers, tmp_path: Path) -> None:
+    """A local file is the user's own: the servers it names get the options."""
+    a, b = two_servers
+    local = tmp_path / "local"
+    local.mkdir()
+    build_index([f"{a.base}/a.tar", f"{b.base}/b.tar"], str(local / "train.json"))
+    a.seen.clear()
+    b.seen.clear()
+    b.require = SECRET_A
+    opts = {"headers": {"Authorization": SECRET_A}}
+    assert len(_read_all(ShardListDataset(str(local / "train.json"), storage_options=opts))) == 12
+    assert a.auth_seen() == {SECRET_A} == b.auth_seen()

@@ -140,3 +140,27 @@ def test_a_missing_index_never_shows_a_hostile_password(
         out, err = capsys.readouterr()
         assert "SECRET" not in out + err and "alice" not in out + err, err
         assert "missing-index.json" in err
+
+
+@pytest.mark.servers
+def test_samples_name_their_shard_without_credentials(http_server, tmp_path) -> None:
+    """``__shard__`` reaches batches and logs: no password, no signature, the rest kept."""
+    from tarfixtures import make_samples, write_shard
+
+    from wids import ShardListDataset
+    from wids.storage import strip_credentials
+
+    path = write_shard(tmp_path / "cred.tar", make_samples(3, fields=(".txt",)))
+    url = http_server.put(path, "cred/cred.tar")
+    signed = url.replace("://", "://alice:pa)ss99SECRET@", 1) + (
+        "?X-Amz-Signature=SIG99SECRET&X-Amz-Credential=AK99SECRET&v=1"
+    )
+    for access in ("range", "shard"):
+        ds = ShardListDataset(
+            [{"url": signed, "nsamples": 3}], access=access, cache_dir=tmp_path / "c"
+        )
+        try:
+            shards = {ds[i]["__shard__"] for i in range(len(ds))}
+        finally:
+            ds.close()
+        assert shards == {url + "?v=1"} == {strip_credentials(signed)}, access

@@ -132,13 +132,30 @@ def test_urls_that_differ_in_any_ordinary_parameter_name_different_files(param: 
         ),
         ("https://h/x.tar?GoogleAccessId=g&Expires=1&Signature=S", "https://h/x.tar"),
         ("https://h/x.tar?Expires=1&Signature=S&Key-Pair-Id=K&Policy=P", "https://h/x.tar"),
-        ("https://alice:p)w'@h/x.tar?k=1#frag", "https://h/x.tar?k=1"),
+        ("https://alice:p)w'@h/x.tar?k=1#frag", "https://h/x.tar?k=1#frag"),
     ],
 )
 def test_known_signatures_and_userinfo_are_not_identity(signed: str, plain: str) -> None:
     assert strip_credentials(signed) == plain
     assert url_name(signed) == url_name(plain)
     assert "S" not in url_name(signed).split("-", 1)[1].replace("x.tar", "")
+
+
+def test_identity_keeps_everything_else_verbatim() -> None:
+    """Spellings a server may tell apart, and "#" or "?" in object keys, are not merged."""
+    pairs = [
+        ("https://h/get?a=1+2", "https://h/get?a=1%202"),
+        ("https://h/get?a=1&b=2", "https://h/get?b=2&a=1"),
+        ("s3://b/shard#1.tar", "s3://b/shard#2.tar"),
+        ("https://h/get?download", "https://h/get?download="),
+    ]
+    for one, other in pairs:
+        assert strip_credentials(one) == one and strip_credentials(other) == other
+        assert url_name(one) != url_name(other), (one, other)
+    assert strip_credentials("s3://AKIA:secret@b/x.tar") == "s3://b/x.tar"
+    assert strip_credentials("http://h/x?X-Amz-Signature=1&v=1&X-Amz-Date=2&w=%2F") == (
+        "http://h/x?v=1&w=%2F"
+    )
 
 
 def test_parameters_of_a_signing_scheme_are_kept_without_that_scheme() -> None:

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from ..storage import redact_url
+from ..storage import escape_controls, redact_url
 from .options import EPILOG_ENV, default_cache_dir, human, parse_duration, parse_size
 
 __all__ = ["register"]
@@ -102,7 +102,8 @@ def _cache_ls(cache: Any, as_json: bool) -> int:
         print(f"no cached shards in {cache.cache_dir}")
     for e in entries:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_access))
-        print(f"{when}  {human(e.size):>9}  {redact_url(e.url)}")
+        # a URL (from an index) may hold escape sequences: shown escaped, like everything else
+        print(f"{when}  {human(e.size):>9}  {escape_controls(redact_url(e.url))}")
     return 0
 
 

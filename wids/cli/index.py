@@ -136,7 +136,8 @@ def _cmd_index_create(args: argparse.Namespace) -> int:
         f"in {report.seconds:.2f} s ({rate:.0f} samples/s)"
     )
     for url, err in report.bad:
-        print(f"  skipped bad shard {url}: {err}")
+        shown = escape_controls(f"{redact_url(url)}: {err}")
+        print(f"  skipped bad shard {shown}")
     return 1 if report.bad else 0
 
 
@@ -201,11 +202,11 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
 
 def _cmd_index_verify(args: argparse.Namespace) -> int:
     from ..index import REPAIR_HINT, verify_index
-    from ..storage import Store
+    from ..storage import Store, named_by
     from .cluster import dask_executor
 
     url_map = parse_url_map(args.url_map)
-    store = Store(parse_storage_options(args.storage_option), named=(args.index, url_map))
+    store = Store(parse_storage_options(args.storage_option), named=named_by(args.index, url_map))
     notes: list[Any] = []
     with dask_executor(args.dask) as executor:
         total, problems = verify_index(
@@ -220,7 +221,7 @@ def _cmd_index_verify(args: argparse.Namespace) -> int:
     for n in notes:
         print(f"OK ({n.kind.lower()}) {n.url}: {n.message}")
     for p in problems:
-        print(f"{p.kind} {p.url}: {p.message}")
+        print(f"{p.kind} {escape_controls(p.url)}: {escape_controls(p.message)}")
     print(f"{total - len(problems)} of {total} shards match the index")
     if problems:
         print(f"to repair, {REPAIR_HINT}")

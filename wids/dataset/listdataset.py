@@ -27,7 +27,7 @@ from ..decode import Decoder, interpret_transformations
 from ..index import check_url_map
 from ..plan import plan_of
 from ..samples import DUPLICATE_POLICIES, DuplicatePolicy
-from ..storage import RetryPolicy, Store, forks, is_local
+from ..storage import RetryPolicy, Store, forks, is_local, named_by
 from .catalog import Catalog, display_url
 from .description import DatasetComponent
 from .localcache import LocalCache
@@ -223,7 +223,7 @@ class ShardListDataset(_DatasetBase[T_co]):
             url_map=check_url_map(url_map),
             allow_local_shards=allow_local_shards,
             # the options are for the URLs given here, not for other servers an index names
-            store=Store(storage_options, retry, named=(shards, base, url_map)),
+            store=Store(storage_options, retry, named=named_by(shards, base, url_map)),
             duplicates=duplicates,
             verify=verify,
         )

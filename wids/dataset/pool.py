@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..storage import DescriptorPool, is_local
+from ..storage import DescriptorPool, is_local, strip_credentials
 from .catalog import Catalog
 from .localread import LocalShard, read_local_batch
 from .lookahead import Lookahead, fetch_prefetched
@@ -363,7 +363,9 @@ class ReaderPool:
                 except BaseException:
                     reader.close()
                     raise
-            url, dataset, stats = info.url, loaded.dataset_of[shard], catalog.store.stats
+            # __shard__ names the shard without credentials: samples reach batches and logs
+            url, dataset = strip_credentials(info.url), loaded.dataset_of[shard]
+            stats = catalog.store.stats
             if isinstance(reader, LocalReader):  # its table is its fast path's
                 fast = LocalShard(reader, members[0], url, dataset, stats)
                 self._tables[shard] = self.fast[shard] = fast

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import IndexFormatError
-from ..storage import Store, output_dir, stored_url
+from ..storage import Store, named_by, output_dir, stored_url
 from .model import IndexReader, IndexWriter, ShardInfo
 from .output import check_output, index_destination
 from .registry import create_index_writer, open_index
@@ -45,7 +45,7 @@ def convert_index(
         OutputExistsError: ``dst`` is the source, or an existing file that is not an index.
     """
     dest = os.fspath(dst)
-    store = Store.of(storage_options, named=(src, dest))
+    store = Store.of(storage_options, named=named_by(src, dest))
     check_output(dest, [src], store)
     reader = open_index(src, store)
     try:

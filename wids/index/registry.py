@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..storage import Store, is_remote, local_path
+from ..storage import Store, is_remote, local_path, named_by
 from .jsonreader import JsonIndex
 from .jsonwriter import JsonIndexWriter
 from .model import IndexReader, IndexWriter
@@ -149,7 +149,7 @@ def open_index(
         kwargs["url_map"] = check_url_map(url_map)  # before any I/O
     from ..errors import ShortReadError
 
-    store = Store.of(storage_options, named=(url, kwargs.get("base"), url_map))
+    store = Store.of(storage_options, named=named_by(url, kwargs.get("base"), url_map))
     if is_remote(url) and _name(url).endswith(".json"):
         data = read_bytes(url, store)  # a JSON reader reads it whole anyway: one round trip
         if data[:16] == SQLITE_MAGIC:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import IndexFormatError, NotAnIndexError, UntrustedLocationError
-from ..storage import Store, read_whole, redact_url
+from ..storage import Store, named_by, read_whole, redact_url
 from .model import MAX_NSAMPLES, MAX_SHARD_SIZE, Component, ShardInfo, max_samples
 from .recognise import HEAD_BYTES, is_index_head
 from .urls import (
@@ -394,7 +394,7 @@ def load_spec(
     """
     mapping = check_url_map(url_map)
     # a spec given in Python names its URLs; a spec file names only itself
-    loader = _Loader(Store.of(storage_options, named=(src, url_map)), allow_local_shards)
+    loader = _Loader(Store.of(storage_options, named=named_by(src, url_map)), allow_local_shards)
     url: str | None = None
     if isinstance(src, (str, os.PathLike)):
         url = os.fspath(src)

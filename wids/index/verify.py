@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import WidsError
-from ..storage import Store, redact_url
+from ..storage import Store, named_by, redact_url
 from .access import count_shards, shard_getter
 from .contents import ContentMemo, index_digests_dir, settle
 from .fingerprint import header_mismatch_at_spot
@@ -131,7 +131,7 @@ def verify_index(
         ``(shards, problems)``: how many shards the index has, and those that do not match,
         in index order.
     """
-    store = Store.of(storage_options, named=(index, url_map))
+    store = Store.of(storage_options, named=named_by(index, url_map))
     idx = open_index(index, store, url_map=url_map, allow_local_shards=allow_local_shards)
     problems: dict[int, ShardProblem] = {}
     remarks: dict[int, ShardProblem] = {}

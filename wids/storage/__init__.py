@@ -13,7 +13,9 @@ The only part of wids that imports fsspec. Other parts import from this package,
 - :mod:`.urls`: local or remote, how an index records a shard, :func:`url_name`;
 - :mod:`.globs`: wildcards in shard URLs (:func:`expand_glob`), in natural order;
 - :mod:`.publish`: writing: :func:`check_writable`, :func:`put_file`, :func:`destination`;
-- :mod:`.redact`: what is safe to show: :func:`redact_url`, :func:`redact_text` ...;
+- :mod:`.redact`: what is safe to show: :func:`redact_url`, :func:`redact_text` ...; a URL's
+  identity without known credentials: :func:`strip_credentials`;
+- :mod:`.origins`: which storage options a URL is opened with (credentials per origin);
 - inside: :mod:`.retry` (policy, failure kinds, retry loops), :mod:`.backends` (fsspec
   backend specifics), :mod:`.conditional` (checked HTTP/S3 range GETs), :mod:`.streams`,
   :mod:`.parts` (whole-file downloads in concurrent checked parts; :func:`read_whole`),
@@ -27,6 +29,7 @@ from .backends import preload
 from .batch import Window, read_ranges
 from .descriptors import DescriptorPool
 from .globs import expand_glob, has_glob, natural_key
+from .origins import named_by
 from .parts import read_whole
 from .publish import check_writable, destination, put_file, read_head, same_place
 from .rangeread import Check
@@ -57,6 +60,7 @@ __all__ = [
     "is_remote",
     "local_file",
     "local_path",
+    "named_by",
     "natural_key",
     "output_dir",
     "preload",

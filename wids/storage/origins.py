@@ -14,14 +14,18 @@ there. So a :class:`Scope` sorts options by *origin*:
   has the origin of its last part. Local paths have none.
 - The *flat* options (``{"headers": {...}, "key": ...}``) are for the *named* origins: those of
   the URLs the store was made for. A URL on any other origin is opened with the flat options
-  minus every credential-bearing one (:func:`without_credentials`).
+  minus every credential-bearing one (:func:`without_credentials`), if it is of the same kind
+  as a named one (``http`` and ``https`` are one kind); with none of them otherwise (an
+  index on S3 naming an ``https://`` shard: S3 options mean nothing to an HTTP client).
 - Options keyed by an origin (``{"http://b.example:8080": {"headers": {...}}}``) are for that
   origin only; they are merged over what that origin gets from the flat options.
 
 A scope made without named URLs (``named=None``) gives the flat options to every origin: the
 behaviour of a bare :class:`~wids.storage.source.Store`. Every public entry point that reads
 URLs out of a file (a dataset, ``open_index``, ``verify_index``, ``subset``, the CLI) names the
-URLs it was given.
+URLs it was given (:func:`named_by`). A local file the user points at is the user's own: the
+URLs it names count as named (a local index of S3 or HTTP shards gets the options), whereas a
+file fetched from a server names servers of its author's choosing.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["Scope", "origin", "without_credentials"]
+__all__ = ["Scope", "named_by", "origin", "without_credentials"]
 
 # Schemes whose URL names the server the request goes to (so an index could name another one).
 _SERVER_SCHEMES = frozenset(
@@ -84,6 +88,23 @@ def origin(url: str) -> str | None:
     if ":" in host:  # IPv6
         host = f"[{host}]"
     return f"{scheme}://{host}" + (f":{port}" if port is not None else "")
+
+
+def _kind(o: str | None) -> str:
+    """The kind of filesystem an origin is read with (``http`` and ``https`` are one)."""
+    scheme = (o or "").split("://", 1)[0]
+    return "http" if scheme == "https" else scheme
+
+
+def named_by(src: Any, *more: Any) -> Any:
+    """A store's ``named`` URLs for what the user passed (``src``, then ``base``, ``url_map``).
+
+    ``src`` is an index, a description or a shard list. ``None`` (every origin) when ``src``
+    is a local path: what a local file names, the user named. Otherwise ``(src, *more)``.
+    """
+    if isinstance(src, (str, os.PathLike)) and origin(os.fspath(src)) is None:
+        return None
+    return (src, *more)
 
 
 def is_origin_key(key: object) -> bool:
@@ -166,7 +187,12 @@ class Scope:
 
     def options_for(self, url: str) -> dict[str, Any]:
         """The options to open ``url`` with: never another origin's credentials."""
-        base = self.flat if self.trusted(url) else without_credentials(self.flat)
+        if self.trusted(url):
+            base = self.flat
+        elif _kind(origin(url)) in {_kind(o) for o in self.named or ()}:
+            base = without_credentials(self.flat)
+        else:
+            base = {}
         entry = self.per_origin.get(origin(url) or "")
         return _merge(base, entry) if entry else dict(base)
 

@@ -104,7 +104,7 @@ def put_file(local: str, url: str, store: Store | None = None) -> None:
     On object stores that is one PUT (or a multipart upload, visible only once completed);
     elsewhere a temporary name beside ``url``, then a rename.
     """
-    fs, path = url_to_fs(url, (store or Store()).storage_options)
+    fs, path = url_to_fs(url, (store or Store()).options_for(url))
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
     _put_whole(fs, local, path, bool(protocols & _OBJECT_STORES))
     fs.invalidate_cache(path)
@@ -162,7 +162,7 @@ def _publish(
     sidecar_name: re.Pattern[str] | None,
     placed: Collection[str] = (),
 ) -> None:
-    fs, path = url_to_fs(url, (store or Store()).storage_options)
+    fs, path = url_to_fs(url, (store or Store()).options_for(url))
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
     atomic_put = bool(protocols & _OBJECT_STORES)
     names: list[str] = []

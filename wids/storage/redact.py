@@ -23,7 +23,7 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote_plus, urlsplit
 
 __all__ = ["RedactingFilter", "escape_controls", "redact_text", "redact_url", "strip_credentials"]
 
@@ -101,9 +101,11 @@ def _split(url: str) -> tuple[str, str, str] | None:
 
 
 def _query(query: str, drop: Callable[[str, set[str]], bool]) -> str:
-    pairs = parse_qsl(query, keep_blank_values=True)
-    names = {k.lower() for k, _ in pairs}
-    return urlencode([(k, v) for k, v in pairs if not drop(k.lower(), names)])
+    """``query`` without the parameters ``drop`` names; the others kept verbatim, in order."""
+    pieces = query.split("&")
+    names = [unquote_plus(p.partition("=")[0]).lower() for p in pieces]
+    known = set(names)
+    return "&".join(p for p, n in zip(pieces, names, strict=True) if not drop(n, known))
 
 
 def _signed(name: str, names: set[str]) -> bool:
@@ -117,25 +119,36 @@ def _secret_looking(name: str, names: set[str]) -> bool:
     return _signed(name, names) or _SECRET_PARAM.search(name) is not None
 
 
-def _clean(url: str, drop: Callable[[str, set[str]], bool]) -> str:
+def _clean(url: str, drop: Callable[[str, set[str]], bool], *, shown: bool) -> str:
+    """``url`` without userinfo and the query parameters ``drop`` names.
+
+    For display (``shown``), also without its fragment, and a URL that does not parse is
+    shown as ``scheme://<unparsable>``; as an identity, the rest is kept verbatim (two
+    URLs that differ in anything but credentials stay different).
+    """
     if _CHAIN.search(url):
-        return "::".join(_clean(part, drop) for part in _CHAIN.split(url))
+        return "::".join(_clean(part, drop, shown=shown) for part in _CHAIN.split(url))
     split = _split(url)
     if split is None:
         return url
     scheme, _, rest = split
-    try:
-        parts = urlsplit(f"{scheme}://{rest}")
-    except ValueError:
-        return scheme + "://<unparsable>"
-    query = _query(parts.query, drop) if parts.query else ""
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
+    scheme = scheme.lower()
+    if shown:
+        try:
+            urlsplit(f"{scheme}://{rest}")
+        except ValueError:
+            return scheme + "://<unparsable>"
+    rest, hash_, fragment = rest.partition("#")
+    base, question, query = rest.partition("?")
+    query = _query(query, drop) if question else ""
+    tail = "" if shown or not hash_ else f"#{fragment}"
+    return f"{scheme}://{base}" + (f"?{query}" if query else "") + tail
 
 
 def strip_credentials(url: str) -> str:
     """``url`` without what is known to be a credential: a file's identity.
 
-    Removed: ``user:password@``, the fragment, and the query parameters of known signing
+    Removed: ``user:password@`` and the query parameters of known signing
     schemes (``X-Amz-*``, ``X-Goog-*``; an Azure SAS's ``sv``, ``se``, ``sp``, ``sig`` ...
     when ``sv`` and ``sig`` are present; ``Signature``, ``Expires`` and the key id of S3/GCS V2
     and CloudFront signatures). Every other parameter is kept, whatever its name, so two URLs
@@ -143,10 +156,10 @@ def strip_credentials(url: str) -> str:
     same file.
 
     Example:
-        >>> strip_credentials("https://u:p)w@host/get?key=a&X-Amz-Signature=s#f")
+        >>> strip_credentials("https://u:p)w@host/get?key=a&X-Amz-Signature=s")
         'https://host/get?key=a'
     """
-    return _clean(url, _signed)
+    return _clean(url, _signed, shown=False)
 
 
 def redact_url(url: str) -> str:
@@ -161,7 +174,7 @@ def redact_url(url: str) -> str:
         >>> redact_url("https://u:pw@host/a.tar?X-Amz-Signature=abc&v=1")
         'https://host/a.tar?v=1'
     """
-    return _clean(url, _secret_looking)
+    return _clean(url, _secret_looking, shown=True)
 
 
 def _secret_values(options: Any) -> list[str]:

@@ -93,7 +93,7 @@ class Store:
         >>> store.source("s3://bucket/shard-000.tar").read_range(512, 1024)  # doctest: +SKIP
     """
 
-    __slots__ = ("_options", "_plain", "_retry", "_scope", "_secrets", "stats")
+    __slots__ = ("_options", "_plain", "_retry", "_scope", "_secrets", "named", "stats")
 
     def __init__(
         self,
@@ -107,6 +107,7 @@ class Store:
             raise TypeError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
         self._options: dict[str, Any] = dict(storage_options or {})
         self._scope = Scope(self._options, named)
+        self.named = self._scope.named  # the origins the options are for (None: every one)
         self._retry = retry if retry is not None else RetryPolicy()
         self._secrets = tuple(_secret_values(self._options))
         self.stats = stats if stats is not None else IOStats()
@@ -136,11 +137,6 @@ class Store:
         """The same options and retry policy, counting into ``stats`` (new counters if ``None``)."""
         return Store(self._options, self._retry, stats=stats, named=self.named)
 
-    @property
-    def named(self) -> frozenset[str] | None:
-        """The origins the flat options are for (``None``: every origin)."""
-        return self._scope.named
-
     def close_idle(self) -> None:
         """Close the idle plain HTTP connections this store's sources kept (they reconnect)."""
         self._plain.close()
@@ -154,6 +150,10 @@ class Store:
     def retry(self) -> RetryPolicy:
         """The retry policy of every request."""
         return self._retry
+
+    def options_for(self, url: str) -> dict[str, Any]:
+        """The options ``url`` is opened with (credentials only for their origins)."""
+        return self._scope.options_for(url)
 
     def secrets(self) -> list[str]:
         """The secret values of the storage options, to mask in messages."""
@@ -207,7 +207,7 @@ class Source:
         self.size = size
         self.etag = etag
         self.store = store if store is not None else Store()
-        self._options = self.store._scope.options_for(url)
+        self._options = self.store.options_for(url)
         self.is_local = is_local(url)
         self.local_path: str | None = local_file(url) if self.is_local else None
         self._local = LocalFile(self.local_path) if self.local_path is not None else None

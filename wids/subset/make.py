@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import IndexMismatchError
 from ..index import IndexReader, ShardInfo, shard_getter, shard_sample_counts
-from ..storage import Store, redact_url
+from ..storage import Store, named_by, redact_url
 from .destination import Plan, Run, check_destination, local_names, plan_paths
 
 __all__ = [
@@ -192,7 +192,7 @@ def make_subset(
     from ..index import open_index
 
     t0 = time.monotonic()
-    store = Store.of(storage_options, named=index)
+    store = Store.of(storage_options, named=named_by(index))
     target = os.fspath(to)
     if "://" in target and not target.startswith("file://"):
         raise ValueError(f"the subset's directory must be local, got {redact_url(target)}")
