@@ -169,6 +169,9 @@ def test_shardwriter_records_md5_so_its_copies_read(tmp_path):
     _copy(root, tmp_path / "b", "cp -r")
     ds = ShardListDataset(str(tmp_path / "b" / "w.json"))
     assert [ds[i][".txt"] for i in range(12)] == [f"t{i}" for i in range(12)]
+    with ShardWriter(str(root / "x-%04d.tar"), maxcount=5, md5=False) as w:  # skipped
+        w.write({"__key__": "0000", "txt": "t"})
+    assert "md5sum" not in json.loads((root / "x.json").read_text())["shardlist"][0]
 
 
 def test_memo_remembers_a_version_not_a_name(tmp_path):

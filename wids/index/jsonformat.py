@@ -6,6 +6,7 @@ Layout, for an index ``train.json``::
     train.members/                  one sidecar per shard, read only when that shard is needed
         3f2a9c0d1e4b5a67c8d9e0f1-train-000000.tar.json
         ...
+        <24 hex>-train-000000.tar.md5.json   a copy's md5, once read (wids.index.contents)
 
 ``train.json`` is a reference description (``__kind__``, ``wids_version``, ``name``,
 ``shardlist`` of ``url``/``nsamples``/``filesize``[/``md5sum``], ``datasets`` for
