@@ -191,3 +191,34 @@ def test_memo_remembers_a_version_not_a_name(tmp_path):
     assert ContentMemo(str(tmp_path)).md5(str(p)) == "0" * 32  # trusted: wids' own directory
     os.utime(p, ns=(0, 10**9))
     assert ContentMemo(str(tmp_path)).md5(str(p)) == hashlib.md5(b"two").hexdigest()
+
+
+def test_a_memo_that_cannot_be_written_warns_once_and_keeps_the_verdict_in_memory(tmp_path, caplog):
+    files = [tmp_path / f"f{k}" for k in range(2)]
+    for k, p in enumerate(files):
+        p.write_bytes(b"x%d" % k)
+    (tmp_path / "plain").write_bytes(b"")
+    memo = ContentMemo(str(tmp_path / "plain" / "dir"))  # where nothing can be written
+    with caplog.at_level(logging.WARNING, logger="wids.index.contents"):
+        got = [memo.md5(str(p)) for p in files + files]
+    assert got == [hashlib.md5(p.read_bytes()).hexdigest() for p in files + files]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "cache_dir" in warnings[0].getMessage()
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_dataloader_workers_read_a_copied_dataset(tmp_path, ctx):
+    torch = pytest.importorskip("torch")
+    _, out = _dataset(tmp_path / "a")
+    expected = _read_all(out)
+    _copy(tmp_path / "a", tmp_path / "b", "cp -r")
+    ds = ShardListDataset(str(tmp_path / "b" / out.name), transformations=[])
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=4, num_workers=2, multiprocessing_context=ctx, collate_fn=_texts
+    )
+    assert [t for batch in loader for t in batch] == expected
+    assert len(list((tmp_path / "b" / "train.members").glob("*.md5.json"))) == N
+
+
+def _texts(batch: list) -> list:
+    return [s[".txt"] for s in batch]
