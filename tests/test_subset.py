@@ -396,3 +396,74 @@ def test_snapshot_stores_no_secrets_and_works_offline(tmp_path):
         ds = ShardListDataset(url, cache_dir=cache_dir, offline=True, transformations=[])
         assert [strip_meta(ds[i]) for i in range(len(ds))] == oracle
         ds.close()
+
+
+# -- a killed subset, long names (issue 21, smaller items) ------------------------------------
+
+
+def test_a_sigkilled_subset_leaves_no_staging_directory_after_a_rerun(
+    tmp_path, http_server, fault_proxy
+):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from faultproxy import FaultPlan
+
+    root = http_server.root / f"kill-{os.getpid()}-{time.monotonic_ns()}"
+    write_dataset(str(root), shards=3, samples_per_shard=4, real_images=False, jpg_bytes=100)
+    build_index(sorted(str(p) for p in root.glob("*.tar")), str(root / "i.sqlite"))
+    rel = root.relative_to(http_server.root)
+    stall = FaultPlan({"stall": 1}, rate=1.0, only=".tar", stall=60)
+    proxy = fault_proxy(http_server.base, stall)  # shard reads hang: the subset is mid-copy
+    out = tmp_path / "sub"
+    argv = [sys.executable, "-m", "wids", "subset", proxy.url(f"{rel}/i.sqlite"), "--shards", "0:3"]
+    argv += ["--to", str(out), "-q"]
+    child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not list(out.glob(".wids-subset-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(out.glob(".wids-subset-*")), "the subset never started copying"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    report = make_subset(f"{http_server.base}/{rel}/i.sqlite", out, shards=slice(0, 3))
+    assert report.shards == 3 and len(ShardListDataset(report.index)) == 12
+    assert not list(out.glob(".wids-subset-*")), sorted(p.name for p in out.iterdir())
+
+
+def test_a_live_runs_staging_directory_is_left_alone(tmp_path):
+    from wids.subset.destination import Run, remove_stale_staging
+
+    live = Run(force=False)
+    path = live.staging(str(tmp_path))
+    assert remove_stale_staging(str(tmp_path), min_age=0) == [] and os.path.isdir(path)
+    other = Run(force=False).staging(str(tmp_path))  # a second run staging beside it
+    assert os.path.isdir(path) and os.path.isdir(other)
+    live.finish()
+    assert not os.path.exists(path)
+
+
+def test_a_300_character_s3_basename_is_copied_under_a_short_name(tmp_path, s3_server):
+    import fsspec
+
+    from wids.storage import url_name
+
+    prefix = f"long-{os.getpid()}-{tmp_path.name[-12:]}"
+    local = tmp_path / "src"
+    shards = write_dataset(str(local), shards=2, samples_per_shard=3, real_images=False)
+    fs = fsspec.filesystem("s3", **s3_server.storage_options)
+    urls = []
+    for i, path in enumerate(shards):
+        url = s3_server.url(f"{prefix}/{'x' * 292}-{i:03d}.tar")  # a 300-character basename
+        fs.put_file(path, url)
+        urls.append(url)
+    index = s3_server.url(f"{prefix}/long.json")
+    build_index(urls, index, storage_options=s3_server.storage_options)
+    so = s3_server.storage_options
+    report = make_subset(index, tmp_path / "sub", shards=slice(0, 2), storage_options=so)
+    names = sorted(p.name for p in (tmp_path / "sub").glob("*.tar"))
+    assert names == sorted(url_name(u) for u in urls) and all(len(n) < 120 for n in names)
+    assert len(ShardListDataset(report.index)) == 6

@@ -4,12 +4,19 @@ Every path a subset writes is decided (:func:`plan_paths`) and checked (:func:`c
 before anything is written; files are then published through one :class:`Run`, which never
 replaces a file it did not create (unless ``force``) and removes what it created if the
 subset fails.
+
+Staging directories (``.wids-subset-*``) hold an ``flock`` on a lock file inside for as long as
+their run lives; a run removes those of killed runs (lock free) in the directories it stages
+in, so a SIGKILLed subset leaves nothing behind once another one has run there. Copies are
+named after the shard's basename, or, when names clash or a basename is longer than
+:data:`MAX_NAME` bytes (S3 keys may be 1,024), after :func:`~wids.storage.url_name`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import tempfile
@@ -21,7 +28,13 @@ from ..atomic import fsync_dir
 from ..errors import OutputExistsError
 from ..storage import redact_url, url_name
 
-__all__ = ["Plan", "Run", "check_destination", "local_names", "plan_paths"]
+__all__ = ["MAX_NAME", "Plan", "Run", "check_destination", "local_names", "plan_paths"]
+
+MAX_NAME = 120
+"""Longest copy name kept from a basename, in bytes (file systems allow 255; staged copies and
+member sidecars add a prefix)."""
+STAGING_PREFIX = ".wids-subset-"
+_STAGING_LOCK = ".lock"
 
 
 def local_names(urls: list[str]) -> list[str]:
@@ -33,7 +46,7 @@ def local_names(urls: list[str]) -> list[str]:
         seen[b] = seen.get(b, 0) + 1
     out = []
     for u, b in zip(urls, bases, strict=True):
-        if seen[b] > 1:
+        if seen[b] > 1 or len(b.encode("utf-8", "surrogateescape")) > MAX_NAME:
             b = url_name(u)
         out.append(b or "shard.tar")
     return out
@@ -119,6 +132,7 @@ class Run:
         self._added: list[tuple[str, int]] = []
         self._dirs: list[str] = []
         self._staging: list[str] = []
+        self._held: list[int] = []  # descriptors holding each staging directory's lock
 
     def makedirs(self, path: str) -> None:
         """``os.makedirs``, remembering the directories created (removed by :meth:`undo`)."""
@@ -132,11 +146,25 @@ class Run:
             self._dirs.extend(reversed(missing))
 
     def staging(self, parent: str) -> str:
-        """A new staging directory in ``parent``, removed at the end of the run."""
-        path = tempfile.mkdtemp(prefix=".wids-subset-", dir=parent)
+        """A new staging directory in ``parent``, removed at the end of the run.
+
+        Those of killed runs in ``parent`` (their lock free) are removed first.
+        """
+        remove_stale_staging(parent)
+        path = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent)
+        fd = os.open(os.path.join(path, _STAGING_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else holds it
         with self._lock:
             self._staging.append(path)
+            self._held.append(fd)
         return path
+
+    def _release(self) -> None:
+        for path in self._staging:
+            shutil.rmtree(path, ignore_errors=True)
+        for fd in self._held:
+            os.close(fd)
+        self._staging, self._held = [], []
 
     def place(self, path: str, dest: str) -> None:
         """Move the finished file ``path`` (same filesystem) to ``dest``."""
@@ -163,15 +191,13 @@ class Run:
 
     def finish(self) -> None:
         """Success: remove the staging directories, fsync the directories published into."""
-        for path in self._staging:
-            shutil.rmtree(path, ignore_errors=True)
+        self._release()
         for d in {os.path.dirname(p) for p, _ in self._added}:
             fsync_dir(d)
 
     def undo(self) -> None:
         """Failure: remove what this run added and the directories it created (if empty)."""
-        for path in self._staging:
-            shutil.rmtree(path, ignore_errors=True)
+        self._release()
         for path, ino in self._added:
             with contextlib.suppress(OSError):
                 if os.lstat(path).st_ino == ino:
@@ -179,3 +205,42 @@ class Run:
         for d in reversed(self._dirs):
             with contextlib.suppress(OSError):
                 os.rmdir(d)  # only if empty
+
+
+def remove_stale_staging(parent: str, *, min_age: float = 60.0) -> list[str]:
+    """Remove the staging directories of killed runs in ``parent``; returns those removed.
+
+    A directory whose lock file is free belonged to a run that is gone. One without a lock
+    file (a run killed between making it and locking it) is removed once older than
+    ``min_age`` seconds.
+    """
+    import time
+
+    removed: list[str] = []
+    try:
+        names = [n for n in os.listdir(parent) if n.startswith(STAGING_PREFIX)]
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(parent, name)
+        try:
+            fd = os.open(os.path.join(path, _STAGING_LOCK), os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            with contextlib.suppress(OSError):
+                if os.path.isdir(path) and time.time() - os.lstat(path).st_mtime > min_age:
+                    shutil.rmtree(path, ignore_errors=True)
+                    removed.append(path)
+            continue
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue  # a live run
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        finally:
+            os.close(fd)
+    return removed
