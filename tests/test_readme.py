@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -134,3 +135,31 @@ def test_cited_tests_exist() -> None:
         source = (ROOT / path).read_text()
         stem = name.split("[")[0].rstrip("*")
         assert re.search(rf"^\s*(?:async )?def {re.escape(stem)}", source, re.M), f"{path}::{name}"
+
+
+@pytest.mark.slow
+def test_the_readme_quickstart_runs_as_written(tmp_path: Path) -> None:
+    """The README's quickstart, commands and code unchanged, on 32 small shards of real JPEGs."""
+    pytest.importorskip("torch")
+    from wids.synth import write_dataset
+
+    write_dataset(
+        str(tmp_path / "data"), shards=32, samples_per_shard=4, image_size=16, prefix="train"
+    )
+    section = README.read_text().split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    shell, code = re.findall(r"```(?:bash|python)\n(.*?)```", section, re.S)
+    commands = [ln.split("  #")[0] for ln in shell.splitlines() if ln.strip()]
+    assert [c.split()[:2] for c in commands] == [["wids", "index"], ["wids", "show"]]
+    for command in commands:
+        argv = [sys.executable, "-m", "wids", *shlex.split(command)[1:]]
+        r = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, (command, r.stderr[-2000:])
+    assert "    7  000001000003  " in r.stdout  # `wids show -n 8`: the 8th sample's row
+    # ds[123] is shard 30's fourth sample; the last batch of the last epoch is a full one
+    script = code + '\nprint("RESULT", tuple(images.shape), len(ds), s["__key__"])\n'
+    r = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = r.stdout.split("RESULT", 1)[1].split()
+    assert result == ["(64,", "3,", "16,", "16)", "128", "000030000003"]
