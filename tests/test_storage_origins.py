@@ -283,3 +283,33 @@ def test_a_local_index_names_its_servers(two_servers, tmp_path: Path) -> None:
     opts = {"headers": {"Authorization": SECRET_A}}
     assert len(_read_all(ShardListDataset(str(local / "train.json"), storage_options=opts))) == 12
     assert a.auth_seen() == {SECRET_A} == b.auth_seen()
+
+
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_dataloader_workers_keep_the_credentials_at_home(
+    two_servers: tuple[RecordingServer, RecordingServer], context: str
+) -> None:
+    """The dataset pickled into workers keeps the origins its options are for."""
+    torch_data = pytest.importorskip("torch.utils.data")
+    a, b = two_servers
+    ds = ShardListDataset(
+        f"{a.base}/train.json", storage_options={"headers": {"Authorization": SECRET_A}}
+    )
+    loader = torch_data.DataLoader(
+        ds,
+        batch_size=4,
+        num_workers=2,
+        multiprocessing_context=context,
+        collate_fn=_keys,
+    )
+    try:
+        keys = sorted(k for batch in loader for k in batch)
+    finally:
+        ds.close()
+    assert len(keys) == 12
+    assert a.auth_seen() == {SECRET_A}
+    assert b.seen and b.auth_seen() == {None}
+
+
+def _keys(batch: list[dict]) -> list[str]:
+    return [s["__key__"] for s in batch]

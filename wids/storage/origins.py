@@ -160,7 +160,7 @@ class Scope:
         TypeError: An origin's entry is not a mapping.
     """
 
-    __slots__ = ("flat", "named", "per_origin")
+    __slots__ = ("_withholds", "flat", "named", "per_origin")
 
     def __init__(self, options: Mapping[str, Any], named: Any = None) -> None:
         self.flat = {k: v for k, v in options.items() if not is_origin_key(k)}
@@ -179,6 +179,8 @@ class Scope:
         if named is not None:
             found = (origin(u) for u in _urls(named))
             self.named = frozenset(o for o in found if o is not None)
+        # whether any URL could be refused for want of withheld credentials (checked per request)
+        self._withholds = self.named is not None and without_credentials(self.flat) != self.flat
 
     def trusted(self, url: str) -> bool:
         """Whether ``url`` gets the flat options whole (its origin is named, or it is local)."""
@@ -198,10 +200,10 @@ class Scope:
 
     def withheld(self, url: str) -> str:
         """What to say after a refusal of ``url``, if flat credentials were withheld from it."""
-        o = origin(url)
-        if self.trusted(url) or o in self.per_origin:
+        if not self._withholds or self.trusted(url):
             return ""
-        if without_credentials(self.flat) == self.flat:
+        o = origin(url)
+        if o in self.per_origin:
             return ""
         names = ", ".join(sorted(self.named or ())) or "the URLs you named"
         return (

@@ -92,9 +92,10 @@ def url_name(url: str, suffix: str = "") -> str:
     ``user:password@`` and the signature parameters of S3, GCS, Azure and CloudFront signed
     URLs (:func:`~wids.storage.redact.strip_credentials`), so a re-signed URL names the same
     file and no secret reaches a file name. Every other query parameter is part of it:
-    ``get?key=a`` and ``get?key=b`` name two files. (Before wids 0.4 parameters whose name
-    merely contained ``key``, ``sig``, ``token``, ``auth`` or ``session`` were dropped too:
-    such URLs now have new names, and their old cache entries are not found.) The tail is
+    ``get?key=a`` and ``get?key=b`` name two files. (Earlier versions also dropped every
+    parameter whose name merely contained ``key``, ``sig``, ``token``, ``auth`` or
+    ``session``: such URLs now have new names, and their old cache entries are not found.)
+    The tail is
     the URL's last path segment (no query, at most 80 characters, only ``A-Za-z0-9._-``, no
     leading dot), ``file`` when there is none.
 
