@@ -14,7 +14,10 @@ guess about bandwidth, never about samples: a batch is read from prefetched byte
 its blocks are identical (same shard, same byte range) to blocks prefetched for exactly its
 position in exactly its iteration; the rest is read directly, and prefetches of positions the
 process was not given are dropped. A wrong guess costs bytes (bounded by the window), never a
-wrong sample.
+wrong sample, and it reads less far ahead while its guesses miss (half as far after each miss,
+nothing after a few in a row; one batch further again after each batch that comes at the
+stride), as with ``in_order=False`` on a busy machine, where batches go to whichever worker
+has room.
 
 :class:`Lookahead` keeps a bounded window of batches in flight in background threads
 (``depth`` batches, ``max_bytes``, ``max_requests``): each is planned exactly as the read of
@@ -105,6 +108,7 @@ class Lookahead:
         self.plan: Plan | None = None
         self.position = self.size = self.stride = 0
         self.batches = 0  # batches observed
+        self.reach = depth  # batches read ahead now: fewer while the stride guesses wrong
         self._jobs: dict[tuple[int, int], Future[Prefetched]] = {}  # (token, position) -> job
         self._held = 0  # bytes held or in flight
         # the prefetches' requests take turns in one window (first come, first served): it
@@ -130,9 +134,13 @@ class Lookahead:
         self._wait_planning()  # one thread moves the position at a time
         last = self.plan
         if last is not None and last.token == plan.token and position > self.position:
+            # the guess was right: read further ahead; wrong: less far (none after a few)
+            if position == self.position + self.stride:
+                self.reach = min(self.depth, self.reach + 1)
+            else:
+                self.reach //= 2
             self.stride = position - self.position
-        elif last is None or last.token != plan.token or position <= self.position:
-            # a new iteration (or its start again): the DataLoader's workers take turns
+        else:  # a new iteration (or its start again): the DataLoader's workers take turns
             self.stride = size * _workers()
         self.plan, self.position, self.size = plan, position, size
         self.batches += 1
@@ -173,9 +181,11 @@ class Lookahead:
         """Start prefetches for the next ``depth`` batches at the stride; announce shards ahead.
 
         Args:
-            depth: Batches to prefetch this time (default and at most :attr:`depth`).
+            depth: Batches to prefetch this time (default and at most :attr:`reach`: up to
+                :attr:`depth`, one more after each batch that came at the stride, half as
+                many after each that did not).
         """
-        depth = self.depth if depth is None else min(depth, self.depth)
+        depth = self.reach if depth is None else min(depth, self.reach)
         plan = self.plan
         if self._closed or plan is None:
             return
