@@ -637,3 +637,22 @@ def test_cache_ls_escapes_control_characters_of_shard_urls(tmp_path, capsys):
         assert "\\x1b]0;pwned\\x07\\x1b[2J" in out
     finally:
         fs.rm("/wids-hostile-ls", recursive=True)
+
+
+# -- member names (issue 21: 15 MB pax names were accepted as keys) ----------------------------
+
+
+@pytest.mark.parametrize("fmt", ["pax", "gnu"])
+def test_a_member_name_over_4096_bytes_is_a_tar_error(tmp_path: Path, fmt: str) -> None:
+    from wids.tar import MAX_NAME
+
+    long_key = "d/" + "k" * (MAX_NAME - 5)  # name = key + ".txt": one byte over the limit
+    members = [("000000.txt", b"a"), (f"{long_key}.txt", b"b"), ("000002.txt", b"c")]
+    path = write_shard(tmp_path / f"{fmt}.tar", members, format=fmt)
+    for parse in _all_parsers(path):
+        with pytest.raises(TarFormatError, match="member name of 4,097 bytes"):
+            parse()
+    fits = [("000000.txt", b"a"), (f"{long_key[:-1]}.txt", b"b")]  # exactly at the limit
+    ok = write_shard(tmp_path / f"{fmt}-ok.tar", fits, format=fmt)
+    for parse in _all_parsers(ok):
+        parse()

@@ -34,7 +34,8 @@ Strictness, where it differs from :mod:`tarfile`:
 
 - A 0-byte file is an error; an archive of only zero blocks (or only a pax ``g`` record and
   zero blocks, which tarfile cannot read) yields nothing.
-- Extension records over :data:`MAX_EXTENSION` bytes are refused rather than read into memory.
+- Extension records over :data:`MAX_EXTENSION` bytes are refused rather than read into memory,
+  and member names (GNU long names, pax paths) over :data:`MAX_NAME` bytes are refused.
 - Sizes of :data:`MAX_MEMBER_SIZE` (2**62) or more are refused: no storage holds such a member,
   and offsets computed from them would overflow.
 - Every pax record's length must end exactly at its newline inside the record data, and
@@ -59,7 +60,7 @@ The package's modules: :mod:`.member` (the :class:`TarMember` record), :mod:`.he
 from __future__ import annotations
 
 from .bulk import LocalHeaders, scan_local_headers
-from .header import BLOCK, MAX_EXTENSION, MAX_MEMBER_SIZE, header_mismatch
+from .header import BLOCK, MAX_EXTENSION, MAX_MEMBER_SIZE, MAX_NAME, header_mismatch
 from .hop import header_stride, iter_members_hopping
 from .member import TarMember
 from .walk import iter_members_fetch, iter_members_stream, scan_local, scan_local_rows
@@ -69,6 +70,7 @@ __all__ = [
     "LocalHeaders",
     "MAX_EXTENSION",
     "MAX_MEMBER_SIZE",
+    "MAX_NAME",
     "TarMember",
     "header_mismatch",
     "header_stride",

@@ -18,11 +18,14 @@ from .member import Row
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["BLOCK", "MAX_EXTENSION", "MAX_MEMBER_SIZE", "header_mismatch"]
+__all__ = ["BLOCK", "MAX_EXTENSION", "MAX_MEMBER_SIZE", "MAX_NAME", "header_mismatch"]
 
 BLOCK = 512
 # Larger pax / GNU long-name records are refused rather than read into memory.
 MAX_EXTENSION = 16 << 20
+# A member name (GNU long name, pax path) longer than this is refused: no file system path is
+# longer (Linux's PATH_MAX), and every name becomes a key held in memory by the index.
+MAX_NAME = 4096
 
 _ZERO = bytes(BLOCK)
 _MAGICS = (
@@ -189,7 +192,9 @@ def _extension(
     if t == 76:  # "L": GNU long name
         if ext.name is None:
             i = data.find(0)
-            ext.name = (data[:i] if i >= 0 else data).decode("utf-8", "surrogateescape")
+            name = data[:i] if i >= 0 else data
+            _check_name_length(len(name), off, shard)
+            ext.name = name.decode("utf-8", "surrogateescape")
             ext.name_from_gnu = True
     else:
         records = _pax_records(data, off, shard)
@@ -198,6 +203,8 @@ def _extension(
                 "GNU sparse member (pax); wids cannot serve sparse files", shard=shard, offset=off
             )
         path = records.get("path")
+        if path is not None:
+            _check_name_length(len(path.encode("utf-8", "surrogateescape")), off, shard)
         size_value = records.get("size")
         number = None if size_value is None else _pax_size(size_value, off, shard)
         if t == 103:  # "g": global, sticks for the rest of the archive
@@ -213,6 +220,16 @@ def _extension(
                 ext.size = number
     ext.active = True
     return nxt
+
+
+def _check_name_length(n: int, off: int, shard: str | None) -> None:
+    if n > MAX_NAME:
+        raise TarFormatError(
+            f"member name of {n:,} bytes (limit {MAX_NAME:,}, the longest path a file system "
+            "allows)",
+            shard=shard,
+            offset=off,
+        )
 
 
 def _pax_records(data: bytes, off: int, shard: str | None) -> dict[str, str]:
