@@ -79,7 +79,12 @@ def storage_flag(p: argparse.ArgumentParser) -> None:
         "--storage-option",
         action="append",
         metavar="KEY=VALUE",
-        help="fsspec storage option (repeatable; dotted keys nest, values parse as JSON)",
+        help=(
+            "fsspec storage option (repeatable; dotted keys nest, values parse as JSON); "
+            "credentials go only to the servers of the URLs you name: give another server "
+            "its own with a key that starts with its origin, "
+            "e.g. 'https://cdn.example/headers.Authorization=Bearer ...'"
+        ),
     )
 
 
