@@ -86,7 +86,8 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     left = cache.total_bytes()
     print(
         f"removed {len(removed)} shards, freed {human(before - left)}; {human(left)} left "
-        "(member tables in scans/ and index copies in indexes/ are kept)"
+        "(member tables in scans/, index copies in indexes/ and md5s of copied shards in "
+        "digests/ are kept)"
     )
     return 0
 
@@ -111,7 +112,11 @@ def _cache_du(cache: Any) -> str:
     from ..cache import count_files
 
     parts = [f"{human(cache.total_bytes())} in {len(cache.entries())} shards"]
-    for sub, what in (("scans", "member tables"), ("indexes", "index copies")):
+    for sub, what in (
+        ("scans", "member tables"),
+        ("indexes", "index copies"),
+        ("digests", "md5s of copied shards"),
+    ):
         n, nbytes = count_files(cache.cache_dir, sub)
         if n:
             parts.append(f"{human(nbytes)} in {n} {what}")
