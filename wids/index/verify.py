@@ -125,7 +125,8 @@ def verify_index(
         notes: A list to which shards that match with a remark are appended, in index
             order (kind ``"COPY"``: a local shard with the recorded size and md5 but a new
             modification time, as ``cp -r`` leaves it). What was read to tell is remembered
-            in the ``*.members/`` directory of a local JSON index, when it can be written.
+            in the ``*.members/`` directory of a local JSON index when checked here (no
+            ``executor``) and it can be written.
 
     Returns:
         ``(shards, problems)``: how many shards the index has, and those that do not match,
@@ -136,7 +137,8 @@ def verify_index(
     problems: dict[int, ShardProblem] = {}
     remarks: dict[int, ShardProblem] = {}
     futures: dict[cf.Future[tuple[str | None, str | None]], tuple[int, str]] = {}
-    memo = ContentMemo(index_digests_dir(index))
+    # remembered beside the index when checked here (an executor's workers may be elsewhere)
+    memo = ContentMemo(index_digests_dir(index) if executor is None else None)
 
     def record(k: int, url: str, result: tuple[str | None, str | None]) -> None:
         problem, note = result
