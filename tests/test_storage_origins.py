@@ -101,8 +101,9 @@ def test_scope_gives_flat_options_to_named_origins_and_entries_to_their_origin()
     }
     assert "withheld" in scope.withheld("http://c/x.tar")
     assert scope.withheld("http://a/x.tar") == "" and scope.withheld("http://b.example:8080/") == ""
-    # unscoped (no named URLs): everywhere, as a bare Store
+    # unscoped (no named URLs, or local ones only): everywhere, as a bare Store
     assert Scope(flat).options_for("http://c/x.tar") == flat
+    assert Scope(flat, named={"source_url": "local.json", "name": "x"}).named is None
     with pytest.raises(TypeError, match="mapping of options"):
         Scope({"http://b": "nope"})
 

@@ -153,8 +153,8 @@ class Scope:
     Args:
         options: The storage options: flat entries, and entries keyed by an origin.
         named: The URLs the flat options are for (strings, or lists and mappings holding
-            them: a shard list or spec given in Python names all its URLs); ``None`` gives the
-            flat options to every origin.
+            them: a shard list or spec given in Python names all its URLs); ``None``, or
+            URLs of local files only, gives the flat options to every origin.
 
     Raises:
         TypeError: An origin's entry is not a mapping.
@@ -178,7 +178,8 @@ class Scope:
         self.named: frozenset[str] | None = None
         if named is not None:
             found = (origin(u) for u in _urls(named))
-            self.named = frozenset(o for o in found if o is not None)
+            # no remote URL among them (local files only): the options are for what those name
+            self.named = frozenset(o for o in found if o is not None) or None
         # whether any URL could be refused for want of withheld credentials (checked per request)
         self._withholds = self.named is not None and without_credentials(self.flat) != self.flat
 
