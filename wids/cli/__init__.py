@@ -80,10 +80,32 @@ def _start_logging(debug: bool, secrets: Sequence[str]) -> tuple[logging.Handler
     return handler, old_level
 
 
+def _shadowed_by() -> str | None:
+    """The file of another package that ``import wids`` found instead of this one, or None.
+
+    The reference wids (PyPI's ``wids``, or webdataset 0.2.x) has the same import name, and pip
+    installs either over the other without a word: ``import wids`` may then give the reference's
+    ``__init__`` while ``wids.cli`` is still this package's, a mixture that half works.
+    """
+    top = sys.modules.get("wids")
+    if top is not None and "write_index" in getattr(top, "__all__", ()):
+        return None
+    return getattr(top, "__file__", None) or "a folder without __init__.py"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``wids`` command; returns the exit status."""
     import traceback
 
+    shadow = _shadowed_by()
+    if shadow is not None:
+        print(
+            f"wids: error: `import wids` finds another package ({shadow}), probably the reference"
+            " wids installed beside or over this one: pip uninstall -y wids wids-shards, then"
+            " reinstall wids-shards from its repository (docs/install.md)",
+            file=sys.stderr,
+        )
+        return 2
     parser = build_parser()
     args = parser.parse_args(argv)
     secrets = _secrets_of(args)
