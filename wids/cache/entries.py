@@ -31,7 +31,9 @@ __all__ = [
     "EntryFiles",
     "listdir",
     "new_record",
+    "published",
     "regular_size",
+    "version_mismatch",
 ]
 
 log = logging.getLogger(__name__)
@@ -56,6 +58,8 @@ class CacheEntry:
         path: The cached file.
         size: Size in bytes.
         etag: The storage's etag when it was fetched, if it reported one.
+        mtime: The storage's modification time (``Last-Modified``) when it was fetched, if
+            known: what ties a copy to its version where the storage gives no etag.
         md5sum: The verified MD5, if the index gave one.
         created: When it was fetched (POSIX time).
         last_access: When it was last opened (POSIX time, about a second's precision).
@@ -66,6 +70,7 @@ class CacheEntry:
     path: str
     size: int
     etag: str | None
+    mtime: float | None
     md5sum: str | None
     created: float
     last_access: float
@@ -122,22 +127,30 @@ class EntryFiles:
         st: os.stat_result,
         expected: Fingerprint,
     ) -> dict[str, Any] | None:
-        """The record if the data file ``st`` is the intact copy of ``url`` that is ``expected``."""
+        """The record if the data file ``st`` is the intact copy of ``url`` that is ``expected``.
+
+        Intact: the file's size, inode, mtime and ctime are the ones recorded when it was
+        published (a write, or a ``touch`` that restores the mtime afterwards, moves the
+        ctime, which no user can set back). The version: when ``expected`` names one (an etag,
+        or a modification time where the storage gives no etag), the copy must positively be
+        that version, by the etag or the ``Last-Modified`` recorded at its download; a copy
+        that cannot be compared is not served.
+        """
         rec = self.read_record(key)
         if rec is None or rec.get("url_sha256") != _url_hash(url):
             return None
-        if (st.st_size, st.st_ino, st.st_mtime_ns) != (
+        if (st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns) != (
             rec.get("size"),
             rec.get("file_ino"),
             rec.get("file_mtime_ns"),
+            rec.get("file_ctime_ns"),
         ):
             log.info("cache entry %s changed behind the cache's back; refetching", key)
             return None
-        have = Fingerprint(st.st_size, rec.get("etag"), md5=rec.get("md5sum"))
-        if expected.mismatch(have) is not None:
+        problem = version_mismatch(rec, expected)
+        if problem is not None:
+            log.info("cache entry %s is not the indexed version (%s); refetching", key, problem)
             return None
-        if expected.md5 is not None and have.md5 is None:
-            return None  # never checked against an md5: not served as checked
         return rec
 
     def is_valid(self, key: str, url: str, expected: Fingerprint) -> bool:
@@ -178,6 +191,7 @@ class EntryFiles:
                     path=self.data(key),
                     size=int(rec["size"]),
                     etag=rec.get("etag"),
+                    mtime=_float_or_none(rec.get("mtime")),
                     md5sum=rec.get("md5sum"),
                     created=float(rec.get("created", 0)),
                     last_access=float(rec.get("last_access", 0)),
@@ -211,10 +225,14 @@ class EntryFiles:
                 cachedir.unlink_in(self.cache_dir, "tmp", name)
 
     def remove_if_free(self, key: str) -> bool:
-        """Remove a recorded entry nobody holds; ``False`` if held or not recorded."""
+        """Remove a recorded entry and its lock file if no open or fetch is under way.
+
+        Returns:
+            ``False`` if its lock is held or it is not recorded.
+        """
         lock = FileLock(self.lockfile(key))
         if not lock.acquire(blocking=False):
-            return False  # open (shared) or being fetched (exclusive) somewhere
+            return False  # being opened (shared) or fetched (exclusive) somewhere
         try:
             if self.read_record(key) is None:  # not (or no longer) an entry wids recorded
                 if regular_size(self.data(key)) is None:
@@ -226,11 +244,35 @@ class EntryFiles:
         finally:
             lock.release()
 
+    def unlink_entry(self, key: str) -> bool:
+        """Evict a recorded entry even if it is open (``.evict.lock`` held; no entry lock).
+
+        Readers keep reading their open descriptor (the data lives until they close it); an
+        opener that meets the missing file or record fetches again. A download in flight is
+        not touched (it is in ``tmp/`` until it publishes, under ``.evict.lock``).
+
+        Returns:
+            Whether the entry was recorded and is gone now.
+        """
+        if self.read_record(key) is None:
+            return False
+        cachedir.unlink_in(self.cache_dir, "data", key)
+        cachedir.unlink_in(self.cache_dir, "meta", key + ".json")
+        return True
+
 
 def new_record(
-    url: str, st: os.stat_result, etag: str | None, md5sum: str | None
+    url: str,
+    st: os.stat_result,
+    etag: str | None,
+    md5sum: str | None,
+    mtime: float | None = None,
 ) -> dict[str, Any]:
-    """The record of a download of ``url`` whose file has stat ``st``."""
+    """The record of a download of ``url`` whose file has stat ``st``.
+
+    ``mtime`` is the storage's modification time of the version downloaded (``Last-Modified``),
+    if known. The file's ctime is recorded once the file is published (:func:`published`).
+    """
     now = time.time()
     return {
         "format": _FORMAT,
@@ -239,12 +281,38 @@ def new_record(
         "url_sha256": _url_hash(url),
         "size": st.st_size,
         "etag": comparable_etag(etag),
+        "mtime": mtime,
         "md5sum": md5sum.lower() if md5sum is not None else None,
         "file_ino": st.st_ino,
         "file_mtime_ns": st.st_mtime_ns,
+        "file_ctime_ns": None,
         "created": now,
         "last_access": now,
     }
+
+
+def published(rec: dict[str, Any], st: os.stat_result) -> dict[str, Any]:
+    """The record once its file is published as ``st`` (the rename moved its ctime)."""
+    return {**rec, "file_ctime_ns": st.st_ctime_ns}
+
+
+def version_mismatch(rec: dict[str, Any], expected: Fingerprint) -> str | None:
+    """What says a recorded copy is not the ``expected`` version, or ``None``."""
+    have = Fingerprint(
+        rec.get("size"), rec.get("etag"), _float_or_none(rec.get("mtime")), rec.get("md5sum")
+    )
+    if expected.md5 is not None and have.md5 is None:
+        return "never checked against the index's md5"
+    if expected.etag is not None and have.etag is None:
+        return "the copy records no etag to compare with the index's"
+    if expected.etag is None and expected.mtime is not None and have.etag is None:
+        if have.mtime is None:  # a server without etags: the date is the version
+            return "the copy records no modification time to compare with the index's"
+    return expected.mismatch(have)
+
+
+def _float_or_none(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
 
 
 def regular_size(path: str) -> int | None:

@@ -2,8 +2,9 @@
 
 An open takes the entry's lock shared (:func:`acquire`), checks the entry against its record
 and the caller's expectations, and hands out a :class:`CachedShard` that reads the verified
-file and keeps the lock until closed, so eviction never removes an entry being read. A
-fetcher upgrades the lock to exclusive a quarter second at a time (:func:`try_upgrade`).
+file through the descriptor it opened; the lock is released then (eviction unlinks, and open
+descriptors keep reading). A fetcher upgrades the lock to exclusive a quarter second at a
+time (:func:`try_upgrade`): it waits only for other fetchers and for opens being checked.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 from ..errors import CacheError, LockTimeoutError, ShardNotFoundError
@@ -27,31 +27,54 @@ _TOUCH_EVERY = 1.0  # seconds; coarser last-access updates save a metadata write
 
 
 class CachedShard:
-    """An open cached (or local) shard; holds the entry's shared lock until :meth:`close`.
+    """An open cached (or local) shard: a descriptor of the verified file.
 
     Reads go to the file descriptor opened when the entry was verified, so what is read is
-    the verified file. Not picklable: reopen through the cache in each process.
+    the verified file, even after the cache evicted (unlinked) it: eviction never waits for
+    readers (:mod:`wids.cache.budget`). No lock is held while it is open. Not picklable:
+    reopen through the cache in each process.
+
+    Args:
+        url: The shard.
+        path: The file opened.
+        fd: Its descriptor (owned from now on).
+        size: Its size.
+        entry: Whether it is a cache entry (``False``: a local shard opened in place).
     """
 
-    def __init__(self, url: str, path: str, fd: int, size: int, lock: FileLock | None) -> None:
+    def __init__(self, url: str, path: str, fd: int, size: int, entry: bool) -> None:
         self.url = url
         self.path = path
         self.size = size
+        self.entry = entry
         self._fd: int | None = fd
-        self._lock = lock
         self._pid = os.getpid()
-        self._on_close: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
         return f"CachedShard({redact_url(self.url)!r}, {self.path!r})"
 
     def __reduce__(self) -> Any:
-        raise TypeError("CachedShard holds a file lock and cannot be pickled; reopen it")
+        raise TypeError("CachedShard holds a file descriptor and cannot be pickled; reopen it")
 
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called."""
         return self._fd is None
+
+    @property
+    def evicted(self) -> bool:
+        """Whether the cache evicted this copy while it is open (its file is unlinked).
+
+        It still reads the right bytes, but holds its disk space until closed: a reader
+        that is done with it should close it.
+        """
+        fd = self._fd
+        if fd is None or not self.entry:
+            return False
+        try:
+            return os.fstat(fd).st_nlink == 0
+        except OSError:
+            return False
 
     def read_range(self, start: int, end: int) -> bytes:
         """Return bytes ``start`` to ``end`` (exclusive) of the shard, exactly.
@@ -78,27 +101,10 @@ class CachedShard:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def close(self) -> None:
-        """Close the file and release the entry (it becomes evictable)."""
+        """Close the file (an evicted copy's disk space is freed once every reader closed it)."""
         fd, self._fd = self._fd, None
-        if fd is None:
-            return
-        os.close(fd)
-        if self._lock is not None and self._pid == os.getpid():
-            self._lock.release()
-            if self._on_close is not None:
-                self._on_close()
-
-    def release_at_exit(self) -> bool:
-        """Release the entry's lock (it becomes evictable) but keep reading the open file.
-
-        Returns:
-            Whether this process held the entry open and released it now.
-        """
-        if self.closed or self._lock is None or self._pid != os.getpid():
-            return False
-        lock, self._lock, self._on_close = self._lock, None, None
-        lock.release()
-        return True
+        if fd is not None and self._pid == os.getpid():
+            os.close(fd)
 
     def __enter__(self) -> CachedShard:
         return self
@@ -118,7 +124,7 @@ def open_local(url: str, path: str) -> CachedShard:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError as e:
         raise ShardNotFoundError("no such file", shard=path) from e
-    return CachedShard(url, path, fd, os.fstat(fd).st_size, None)
+    return CachedShard(url, path, fd, os.fstat(fd).st_size, entry=False)
 
 
 def open_valid(
@@ -126,12 +132,10 @@ def open_valid(
     key: str,
     url: str,
     expected: Fingerprint,
-    lock: FileLock,
-    on_close: Callable[[], None] | None = None,
 ) -> CachedShard | None:
-    """With ``lock`` held shared: an open shard if the entry is valid, else ``None``.
+    """With the entry's lock held (shared): an open shard if the entry is valid, else ``None``.
 
-    ``on_close`` is called after the shard is closed and its lock released (eviction).
+    The caller releases the lock once this returns: the descriptor is what reads use.
     """
     path = files.data(key)
     try:
@@ -143,9 +147,7 @@ def open_valid(
         os.close(fd)
         return None
     _touch(files, key, rec)
-    shard = CachedShard(url, path, fd, rec["size"], lock)
-    shard._on_close = on_close
-    return shard
+    return CachedShard(url, path, fd, rec["size"], entry=True)
 
 
 def _touch(files: EntryFiles, key: str, rec: dict[str, Any]) -> None:

@@ -16,13 +16,14 @@ The directory's layout is documented (and owned) by :mod:`wids.cache.layout`; en
 records and files by :mod:`wids.cache.entries`; an open entry by :mod:`wids.cache.handle`.
 
 Protocol: an open takes the entry's lock shared and checks the entry (record present, data
-file's size, inode and mtime as recorded, and the expected size/etag/md5 when known). If the
-check fails it upgrades to exclusive (waiting a quarter second at a time, then checking again:
-a copy another process fetched meanwhile may be held shared by its readers indefinitely),
-checks again, removes temporary files left by killed downloads of this entry, downloads into
-``tmp/``, verifies size, etag and md5, publishes with ``os.replace`` and writes the record.
-The returned :class:`CachedShard` keeps the shared lock until closed, so eviction, which
-takes entries only with a non-blocking exclusive lock, never removes an entry being read.
+file's size, inode, mtime and ctime as recorded, and the expected version: size, etag or
+``Last-Modified``, md5, when known), opens its file and releases the lock: the returned
+:class:`CachedShard` reads that descriptor, which stays valid when the entry is evicted
+(unlinked). If the check fails it upgrades to exclusive (waiting a quarter second at a time,
+then checking again: another process may be fetching it), checks again, removes temporary
+files left by killed downloads of this entry, makes room in the budget, downloads into
+``tmp/`` (a copy that fails its check is fetched again within the retry policy), verifies
+size, etag and md5, and records and publishes it under the budget's lock.
 Eviction: :mod:`wids.cache.budget`.
 """
 
@@ -32,7 +33,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
@@ -44,7 +44,7 @@ from ..lock import FileLock
 from ..storage import redact_url, url_name
 from . import budget
 from . import layout as cachedir
-from .download import download_entry
+from .download import download_entry, fetch_checked
 from .entries import ENTRY_SUBDIRS, CacheEntry, EntryFiles
 from .handle import CachedShard, acquire, open_local, open_valid, try_upgrade
 from .promote import BackgroundFetches
@@ -98,7 +98,7 @@ class ShardCache:
         self._background = BackgroundFetches(thread_name_prefix="wids-cache")
         self._mutex = threading.Lock()
         self._ready = False  # the directory was checked (and marked) by this object
-        self._open_shards: weakref.WeakSet[CachedShard] = weakref.WeakSet()
+        self._downloading = threading.Lock()
         self.files = EntryFiles(self.cache_dir)
 
     def __repr__(self) -> str:
@@ -116,8 +116,8 @@ class ShardCache:
     def _prepare(self, *, create: bool = True) -> bool:
         """Check (and if new, mark) the directory, once per object; ``False`` if it is missing.
 
-        With a budget, the first use also evicts down to it: processes that ended without
-        closing their shards (killed, ``os._exit``) may have left the cache over budget.
+        With a budget, the first use also evicts down to it: an earlier run may have had a
+        larger one.
 
         Raises:
             CacheDirError: The directory is not one wids may use (see :mod:`wids.cache.layout`).
@@ -129,10 +129,7 @@ class ShardCache:
         with self._mutex:
             first, self._ready = not self._ready, True
         if first and self.max_bytes is not None and not self.keep:
-            weakref.finalize(
-                self, budget.restore_budget, self._open_shards, self.cache_dir, self.max_bytes
-            )
-            self._evict_quietly()
+            self._evict_quietly()  # a budget made smaller than what an earlier run left
         return True
 
     # -- opening ----------------------------------------------------------------------------
@@ -183,10 +180,7 @@ class ShardCache:
             expect = replace(expect, size=source.info(stats).size)
 
         def download(dest: str) -> Any:
-            stat = source.download(dest, stats=stats, expected_size=expect.size)
-            if verify is not None:
-                verify(dest)
-            return stat
+            return fetch_checked(source, dest, stats, expect.size, verify)
 
         return self.open_with(source.url, download, expected=expect)
 
@@ -233,15 +227,13 @@ class ShardCache:
                 lock.release()
                 raise
             # Become the fetcher, but wait for the exclusive lock only briefly at a time: if
-            # another process fetched the entry meanwhile, its readers may hold it shared for
-            # as long as they like (idle DataLoader workers do), so look again instead.
+            # another process is fetching it, look again (its copy may be ready) instead.
             if not try_upgrade(lock, url, deadline, self.lock_timeout):
                 continue
             try:
                 if not self.files.is_valid(key, url, expect):
                     fetches += 1
                     self._fetch(key, url, download, expect)
-                lock.downgrade(timeout=self.lock_timeout)  # the fetch may have used the deadline
                 shard = self._open_valid(key, url, expect, lock)
             except BaseException:
                 if lock.locked:
@@ -249,7 +241,7 @@ class ShardCache:
                 raise
             if shard is not None:
                 return shard
-            lock.release()  # evicted or changed while the lock changed mode: look again
+            lock.release()  # evicted at once by another process: look again
 
     def open_cached(
         self,
@@ -288,13 +280,10 @@ class ShardCache:
         expected: Fingerprint,
         lock: FileLock,
     ) -> CachedShard | None:
-        """With ``lock`` held shared: an open shard if the entry is valid, else ``None``."""
-        budgeted = self.max_bytes is not None and not self.keep
-        on_close = self._evict_quietly if budgeted else None
-        shard = open_valid(self.files, key, url, expected, lock, on_close)
-        if shard is not None and budgeted:
-            with self._mutex:
-                self._open_shards.add(shard)
+        """With ``lock`` held: an open shard if the entry is valid (then ``lock`` is released)."""
+        shard = open_valid(self.files, key, url, expected)
+        if shard is not None:
+            lock.release()
         return shard
 
     # -- fetching (entry lock held exclusively) ---------------------------------------------
@@ -307,13 +296,18 @@ class ShardCache:
         expected: Fingerprint,
     ) -> None:
         self.files.remove_files(key)
-        if self.max_bytes is not None:
-            budget.make_room(
-                self.files, expected.size or 0, url, self.max_bytes, self.keep, self.lock_timeout
+        # one download at a time per process: the budget's allowance is one shard per process
+        with self._downloading:
+            download_entry(
+                self.files,
+                key,
+                url,
+                download,
+                expected,
+                self.max_bytes,
+                keep=self.keep,
+                lock_timeout=self.lock_timeout,
             )
-        download_entry(self.files, key, url, download, expected, self.max_bytes)
-        if self.max_bytes is not None and not self.keep:
-            self._evict_quietly()
 
     def _evict_quietly(self) -> None:
         if self.max_bytes is None:  # an invariant, kept under python -O
@@ -342,9 +336,10 @@ class ShardCache:
         return sum(self.files.sizes().values())
 
     def evict_to(self, max_bytes: int) -> list[str]:
-        """Remove least-recently-used entries nobody has open until at most ``max_bytes`` remain.
+        """Remove least-recently-used entries until they and downloads in flight fit ``max_bytes``.
 
-        Only recorded entries are candidates. Ignores ``keep``: this is an explicit request.
+        Open entries are removed too (unlinked: their readers keep reading). Only recorded
+        entries are candidates. Ignores ``keep``: this is an explicit request.
 
         Returns:
             The keys removed.
@@ -366,7 +361,8 @@ class ShardCache:
     def clean(self, older_than: float | None = None, max_bytes: int | None = None) -> list[str]:
         """Remove entries not used for ``older_than`` seconds, then evict to ``max_bytes``.
 
-        With neither given, removes every entry nobody has open. Always removes records whose
+        With neither given, removes every entry (open ones are unlinked: their readers keep
+        reading). Always removes records whose
         data is gone, abandoned downloads, and temporary files of wids' own naming. Only what
         the cache recorded is removed; a missing directory is left missing.
 

@@ -376,15 +376,22 @@ class ReaderPool:
             return reader
 
     def evict(self) -> None:
-        """Close the least recently used readers beyond ``lru_size``.
+        """Close the least recently used readers beyond ``lru_size``, and evicted copies.
 
         Called after a read, never during one: a batch may use more shards than that.
         """
-        if len(self.readers) <= self.lru_size:
+        evicted = self._evicted_copies()
+        if len(self.readers) <= self.lru_size and not evicted:
             return
         with self._lock:
-            while len(self.readers) > self.lru_size:
-                shard, old = self.readers.popitem(last=False)
+            while len(self.readers) > self.lru_size or evicted:
+                if evicted:
+                    shard = evicted.pop()
+                    old = self.readers.pop(shard, None)
+                    if old is None:
+                        continue
+                else:
+                    shard, old = self.readers.popitem(last=False)
                 self._tables.pop(shard, None)
                 src = old.source
                 if src is not None and not src.is_local:
@@ -393,6 +400,11 @@ class ReaderPool:
                     if not src.pins_version or src.answer_check is not None:
                         self.catalog.forget_check(shard)  # nothing ties reads to a version
                 old.close()
+
+    def _evicted_copies(self) -> list[int]:
+        """Shards read from copies the cache evicted (but the last used): closed after a read."""
+        readers = list(self.readers.items())[:-1]
+        return [s for s, r in readers if isinstance(r, CachedReader) and r.shard.evicted]
 
     def _open_reader(
         self,

@@ -157,7 +157,10 @@ def download(
     _fetch_all(pin, fs, path, spans, dest, connections, source, stats)
     if not pin.pinned and len(spans) > 1:  # no etag, no date: parts may mix versions
         return download_stream(source, dest, stats, expected_size)
-    return FileStat(stat.size, pin.etag, stat.mtime)
+    # the version's date: a stat's, or what the first answer said (Last-Modified), which a
+    # cache entry records where the server gives no etag (wids.cache.entries)
+    mtime = stat.mtime if stat.mtime is not None or pin.first is None else pin.first.mtime
+    return FileStat(stat.size, pin.etag, mtime)
 
 
 def _fetch_all(

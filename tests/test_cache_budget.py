@@ -1,0 +1,204 @@
+"""Issue 26: the cache's guarantees where users live, against nginx (a budget far below the
+dataset, several processes, killed processes, servers without ETag, corrupted entries, wrong
+answers on the way)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import tarfile
+import threading
+import time
+
+import pytest
+from faultproxy import FaultPlan, FaultProxy
+from tar_oracle import dataset_samples, strip_meta
+
+from wids import ShardListDataset, build_index
+from wids.cache import ShardCache
+from wids.synth import write_dataset
+
+pytestmark = pytest.mark.servers
+
+
+def _bytes_in(cache_dir: str, sub: str) -> int:
+    total = 0
+    try:
+        names = os.listdir(os.path.join(cache_dir, sub))
+    except FileNotFoundError:
+        return 0
+    for n in names:
+        try:
+            total += os.lstat(os.path.join(cache_dir, sub, n)).st_size
+        except FileNotFoundError:
+            pass
+    return total
+
+
+@pytest.fixture(scope="module")
+def shards(http_server, tmp_path_factory):
+    src = tmp_path_factory.mktemp("budget")
+    paths = write_dataset(
+        str(src),
+        shards=12,
+        samples_per_shard=20,
+        real_images=False,
+        jpg_bytes=4000,
+        prefix="budget",
+    )
+    urls = [http_server.put(p, f"budget/{os.path.basename(p)}") for p in paths]
+    index = str(src / "budget.json")
+    build_index(urls, index, name="budget")
+    return {
+        "index": index,
+        "paths": paths,
+        "urls": urls,
+        "size": max(os.path.getsize(p) for p in paths),
+        "oracle": dataset_samples(paths),
+    }
+
+
+def _reader(index: str, cache_dir: str, budget: int, seed: int, rounds: int, out) -> None:
+    import random
+
+    ds = ShardListDataset(
+        index, access="shard", cache_dir=cache_dir, cache_size=budget, transformations=[]
+    )
+    rng = random.Random(seed)
+    n = len(ds)
+    per = n // len(ds.lengths)
+    wrong = 0
+    for _ in range(rounds):  # chunks of a shard, in a random shard order: entries come and go
+        shard = rng.randrange(len(ds.lengths))
+        for s in ds.__getitems__([shard * per + j for j in range(0, per, 4)]):
+            wrong += s["__index__"] // per != shard
+    out.put(wrong)
+    out.close()
+    out.join_thread()
+    if seed == 0:
+        os._exit(0)  # as DataLoader workers end: no finalizers
+
+
+def test_the_budget_holds_at_every_moment_while_four_processes_read(shards, tmp_path):
+    """Sampled every millisecond: data/ never holds more than the budget, and data/ plus the
+    downloads in flight at most one shard per process more (the documented allowance)."""
+    budget = 3 * shards["size"]
+    cache_dir = str(tmp_path / "cache")
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_reader, args=(shards["index"], cache_dir, budget, s, 25, out))
+        for s in range(4)
+    ]
+    peak = {"data": 0, "all": 0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            data = _bytes_in(cache_dir, "data")
+            peak["data"] = max(peak["data"], data)
+            peak["all"] = max(peak["all"], data + _bytes_in(cache_dir, "tmp"))
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    for p in procs:
+        p.start()
+    try:
+        wrong = [out.get(timeout=300) for _ in procs]
+        for p in procs:
+            p.join(60)
+    finally:
+        stop.set()
+        sampler.join()
+    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    assert wrong == [0, 0, 0, 0]
+    assert 0 < peak["data"] <= budget
+    assert peak["all"] <= budget + 4 * shards["size"]
+    # at rest, with no process left and nothing run at exit
+    assert _bytes_in(cache_dir, "data") + _bytes_in(cache_dir, "tmp") <= budget
+
+
+def test_killed_processes_leave_the_cache_within_budget(shards, tmp_path):
+    budget = 8 * shards["size"]
+    cache_dir = str(tmp_path / "cache")
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [
+        ctx.Process(target=_reader, args=(shards["index"], cache_dir, budget, s + 1, 10**6, out))
+        for s in range(4)
+    ]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + 120
+    while _bytes_in(cache_dir, "data") < 4 * shards["size"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)
+    for p in procs:
+        os.kill(p.pid, signal.SIGKILL)
+    for p in procs:
+        p.join(30)
+    assert [p.exitcode for p in procs] == [-signal.SIGKILL] * 4
+    # no other process, nothing run at exit: within budget as the processes left it
+    assert _bytes_in(cache_dir, "data") + _bytes_in(cache_dir, "tmp") <= budget
+    assert ShardCache(cache_dir).total_bytes() <= budget
+
+
+def test_a_shard_replaced_behind_a_server_without_etag_is_not_served_from_the_cache(
+    http_server, tmp_path
+):
+    """The entry records the Last-Modified of the version it downloaded; an index rebuilt
+    after a same-size replacement never gets the old copy (main served it)."""
+    old = write_dataset(
+        str(tmp_path / "src"), shards=1, samples_per_shard=10, real_images=False, prefix="noetag"
+    )[0]
+    with tarfile.open(old) as tf:
+        jpg = next(m for m in tf.getmembers() if m.name.endswith(".jpg"))
+    data = bytearray(open(old, "rb").read())
+    data[jpg.offset_data + 10] ^= 0xFF  # inside sample 0's data: same size, same headers
+    new = str(tmp_path / "new.tar")
+    open(new, "wb").write(bytes(data))
+    assert dataset_samples([old])[0] != dataset_samples([new])[0]
+    http_server.put(old, "swap/noetag-000000.tar")
+    url = f"{http_server.base}/noetag/swap/noetag-000000.tar"
+    cache_dir = str(tmp_path / "cache")
+    index = str(tmp_path / "swap.json")
+    build_index([url], index, name="swap")
+    ds = ShardListDataset(index, access="shard", cache_dir=cache_dir, transformations=[])
+    assert strip_meta(ds[0]) == dataset_samples([old])[0]
+    ds.close()
+    served = str(http_server.path("swap/noetag-000000.tar"))
+    os.replace(new, served)
+    later = time.time() + 5
+    os.utime(served, (later, later))  # another Last-Modified, same size
+    build_index([url], index, name="swap")
+    ds = ShardListDataset(index, access="shard", cache_dir=cache_dir, transformations=[])
+    assert strip_meta(ds[0]) == dataset_samples([served])[0]
+    ds.close()
+
+
+def test_a_download_with_wrong_bytes_is_fetched_again_not_raised(http_server, tmp_path):
+    """A wrong answer during a cache download failed the training step with CorruptReadError
+    (31-37 errors in the soak's shard process); it is retried within the retry policy."""
+    paths = write_dataset(
+        str(tmp_path / "src"), shards=1, samples_per_shard=30, real_images=False, prefix="wrong"
+    )
+    http_server.put(paths[0], "wrongbytes/wrong-000000.tar")
+    proxy = FaultProxy(http_server.base, FaultPlan()).start()
+    try:
+        url = proxy.url("wrongbytes/wrong-000000.tar")
+        index = str(tmp_path / "wrong.json")
+        build_index([url], index, name="wrong")
+        proxy.set_plan(FaultPlan(script=("wrong",), wrong_shift=1000, methods=("GET",)))
+        proxy.reset_counts()
+        ds = ShardListDataset(
+            index, access="shard", cache_dir=str(tmp_path / "cache"), transformations=[]
+        )
+        got = [strip_meta(s) for s in ds.__getitems__(list(range(30)))]
+        assert got == dataset_samples(paths)
+        assert proxy.injected["wrong"] == 1
+        assert ds.stats.retries >= 1
+        ds.close()
+    finally:
+        proxy.stop()
