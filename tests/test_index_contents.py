@@ -222,3 +222,17 @@ def test_dataloader_workers_read_a_copied_dataset(tmp_path, ctx):
 
 def _texts(batch: list) -> list:
     return [s[".txt"] for s in batch]
+
+
+def test_verify_on_an_executor_reports_copies_and_leaves_nothing_beside_the_index(tmp_path):
+    import concurrent.futures as cf
+
+    _, out = _dataset(tmp_path / "a")
+    _copy(tmp_path / "a", tmp_path / "b", "cp -r")
+    copy = tmp_path / "b" / out.name
+    notes: list = []
+    with cf.ProcessPoolExecutor(2) as pool:
+        assert verify_index(str(copy), executor=pool, deep=True, notes=notes) == (N, [])
+    assert [n.kind for n in notes] == ["COPY"] * N
+    assert [n.url for n in notes] == [str(tmp_path / "b" / f"train-{k:04d}.tar") for k in range(N)]
+    assert not list((tmp_path / "b" / "train.members").glob("*.md5.json"))
