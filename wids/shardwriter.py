@@ -85,8 +85,8 @@ class ShardWriter:
         group: Group name in the tar headers.
         md5: Record each local shard's MD5 in the index (``md5sum``), computed as it is
             written, so a copy of the dataset with new timestamps (``cp -r``) reads without
-            a rebuild and a same-size rewrite is still refused. It costs CPU (~0.3-0.5 s per
-            100 MB here); ``False`` skips it.
+            a rebuild and a same-size rewrite is still refused. It costs CPU (0.3-0.5 s per
+            100 MB here, ``tools/bench_copies.py``); ``False`` skips it.
 
     Raises:
         ValueError: A pattern without exactly one number field, or bad limits.
