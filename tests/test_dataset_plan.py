@@ -212,3 +212,31 @@ def test_spawned_workers_do_not_read_the_index_again(remote, http_server):
     for name in sidecars:  # a small index: all fetched with it, by the main process
         assert http_server.request_count(f"plan/train.members/{name}") == 0, name
     assert http_server.request_count() > 0  # the shards were read
+
+
+def test_the_lookahead_follows_the_stride_it_sees_and_backs_off_when_it_misses():
+    """Which batch a process gets next is the DataLoader's choice: the lookahead reads ahead at
+    the distance it saw between its own batches, and less far while that guess misses."""
+    import numpy as np
+
+    from wids.dataset.lookahead import Lookahead
+    from wids.plan import Plan
+
+    ahead = Lookahead(lambda batch: [], lambda shard, share: False, lambda i: 0, [4096], depth=4)
+    plan = Plan(7, 0, np.arange(4096, dtype=np.int64)[::-1].copy())
+    ahead.observe(plan, 0, 8)  # the first batch: the workers (here 1) take turns
+    assert ahead.stride == 8 and ahead.reach == 2
+    ahead.observe(plan, 32, 8)  # another worker took three batches meanwhile
+    assert ahead.stride == 32 and ahead.reach == 1
+    for position in (64, 96, 128):
+        ahead.observe(plan, position, 8)
+    assert ahead.reach == 4
+    assert [p for p, _ in ahead.upcoming(ahead.reach)] == [160, 192, 224, 256]
+    assert ahead.upcoming(1)[0][1] == plan.order[160:168].tolist()
+    ahead.observe(plan, 136, 8)  # off the stride: half as far
+    ahead.observe(plan, 150, 8)
+    assert ahead.reach == 1
+    other = Plan(8, 0, plan.order)  # the next iteration: its first batch again
+    ahead.observe(other, 8, 8)
+    assert ahead.stride == 8 and ahead.plan is other
+    ahead.close()
