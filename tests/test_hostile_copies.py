@@ -56,16 +56,24 @@ def _texts(ds) -> list:
 
 
 @pytest.mark.parametrize("store", ["s3", "gcs"])
-def test_uploaded_shard_replaced_at_the_same_size_is_refused(request, store, tmp_path):
+@pytest.mark.parametrize("reach", ["uploaded index", "local index, url_map"])
+def test_uploaded_shard_replaced_at_the_same_size_is_refused(request, store, reach, tmp_path):
     server = request.getfixturevalue(f"{store}_server")
-    paths, _ = _local(tmp_path / "d")
+    paths, local_index = _local(tmp_path / "d")
     prefix = f"copies{uuid.uuid4().hex[:8]}"
-    index = _upload(server, tmp_path / "d", prefix)
+    uploaded = _upload(server, tmp_path / "d", prefix)
     so = server.storage_options
-    expected = _texts(ShardListDataset(str(tmp_path / "d" / "train.json"), transformations=[]))
-    assert _texts(ShardListDataset(index, transformations=[], storage_options=so)) == expected
+    where: dict = {"storage_options": so, "transformations": []}
+    index = uploaded
+    if reach != "uploaded index":  # the index stays here; its shards are read from the bucket
+        index = str(local_index)
+        where["url_map"] = {f"{tmp_path / 'd'}/": server.url(f"{prefix}/")}
+    expected = _texts(ShardListDataset(str(local_index), transformations=[]))
+    assert _texts(ShardListDataset(index, **where)) == expected
+    if store == "gcs":  # GCS gives the md5 of every object: compared as it is
+        assert server.fs.info(server.url(f"{prefix}/{paths[1].name}")).get("md5Hash")
     server.put_bytes(_rewritten(paths[1]), f"{prefix}/{paths[1].name}")
-    ds = ShardListDataset(index, transformations=[], storage_options=so)
+    ds = ShardListDataset(index, **where)
     assert ds[0][".txt"] == expected[0]
     with pytest.raises(IndexMismatchError) as e:
         ds[PER]  # was served with the other bytes
