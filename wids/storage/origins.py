@@ -34,7 +34,6 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 __all__ = ["Scope", "named_by", "origin", "without_credentials"]
 
@@ -45,6 +44,7 @@ _SERVER_SCHEMES = frozenset(
 _DEFAULT_PORTS = {"http": 80, "https": 443, "ftp": 21, "ftps": 990, "sftp": 22, "ssh": 22}
 # "::" that starts the next link of a chained URL (not the "::" of an IPv6 address)
 _CHAIN = re.compile(r"::(?=[A-Za-z][A-Za-z0-9+.-]*://)")
+_AUTHORITY = re.compile(r"[^/?#]*")
 _ALIASES = {"s3a": "s3", "gcs": "gs", "abfs": "az", "abfss": "az", "adl": "az"}
 
 # Option names that carry or select credentials, matched anywhere in a (nested) key: headers of
@@ -67,27 +67,28 @@ def origin(url: str) -> str | None:
         >>> origin("s3://bucket/a.tar"), origin("simplecache::https://h/x"), origin("/d/a.tar")
         ('s3://', 'https://h:443', None)
     """
-    url = _CHAIN.split(os.fspath(url))[-1]
-    if "://" not in url:
+    url = os.fspath(url)
+    if "::" in url:
+        url = _CHAIN.split(url)[-1]
+    scheme, sep, rest = url.partition("://")
+    if not sep:
         return None
-    scheme = url.split("://", 1)[0].lower()
+    scheme = scheme.lower()
     scheme = _ALIASES.get(scheme, scheme)
     if scheme == "file" or scheme == "local":
         return None
     if scheme not in _SERVER_SCHEMES:
         return f"{scheme}://"
-    try:
-        parts = urlsplit(url)
-        host = (parts.hostname or "").lower()
-        port = parts.port
-    except ValueError:  # a bad port or bracket: keep it apart from every good origin
-        netloc = url.split("://", 1)[1].split("/", 1)[0].rpartition("@")[2]
-        return f"{scheme}://{netloc.lower()}#unparsable"
-    if port is None:
-        port = _DEFAULT_PORTS.get(scheme)
-    if ":" in host:  # IPv6
-        host = f"[{host}]"
-    return f"{scheme}://{host}" + (f":{port}" if port is not None else "")
+    hostport = _AUTHORITY.match(rest).group(0).rpartition("@")[2].lower()  # type: ignore[union-attr]
+    if hostport.startswith("["):  # IPv6
+        host, _, port = hostport.partition("]")
+        host, port = host + "]", port.removeprefix(":")
+    else:
+        host, _, port = hostport.partition(":")
+    if port and not port.isdigit():  # keep it apart from every good origin
+        return f"{scheme}://{hostport}#unparsable"
+    port = str(int(port)) if port else str(_DEFAULT_PORTS.get(scheme, ""))
+    return f"{scheme}://{host}" + (f":{port}" if port else "")
 
 
 def _kind(o: str | None) -> str:
@@ -183,28 +184,33 @@ class Scope:
         # whether any URL could be refused for want of withheld credentials (checked per request)
         self._withholds = self.named is not None and without_credentials(self.flat) != self.flat
 
-    def trusted(self, url: str) -> bool:
-        """Whether ``url`` gets the flat options whole (its origin is named, or it is local)."""
-        o = origin(url)
+    def _trusts(self, o: str | None) -> bool:
         return o is None or self.named is None or o in self.named
 
-    def options_for(self, url: str) -> dict[str, Any]:
-        """The options to open ``url`` with: never another origin's credentials."""
-        if self.trusted(url):
+    def trusted(self, url: str) -> bool:
+        """Whether ``url`` gets the flat options whole (its origin is named, or it is local)."""
+        return self.named is None or self._trusts(origin(url))
+
+    def options_for(self, url: str) -> Mapping[str, Any]:
+        """The options to open ``url`` with (read-only): never another origin's credentials."""
+        if self.named is None and not self.per_origin:  # a bare store: parse nothing
+            return self.flat
+        o = origin(url)
+        if self._trusts(o):
             base = self.flat
-        elif _kind(origin(url)) in {_kind(o) for o in self.named or ()}:
+        elif _kind(o) in {_kind(n) for n in self.named or ()}:
             base = without_credentials(self.flat)
         else:
             base = {}
-        entry = self.per_origin.get(origin(url) or "")
-        return _merge(base, entry) if entry else dict(base)
+        entry = self.per_origin.get(o or "")
+        return _merge(base, entry) if entry else base
 
     def withheld(self, url: str) -> str:
         """What to say after a refusal of ``url``, if flat credentials were withheld from it."""
-        if not self._withholds or self.trusted(url):
+        if not self._withholds:
             return ""
         o = origin(url)
-        if o in self.per_origin:
+        if self._trusts(o) or o in self.per_origin:
             return ""
         names = ", ".join(sorted(self.named or ())) or "the URLs you named"
         return (

@@ -151,7 +151,7 @@ class Store:
         """The retry policy of every request."""
         return self._retry
 
-    def options_for(self, url: str) -> dict[str, Any]:
+    def options_for(self, url: str) -> Mapping[str, Any]:
         """The options ``url`` is opened with (credentials only for their origins)."""
         return self._scope.options_for(url)
 
