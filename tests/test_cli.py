@@ -348,3 +348,68 @@ def test_debug_turns_on_the_library_logging(tmp_path):
     assert quiet.returncode == debug.returncode == 0, debug.stderr
     assert "skipped" not in quiet.stderr
     assert "wids: INFO: wids.samples: " in debug.stderr and "'README'" in debug.stderr
+
+
+# ------------------------------------------------------------------ the first ten minutes
+
+
+def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
+    """``wids show ... | head -1``: no 'Broken pipe' error, the shell's SIGPIPE status."""
+    shards = write_dataset(str(tmp_path), shards=1, samples_per_shard=3000, real_images=False,
+                           jpg_bytes=10)  # fmt: skip
+    cmd = [sys.executable, "-m", "wids", "show", shards[0], "-n", "3000"]  # > a pipe's 64 KB
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline().startswith(b"index")
+    proc.stdout.close()  # the reader goes away, as head does, long before the 3000 rows
+    _, err = proc.communicate(timeout=60)
+    assert err == b"" and proc.returncode == 141
+
+
+def test_cache_dir_before_or_after_the_cache_subcommand(tmp_path):
+    before, after = tmp_path / "before", tmp_path / "after"
+    for args in (
+        ["cache", "--cache-dir", str(before), "du"],
+        ["cache", "du", "--cache-dir", str(after)],
+        ["cache", "ls", "--json", "--cache-dir", str(after)],
+        ["cache", "--cache-dir", str(before), "clean", "--cache-dir", str(after)],
+    ):
+        r = run(*args)
+        assert r.returncode == 0, (args, r.stderr)
+        where = after if str(after) in args else before
+        assert f"no cache: {where} does not exist" in r.stdout + r.stderr, args
+
+
+def test_duplicate_keys_are_explained_in_the_commands_terms(tmp_path):
+    from tarfixtures import write_shard
+
+    from wids import SampleLayoutError, build_index
+
+    shard = write_shard(tmp_path / "d.tar", [("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"3")])
+    r = run("index", "create", str(shard), "-o", str(tmp_path / "d.json"))
+    assert r.returncode == 2 and "key 'a' reappears after other samples" in r.stderr
+    assert "wids index create --duplicates split" in r.stderr and "tar --sort=name" in r.stderr
+    assert "duplicates='split'" not in r.stderr
+    twice = write_shard(tmp_path / "t.tar", [("a.jpg", b"1"), ("a.jpg", b"2")])
+    r = run("show", str(twice))
+    assert "--duplicates split or --duplicates keep_first" in r.stderr
+    assert "tar --sort" not in r.stderr  # sorting would not help a repeated name
+    with pytest.raises(SampleLayoutError, match="pass duplicates='split' to accept") as e:
+        build_index([str(shard)], str(tmp_path / "p.json"))  # Python users get Python terms
+    assert e.value.policies == ("split",) and e.value.sortable
+
+
+def test_a_failed_index_create_leaves_no_member_tables(shards, tmp_path):
+    from tarfixtures import write_shard
+
+    bad = write_shard(tmp_path / "bad.tar", [("a.jpg", b"1"), ("b.jpg", b"2"), ("a.cls", b"3")])
+    out = tmp_path / "x.json"
+    r = run("index", "create", *shards, str(bad), "-o", str(out))
+    assert r.returncode == 2
+    assert sorted(os.listdir(tmp_path)) == ["bad.tar"]  # no x.json, no x.members/
+    r = run("index", "create", *shards, str(tmp_path / "missing.tar"), "-o", str(out))
+    assert r.returncode == 2 and sorted(os.listdir(tmp_path)) == ["bad.tar"]
+    # an index that was there keeps its member tables when a rebuild fails
+    assert run("index", "create", *shards, "-o", str(out), "-q").returncode == 0
+    tables = sorted(os.listdir(tmp_path / "x.members"))
+    assert run("index", "create", *shards, str(bad), "-o", str(out)).returncode == 2
+    assert sorted(os.listdir(tmp_path / "x.members")) == tables and out.exists()

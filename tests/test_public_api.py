@@ -60,6 +60,7 @@ EXPECTED = [
     "UnsafeDecodeError",
     "UntrustedLocationError",
     "WidsError",
+    "WorkerStats",
     "WriteError",
     "WritePermissionError",
     "build_index",

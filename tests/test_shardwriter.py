@@ -378,3 +378,20 @@ def test_a_changed_shard_listed_below_start_shard_is_indexed_again(tmp_path):
     write_all(pattern, 0, maxcount=10, start_shard=3)
     ds = ShardListDataset(str(tmp_path / "train.json"), transformations=[])
     assert len(ds) == 24 and ds[13]["__key__"] == "000003"
+
+
+def test_a_writer_that_failed_before_its_first_shard_leaves_no_index(tmp_path):
+    """An empty train.json would look like a finished dataset of no samples."""
+    from wids.errors import EncodeError
+
+    pattern = str(tmp_path / "train-%06d.tar")
+    with pytest.raises(EncodeError), ShardWriter(pattern, maxcount=10) as w:
+        w.write({"__key__": "a", "jpg": object()})
+    assert os.listdir(tmp_path) == []
+    with ShardWriter(pattern, maxcount=2) as w:  # one shard done, then the failure: indexed
+        for i in range(3):
+            w.write(sample(i))
+        with pytest.raises(EncodeError):
+            w.write({"__key__": "b", "jpg": object()})
+        w.abort()
+    assert len(ShardListDataset(str(tmp_path / "train.json"))) == 2

@@ -252,7 +252,7 @@ def test_subset_refuses_the_source_directory_even_forced(tmp_path, capsys):
     assert _tree(src) == before
 
 
-def test_subset_from_sqlite_keeps_the_json_beside_it(tmp_path, capsys):
+def test_subset_from_sqlite_keeps_the_users_files_beside_it(tmp_path, capsys):
     src = tmp_path / "d"
     paths = write_dataset(str(src / "shards"), shards=3, samples_per_shard=NSAMPLES)
     build_index(paths, str(src / "train.sqlite"), name="train")
@@ -263,10 +263,10 @@ def test_subset_from_sqlite_keeps_the_json_beside_it(tmp_path, capsys):
     assert _tree(src) == before
     out = tmp_path / "o"
     (out).mkdir()
-    (out / "train.json").write_text("mine")
-    with pytest.raises(OutputExistsError, match="train.json"):
+    (out / "train.sqlite").write_text("mine")  # the subset of a SQLite index is SQLite
+    with pytest.raises(OutputExistsError, match="train.sqlite"):
         make_subset(str(src / "train.sqlite"), out, samples=5)
-    assert _tree(out) == {"train.json": hashlib.sha256(b"mine").hexdigest()}
+    assert _tree(out) == {"train.sqlite": hashlib.sha256(b"mine").hexdigest()}
     report = make_subset(str(src / "train.sqlite"), tmp_path / "fresh", samples=5)
     ds = ShardListDataset(report.index, transformations=[])
     assert [strip_meta(ds[i]) for i in range(len(ds))] == dataset_samples(paths)[:NSAMPLES]
@@ -467,3 +467,16 @@ def test_a_300_character_s3_basename_is_copied_under_a_short_name(tmp_path, s3_s
     names = sorted(p.name for p in (tmp_path / "sub").glob("*.tar"))
     assert names == sorted(url_name(u) for u in urls) and all(len(n) < 120 for n in names)
     assert len(ShardListDataset(report.index)) == 6
+
+
+@pytest.mark.parametrize("suffix", [".widx", ".sqlite"])
+def test_a_subset_keeps_the_index_format(tmp_path, capsys, suffix):
+    shards = write_dataset(str(tmp_path / "src"), shards=3, samples_per_shard=5, real_images=False)
+    index = str(tmp_path / f"train{suffix}")
+    build_index(shards, index)
+    out = tmp_path / "out"
+    assert main(["subset", index, "--shards", "1:", "--to", str(out), "-q"]) == 0
+    assert sorted(n for n in os.listdir(out) if not n.endswith(".tar")) == [f"train{suffix}"]
+    assert f"train{suffix}: 2 shards, 10 samples" in capsys.readouterr().out
+    ds = ShardListDataset(str(out / f"train{suffix}"), transformations=[])
+    assert [strip_meta(ds[i]) for i in range(10)] == dataset_samples(shards)[5:]

@@ -90,24 +90,11 @@ def to_pair(sample: dict[str, Any]) -> tuple[Any, int]:
     return sample[".jpg"], sample[".cls"]
 
 
-def collate(batch: list[tuple[Any, int]]) -> tuple[Any, Any, int, Any]:
-    """Stack a batch, and attach this worker's dataset counters (they live in the worker)."""
-    import torch
-    from torch.utils.data import get_worker_info
-
-    info = get_worker_info()
-    images = torch.stack([img for img, _ in batch])
-    labels = torch.tensor([label for _, label in batch])
-    if info is None:
-        return images, labels, -1, None
-    return images, labels, info.id, info.dataset.stats
-
-
 def run_epoch(index: str, storage_options: dict[str, Any], cache_dir: Path) -> dict[str, Any]:
     from torch.utils.data import DataLoader
     from tqdm import tqdm
 
-    from wids import DistributedChunkedSampler, ShardListDataset
+    from wids import DistributedChunkedSampler, ShardListDataset, WorkerStats
 
     ds = ShardListDataset(
         index,
@@ -120,21 +107,21 @@ def run_epoch(index: str, storage_options: dict[str, Any], cache_dir: Path) -> d
         ds, num_replicas=1, rank=0, seed=0, num_workers=WORKERS, batch_size=BATCH
     )
     sampler.set_epoch(0)
+    stats = WorkerStats()  # each worker's ds.stats, carried by the batches it sends
     loader = DataLoader(
-        ds, batch_size=BATCH, sampler=sampler, num_workers=WORKERS, collate_fn=collate
+        ds, batch_size=BATCH, sampler=sampler, num_workers=WORKERS, collate_fn=stats.collate()
     )
-    stats: dict[int, Any] = {}
     labels: list[int] = []
     shape = None
     t0 = time.perf_counter()
     with tqdm(total=len(sampler), unit="sample", desc="epoch 0", leave=True) as bar:
-        for images, batch_labels, worker, st in loader:
+        for images, batch_labels in stats.batches(loader):
             shape = shape or tuple(images.shape)
             labels += batch_labels.tolist()
-            stats[worker] = st  # counters are cumulative: keep each worker's latest
             bar.update(len(batch_labels))
     seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "labels": labels, "stats": stats, "shape": shape, "len": len(ds)}
+    total = stats.total()
+    return {"seconds": seconds, "labels": labels, "stats": total, "shape": shape, "len": len(ds)}
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -268,11 +255,13 @@ def _summary(
     before: tuple[int, int] | None,
     cache_dir: Path,
 ) -> None:
-    stats = [s for s in epoch["stats"].values() if s is not None]
-    samples = sum(s.samples for s in stats)
-    requests = sum(s.requests for s in stats)
-    nbytes = sum(s.bytes_read for s in stats)
-    hits = sum(s.cache_hits for s in stats)
+    stats = epoch["stats"]  # every worker's ds.stats added up (wids.WorkerStats)
+    samples, requests, nbytes, hits = (
+        stats.samples,
+        stats.requests,
+        stats.bytes_read,
+        stats.cache_hits,
+    )
     seconds = epoch["seconds"]
     got = len(epoch["labels"])
     print(

@@ -66,12 +66,12 @@ from .storage import IOStats, RetryPolicy
 from .writer import TarWriter
 
 if TYPE_CHECKING:
-    from .dataset import DatasetStats, ShardListDataset
+    from .dataset import DatasetStats, ShardListDataset, WorkerStats
     from .sampler import DistributedChunkedSampler
 
 # Imported on first use: the dataset subclasses ``torch.utils.data.Dataset`` when torch is
 # installed, and ``import wids`` must not import torch.
-_FROM_DATASET = ("DatasetStats", "ShardListDataset")
+_FROM_DATASET = ("DatasetStats", "ShardListDataset", "WorkerStats")
 # Imported on first use too: it subclasses ``torch.utils.data.DistributedSampler`` when torch is
 # installed, so frameworks recognise it as already distributed.
 _FROM_SAMPLER = ("DistributedChunkedSampler",)
@@ -129,6 +129,7 @@ __all__ = [
     "UnsafeDecodeError",
     "UntrustedLocationError",
     "WidsError",
+    "WorkerStats",
     "WriteError",
     "WritePermissionError",
     "build_index",
@@ -151,9 +152,11 @@ def __getattr__(name: str) -> Any:
     """
     if name in _FROM_DATASET or name == "dataset":
         # ``from .dataset import`` imports the submodule, which binds ``wids.dataset`` too.
-        from .dataset import DatasetStats, ShardListDataset
+        from .dataset import DatasetStats, ShardListDataset, WorkerStats
 
-        globals().update(DatasetStats=DatasetStats, ShardListDataset=ShardListDataset)
+        globals().update(
+            DatasetStats=DatasetStats, ShardListDataset=ShardListDataset, WorkerStats=WorkerStats
+        )
         return globals()[name]
     if name in _FROM_SAMPLER:
         from .sampler import DistributedChunkedSampler

@@ -128,7 +128,31 @@ class SampleLayoutError(WidsError, ValueError):
 
     Raised for a key that reappears after other keys, or a field that appears twice in one
     sample, unless a different ``duplicates`` policy was chosen.
+
+    Attributes:
+        problem: What is wrong, without the advice (the message adds it, in Python's terms).
+        policies: The ``duplicates`` policies that accept this layout.
+        sortable: Writing the tar sorted by name (``tar --sort=name``) would fix it.
     """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        shard: str | None = None,
+        policies: tuple[str, ...] = (),
+        sortable: bool = False,
+    ) -> None:
+        self.problem, self.policies, self.sortable = message, policies, sortable
+        advice = []
+        if policies:
+            names = " or ".join(repr(p) for p in policies)
+            advice.append(f"pass duplicates={names} to accept this")
+        if sortable:
+            advice.append("write the tar sorted by name (tar --sort=name)")
+        super().__init__(
+            "; ".join([message, ", or ".join(advice)] if advice else [message]), shard=shard
+        )
 
 
 class IndexFormatError(WidsError, ValueError):

@@ -82,16 +82,10 @@ def _repeated(
     if duplicates != "error":
         return field is not None and duplicates == "keep_first"
     if field is not None:
-        message = (
-            f"field {field!r} appears twice in sample {key!r} (member at byte {offset}); "
-            "pass duplicates='split' or 'keep_first' to accept this"
-        )
-    else:
-        message = (
-            f"key {key!r} reappears after other samples (member at byte {offset}); "
-            "pass duplicates='split' to index it as a separate sample"
-        )
-    raise SampleLayoutError(message, shard=shard)
+        problem = f"field {field!r} appears twice in sample {key!r} (member at byte {offset})"
+        raise SampleLayoutError(problem, shard=shard, policies=("split", "keep_first"))
+    problem = f"key {key!r} reappears after other samples (member at byte {offset})"
+    raise SampleLayoutError(problem, shard=shard, policies=("split",), sortable=True)
 
 
 class GroupedSamples(list[Sample]):

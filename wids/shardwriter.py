@@ -374,6 +374,8 @@ class ShardWriter:
     def abort(self) -> None:
         """Stop without publishing the shard being written; finished uploads are indexed.
 
+        With no shard finished (a first ``write()`` that raised), no index is written.
+
         Uploads still running are waited for; the index then holds the shards uploaded in
         order up to the first that failed (a whole shard after that is left for ``resume``).
         """
@@ -395,8 +397,10 @@ class ShardWriter:
                     continue
                 if not failed:
                     self._published(url, tar)
-            if self._keeper is not None:
+            if self._keeper is not None and self._keeper.shards:
                 self._keeper.close()
+            elif self._keeper is not None:  # no shard: no index (an empty one looks finished)
+                self._keeper.abort()
         finally:
             self._shutdown()
 

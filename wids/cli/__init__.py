@@ -93,6 +93,33 @@ def _shadowed_by() -> str | None:
     return getattr(top, "__file__", None) or "a folder without __init__.py"
 
 
+def _in_cli_terms(e: Exception) -> Exception:
+    """An error whose advice names Python arguments, reworded with the command's flags."""
+    from ..errors import SampleLayoutError
+
+    if not isinstance(e, SampleLayoutError) or not (e.policies or e.sortable):
+        return e
+    advice = []
+    if e.policies:
+        flags = " or ".join(f"--duplicates {p}" for p in e.policies)
+        advice.append(f"index it with wids index create {flags} to accept this")
+    if e.sortable:
+        advice.append("write the tar sorted by name (tar --sort=name)")
+    return SampleLayoutError(f"{e.problem}; {', or '.join(advice)}", shard=e.shard)
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so nothing left in its buffer fails again at exit."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is no file (captured): nothing is flushed to a pipe
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``wids`` command; returns the exit status."""
     import traceback
@@ -111,10 +138,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     secrets = _secrets_of(args)
     handler, old_level = _start_logging(args.debug, secrets)
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a reader that went away shows here, not at interpreter exit
+        return status
     except KeyboardInterrupt:
         print("wids: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # wids ... | head: stop quietly, as other Unix tools do
+        _drop_stdout()
+        return 128 + 13  # what a shell reports for a command ended by SIGPIPE
     except Exception as e:  # one clear line unless --debug
         if args.debug:
             trace = redact_text(traceback.format_exc(), secrets).splitlines()
@@ -124,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if isinstance(e, IndexFormatError):
             e = with_repair_hint(e)
+        e = _in_cli_terms(e)
         text = escape_controls(redact_text(str(e) or type(e).__name__, secrets))
         print(f"wids: error: {text}", file=sys.stderr)
         return 2

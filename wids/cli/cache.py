@@ -22,21 +22,17 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         epilog="examples:\n  wids cache ls\n  wids cache du\n"
         "  wids cache clean --older-than 7d\n  wids cache clean --max-size 50G\n\n" + EPILOG_ENV,
     )
-    p.add_argument(
-        "--cache-dir",
-        default=None,
-        help="the cache directory (default: $WIDS_CACHE_DIR or the per-user cache directory)",
-    )
+    _cache_dir_flag(p, default=None)
     csub = p.add_subparsers(dest="cache_command", required=True, metavar="COMMAND")
     fmt = argparse.RawDescriptionHelpFormatter
     ls = csub.add_parser(
         "ls",
         help="cached shards, least recently used first",
         formatter_class=fmt,
-        epilog="example:\n  wids cache --cache-dir /data/wids-cache ls --json\n",
+        epilog="example:\n  wids cache ls --cache-dir /data/wids-cache --json\n",
     )
     ls.add_argument("--json", action="store_true", help="machine-readable output")
-    csub.add_parser(
+    du = csub.add_parser(
         "du",
         help="bytes and entries in the cache",
         formatter_class=fmt,
@@ -54,7 +50,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="not used for this long; a unit is required: 90s, 30m, 12h, 7d, 2w",
     )
     cl.add_argument("--max-size", type=parse_size, help="evict LRU entries down to: 50G, 500M")
+    for each in (ls, du, cl):  # after the subcommand too: wids cache du --cache-dir X
+        _cache_dir_flag(each, default=argparse.SUPPRESS)
     p.set_defaults(func=_cmd_cache)
+
+
+def _cache_dir_flag(p: argparse.ArgumentParser, default: Any) -> None:
+    # a subcommand's copy defaults to SUPPRESS, so it sets the value only when given
+    p.add_argument(
+        "--cache-dir",
+        default=default,
+        help="the cache directory (default: $WIDS_CACHE_DIR or the per-user cache directory); "
+        "before or after the subcommand",
+    )
 
 
 def _cmd_cache(args: argparse.Namespace) -> int:

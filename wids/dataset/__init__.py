@@ -8,9 +8,11 @@ from __future__ import annotations
 from .description import DatasetComponent
 from .listdataset import ShardListDataset
 from .stats import DatasetStats
+from .workerstats import WorkerStats
 
 __all__ = [
     "DatasetComponent",
     "DatasetStats",
     "ShardListDataset",
+    "WorkerStats",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 __all__ = ["DatasetStats"]
 
@@ -30,3 +30,13 @@ class DatasetStats:
     cache_hits: int
     retries: int
     errors: int
+
+    def __add__(self, other: DatasetStats) -> DatasetStats:
+        """Field by field: the counters of two processes together."""
+        if not isinstance(other, DatasetStats):
+            return NotImplemented
+        return DatasetStats(*(a + b for a, b in zip(_values(self), _values(other), strict=True)))
+
+
+def _values(stats: DatasetStats) -> tuple[int, ...]:
+    return tuple(getattr(stats, f.name) for f in fields(stats))

@@ -287,16 +287,42 @@ def _build_locked(
         todo = _reuse(urls, stored, store, previous, results, report, opts.md5)
 
     bar = _progress(opts.progress, len(urls), done=len(urls) - len(todo))
-    if opts.executor is not None:
-        _run(opts.executor, job_list, todo, store, results, report, opts.skip_bad, bar)
-    else:
-        njobs = opts.jobs or (os.cpu_count() or 1 if local else 16)
-        with _executor(local, min(njobs, max(1, len(todo)))) as pool:
-            _run(pool, job_list, todo, store, results, report, opts.skip_bad, bar)
-    if sidecars:
-        placed.update(sidecar_name(r.info.url) for r in results if r is not None)
-    _write(output, results, opts.name, report)
+    # A local sidecar folder this run creates is its own to remove if the build fails (one that
+    # was there holds an index's or an interrupted build's sidecars: kept). An interrupted
+    # build (Ctrl-C) and one on a given executor, whose jobs may still be running elsewhere,
+    # keep their sidecars for a rerun.
+    fresh = sidecars and opts.executor is None and not is_remote(dest)
+    fresh = fresh and not os.path.exists(where)
+    try:
+        if opts.executor is not None:
+            _run(opts.executor, job_list, todo, store, results, report, opts.skip_bad, bar)
+        else:
+            njobs = opts.jobs or (os.cpu_count() or 1 if local else 16)
+            with _executor(local, min(njobs, max(1, len(todo)))) as pool:
+                _run(pool, job_list, todo, store, results, report, opts.skip_bad, bar)
+        if sidecars:
+            placed.update(sidecar_name(r.info.url) for r in results if r is not None)
+        _write(output, results, opts.name, report)
+    except Exception:
+        if fresh:
+            _remove_sidecars(where, [sidecar_name(st) for st in stored])
+        raise
     return report
+
+
+def _remove_sidecars(folder: str, names: Sequence[str]) -> None:
+    """Remove this build's sidecars from the folder it created, then the folder if empty."""
+    for name in names:
+        try:
+            os.unlink(os.path.join(folder, name))
+        except FileNotFoundError:
+            pass
+    try:
+        os.rmdir(folder)
+    except FileNotFoundError:  # no job got as far as writing a sidecar
+        pass
+    except OSError:  # not empty (a file that is not ours): left as it is
+        logger.warning("left %s: it holds files this build did not write", folder)
 
 
 def _run(

@@ -68,17 +68,23 @@ class Plan:
 
 
 def plan_paths(out_dir: str, index: str, names: list[str], tables: list[Any]) -> Plan:
-    """The paths of the subset's index, member tables and shard copies ``names`` in ``out_dir``."""
-    from ..index import members_dir, sidecar_name
+    """The paths of the subset's index, member tables and shard copies ``names`` in ``out_dir``.
 
-    stem = os.path.basename(redact_url(index).split("?", 1)[0].rstrip("/")) or "index"
-    stem = stem.rsplit(".", 1)[0] if "." in stem.lstrip(".") else stem
-    out = os.path.join(out_dir, f"{stem}.json")
+    The index keeps the source's format (``train.widx`` -> ``train.widx``, SQLite -> SQLite);
+    a source of any other name gives a JSON index.
+    """
+    from ..index import is_sqlite_name, is_table_name, members_dir, sidecar_name
+
+    base = os.path.basename(redact_url(index).split("?", 1)[0].rstrip("/")) or "index"
+    stem = base.rsplit(".", 1)[0] if "." in base.lstrip(".") else base
+    keep = is_sqlite_name(base) or is_table_name(base)
+    suffix = base[len(stem) :] if keep else ".json"
+    out = os.path.join(out_dir, f"{stem}{suffix}")
     sidecar_dir = members_dir(out)
     sidecars = [
         os.path.join(sidecar_dir, sidecar_name(n))
         for n, t in zip(names, tables, strict=True)
-        if t is not None
+        if t is not None and suffix == ".json"  # other formats hold their tables in one file
     ]
     return Plan(out_dir, out, sidecar_dir, [os.path.join(out_dir, n) for n in names], sidecars)
 

@@ -156,7 +156,8 @@ def make_subset(
 
     Nothing in ``to`` is ever deleted, and no file is replaced unless ``force``: the
     destination must not already hold a file of a name the subset writes (its index
-    ``<name>.json``, member tables ``<name>.members/*.json``, shard copies). The source index,
+    ``<name>.json`` and member tables ``<name>.members/*.json``, or ``<name>.widx`` /
+    ``<name>.sqlite`` for such a source, shard copies). The source index,
     its member tables and local source shards are never replaced, even with ``force``. Each
     copy is checked (size, etag and md5 where the index records them, and the tar headers of
     recorded members) before it is published atomically. If anything fails, the files and
@@ -181,7 +182,8 @@ def make_subset(
             threads here.
 
     Returns:
-        What was done; ``index`` is the JSON index written into ``to``.
+        What was done; ``index`` is the index written into ``to``, in the source's format
+        (``.widx``, SQLite, else JSON).
 
     Raises:
         ValueError: A bad selection, or ``to`` is not a local directory.
@@ -243,12 +245,11 @@ def _write_index(
     run: Run,
 ) -> None:
     """Write the subset's index in a staging directory, then publish sidecars, then the index."""
-    from ..index import JsonIndexWriter
+    from ..index import create_index_writer
 
     staging = run.staging(plan.out_dir)
-    with JsonIndexWriter(
-        os.path.join(staging, os.path.basename(plan.index)), name=idx.name or None
-    ) as writer:
+    staged_index = os.path.join(staging, os.path.basename(plan.index))
+    with create_index_writer(staged_index, name=idx.name or None) as writer:
         for c_num, comp in enumerate(idx.components):
             picked = [j for j, k in enumerate(chosen) if comp.first_shard <= k < comp.stop_shard]
             if not picked:
@@ -262,13 +263,13 @@ def _write_index(
                     names[j], info.nsamples, size=st.st_size, mtime=st.st_mtime, md5sum=info.md5sum
                 )
                 writer.add(local, tables[j])
-    staged = writer.members_dir
-    written = sorted(os.listdir(staged)) if os.path.isdir(staged) else []
+    staged: str = getattr(writer, "members_dir", "")  # a JSON index's sidecars
+    written = sorted(os.listdir(staged)) if staged and os.path.isdir(staged) else []
     if written:
         run.makedirs(plan.members_dir)
     for name in written:  # what the writer wrote; the plan's names were for the early check
         run.place(os.path.join(staged, name), os.path.join(plan.members_dir, name))
-    run.place(writer.path, plan.index)
+    run.place(staged_index, plan.index)
 
 
 def _copy_all(
