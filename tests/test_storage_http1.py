@@ -257,26 +257,20 @@ def test_an_encoded_or_oddly_framed_answer_is_a_typed_error(server, path, option
 
 
 def test_a_shard_s_first_answer_is_checked_on_a_plain_connection(server):
-    """The first answer of an unpinned source runs its ``answer_check`` (size and etag from
-    ``Content-Range`` and ``ETag``) without aiohttp; a check that refuses fails the read."""
+    """The first answer of a source that knows only the size pins its etag (from ``ETag``)
+    without aiohttp; an answer that contradicts the index's values fails the read."""
     from wids.errors import IndexMismatchError
 
     base, seen = server
     seen.clear()
     store = Store(None, RetryPolicy(attempts=2, backoff=0.01, timeout=10.0))
     src = store.source(f"{base}/plain", size=len(DATA))
-    said = []
-    src.answer_check = said.append
     got = read_ranges([(src, s, e) for s, e in SPANS])
     assert got == [DATA[s:e] for s, e in SPANS]
     assert [agent for _, agent in seen] == [None] * len(SPANS)  # never aiohttp
-    assert len(said) == 1 and said[0].size == len(DATA) and said[0].etag.strip('"') == "v1"
-    assert src.answer_check is None and src.etag.strip('"') == "v1"  # pinned from now on
+    assert src.pin.size == len(DATA) and src.pin.etag.strip('"') == "v1"  # pinned from now on
 
-    def refuse(stat):
-        raise IndexMismatchError("not the indexed file")
-
-    other = store.source(f"{base}/plain", size=len(DATA))
-    other.answer_check = refuse
-    with pytest.raises(IndexMismatchError):
-        read_ranges([(other, s, e) for s, e in SPANS[:3]])
+    other = Store(None, RetryPolicy(attempts=2, backoff=0.01, timeout=10.0))
+    wrong = other.source(f"{base}/plain", size=len(DATA) + 1)
+    with pytest.raises(IndexMismatchError, match="not the shard the index describes"):
+        read_ranges([(wrong, s, e) for s, e in SPANS[:3]])

@@ -16,6 +16,7 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     ├── ShardNotFoundError(FileNotFoundError) a shard (or index) does not exist
     ├── RemoteError(OSError)                  reading from storage failed
     │   ├── PermanentRemoteError              retrying cannot help (403, 416, no bucket ...)
+    │   │   └── TooLargeError                 a whole-file read over its kind's bound
     │   ├── RetriesExhaustedError             transient failures outlasted the retry policy
     │   ├── ShortReadError                    fewer bytes arrived than were asked for
     │   └── CorruptReadError                  bytes arrived that are not the ones asked for
@@ -67,6 +68,7 @@ __all__ = [
     "ShardNotFoundError",
     "ShortReadError",
     "TarFormatError",
+    "TooLargeError",
     "TruncatedTarError",
     "UnsafeDecodeError",
     "UntrustedLocationError",
@@ -198,6 +200,14 @@ class RemoteError(WidsError, OSError):
 
 class PermanentRemoteError(RemoteError):
     """A failure that retrying cannot fix (access denied, bad range, no such bucket)."""
+
+
+class TooLargeError(PermanentRemoteError):
+    """A file read whole (an index, a member table) is larger than the bound for its kind.
+
+    The bounds are :class:`wids.ReadLimits`; the file is refused from its announced size, or
+    once its body passes the bound, never read whole.
+    """
 
 
 class RetriesExhaustedError(RemoteError):

@@ -397,7 +397,7 @@ class Catalog:
         """A source for ``url``; given the shard's ``info``, it reads that version only."""
         if info is None:
             return self.store.source(url)
-        return self.store.source(url, size=info.size, etag=info.etag)
+        return self.store.source(url, size=info.size, etag=info.etag, mtime=info.mtime)
 
     def needs_check(self, shard: int) -> bool:
         """Whether ``shard`` must be checked against the index before it is read here."""
@@ -416,9 +416,9 @@ class Catalog:
             info: The shard's record in the index.
             data_end: End of its last member's data.
             reader_source: The source the shard's reader will read, if it reads by range:
-                where each answer says the file's size and etag (HTTP, S3), the check is
-                deferred to the first answer (``Source.answer_check``), which runs it before
-                any byte is returned; no stat of its own.
+                where each answer says the file's size and etag (HTTP, S3), every answer is
+                checked against the index's size, etag and mtime (the source's pin, from
+                :meth:`source`) before any byte is returned; no stat of its own.
         """
         if self.local.offline and self.local.cache_dir is not None and not is_local(info.url):
             return  # the cache checks its copy against the index's size, etag and md5
@@ -431,7 +431,6 @@ class Catalog:
                 raise mismatch_error(problem, url)
 
         if reader_source is not None and reader_source.answers_with_stat:
-            reader_source.answer_check = check
             return
         source = self.source(url)
         stat, path = source.info(self.store.stats), source.local_path

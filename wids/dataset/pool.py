@@ -94,7 +94,6 @@ class ReaderPool:
         if "fast" in self.__dict__:  # the fast path's reads stay counted (inherited by a fork)
             self.counts = self.totals()
         self.readers: OrderedDict[int, ShardReader] = OrderedDict()
-        self._pins: dict[int, str] = {}  # etags seen by readers since closed (LRU)
         self._tables: dict[int, MemberTable] = {}
         self._local: dict[int, ShardReader] = {}  # local shards' readers: never evicted
         # their fast path (wids.dataset.localread), after this process's first-touch checks
@@ -108,7 +107,6 @@ class ReaderPool:
         state = self.__dict__.copy()
         for k in (
             "readers",
-            "_pins",
             "_tables",
             "_local",
             "fast",
@@ -356,7 +354,7 @@ class ReaderPool:
             info = loaded.infos[shard]
             members = catalog.members(shard)
             check = catalog.needs_check(shard)
-            reader = self._open_reader(info, members, self._pins.get(shard), check)
+            reader = self._open_reader(info, members, check)
             if check:
                 try:
                     catalog.check_header(shard, members[0], reader)
@@ -394,11 +392,9 @@ class ReaderPool:
                     shard, old = self.readers.popitem(last=False)
                 self._tables.pop(shard, None)
                 src = old.source
-                if src is not None and not src.is_local:
-                    if src.etag is not None:  # the reopened reader reads the same version
-                        self._pins[shard] = src.etag
-                    if not src.pins_version or src.answer_check is not None:
-                        self.catalog.forget_check(shard)  # nothing ties reads to a version
+                # a reopened reader reads the version its store pinned (Store.pin), if any
+                if src is not None and not src.is_local and not src.pins_version:
+                    self.catalog.forget_check(shard)  # nothing ties reads to a version
                 old.close()
 
     def _evicted_copies(self) -> list[int]:
@@ -410,19 +406,17 @@ class ReaderPool:
         self,
         info: ShardInfo,
         table: tuple[ShardMembers, int],
-        pin: str | None = None,
         check: bool = False,
     ) -> ShardReader:
         """A reader of the shard; with ``check``, its fingerprint is checked first (first touch).
 
-        A range reader's check is deferred to its first answer where that says the size and
-        etag (``Catalog.check_fingerprint``): one request fewer per shard and process.
+        A range reader's check is its first answer where that says the size and etag: each
+        answer is checked against the index's values (``Catalog.check_fingerprint``), so no
+        stat precedes it.
         """
         members, data_end = table
         catalog = self.catalog
         source = catalog.source(info.url, info)
-        if source.etag is None:
-            source.etag = pin
         expected = info.fingerprint  # what a cached copy must be
         local = self.local
         uses_cache = local.cache_dir is not None and self.access != "range"

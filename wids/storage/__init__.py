@@ -2,13 +2,15 @@
 
 The only part of wids that imports fsspec. Other parts import from this package, not its modules:
 
-- :mod:`.source`: :class:`Store` (storage options + retry policy + I/O counters, one object)
-  and :class:`Source` (one file: stat, checked range reads, streams, downloads);
+- :mod:`.source`: :class:`Store` (storage options + retry policy + I/O counters + the version
+  each file is read at, one object) and :class:`Source` (one file: stat, checked range reads,
+  streams, downloads);
+- :mod:`.answer`: :class:`Answer` (what a range read's answer says), :class:`Pin` (the version
+  a file is read at), :func:`check_answer` (the one check of an answer);
 - :mod:`.batch`: :func:`read_ranges`, many ranges at once;
 - :mod:`.descriptors`: :class:`DescriptorPool`, local files' descriptors kept open within the
   process's file limit;
-- :mod:`.forks`: whether this is still the process an object was made in (no ``getpid``); a
-  forked child leaves the parent's kept-alive connections alone;
+- :mod:`.forks`: whether this is still the process an object was made in (no ``getpid``);
 - :mod:`.stats`: :class:`FileStat`, :class:`IOStats`, :func:`comparable_etag`;
 - :mod:`.urls`: local or remote, how an index records a shard, :func:`url_name`;
 - :mod:`.globs`: wildcards in shard URLs (:func:`expand_glob`), in natural order;
@@ -17,7 +19,8 @@ The only part of wids that imports fsspec. Other parts import from this package,
   identity without known credentials: :func:`strip_credentials`;
 - :mod:`.origins`: which storage options a URL is opened with (credentials per origin);
 - inside: :mod:`.retry` (policy, failure kinds, retry loops), :mod:`.backends` (fsspec
-  backend specifics), :mod:`.conditional` (checked HTTP/S3 range GETs), :mod:`.streams`,
+  backend specifics), :mod:`.transport` and :mod:`.objectstores` (one transport per backend),
+  :mod:`.clients` (this process's filesystems and sessions), :mod:`.streams`,
   :mod:`.parts` (whole-file downloads in concurrent checked parts; :func:`read_whole`),
   :mod:`.local` (``os.pread`` on local files).
 """
@@ -25,6 +28,7 @@ The only part of wids that imports fsspec. Other parts import from this package,
 from __future__ import annotations
 
 from . import forks
+from .answer import Answer, Check, Pin, check_answer
 from .backends import preload
 from .batch import Window, read_ranges
 from .descriptors import DescriptorPool
@@ -32,7 +36,6 @@ from .globs import expand_glob, has_glob, natural_key
 from .origins import named_by
 from .parts import read_whole
 from .publish import check_writable, destination, put_file, read_head, same_place
-from .rangeread import Check
 from .redact import RedactingFilter, escape_controls, redact_text, redact_url, strip_credentials
 from .retry import RetryPolicy
 from .source import Source, Store
@@ -40,15 +43,18 @@ from .stats import FileStat, IOStats, comparable_etag
 from .urls import is_local, is_remote, local_file, local_path, output_dir, stored_url, url_name
 
 __all__ = [
+    "Answer",
     "Check",
     "DescriptorPool",
     "FileStat",
     "IOStats",
+    "Pin",
     "RedactingFilter",
     "RetryPolicy",
     "Source",
     "Store",
     "Window",
+    "check_answer",
     "check_writable",
     "comparable_etag",
     "destination",

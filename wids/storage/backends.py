@@ -167,7 +167,7 @@ def is_http(fs: Any) -> bool:
 def is_s3(fs: Any) -> bool:
     """Whether ``fs`` is s3fs (with the botocore client we call ``get_object`` on)."""
     protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
-    return "s3" in protocols and hasattr(fs, "_call_s3") and hasattr(fs, "split_path")
+    return "s3" in protocols and hasattr(fs, "get_s3") and hasattr(fs, "split_path")
 
 
 def preload(url: str) -> None:

@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 import fsspec.asyn
 
-from .rangeread import Check
-from .retry import retry_async, start_session
-from .source import Source, check_range
+from .answer import Check, check_range
+from .retry import retry_async
+from .source import Source
 from .stats import IOStats
 
 __all__ = ["Window", "read_ranges"]
@@ -139,18 +138,16 @@ def read_ranges(
         raise ValueError("checks must have one entry per request")
     out: list[bytes | None] = [None] * len(requests)
     groups: dict[int, tuple[Any, list[int]]] = {}
-    fs_of: dict[int, Any] = {}  # by source: its reader is made (or checked) once per call
     for i, (src, start, end) in enumerate(requests):
         check_range(start, end)
         if src.is_local or start == end:
             out[i] = src.read_range(start, end, stats)
             continue
-        fs = fs_of.get(id(src))
-        if fs is None:
-            fs = fs_of[id(src)] = src._range_read().fs
+        transport = src.transport()  # made (or checked) once per source and call
+        fs = transport.fs if transport.asynchronous else None
         groups.setdefault(id(fs), (fs, []))[1].append(i)
     for fs, idxs in groups.values():
-        if fs.async_impl:
+        if fs is not None:
             jobs = [(*requests[i], checks[i] if checks else None) for i in idxs]
             gate = window.direct() if window is not None and direct else window
             results = fsspec.asyn.sync(fs.loop, _gather, jobs, stats, max_concurrency, gate)
@@ -175,16 +172,18 @@ async def _gather(
         gate = asyncio.Semaphore(max_concurrency)
 
     async def one(src: Source, start: int, end: int, check: Check | None) -> bytes:
-        read = src._reader or src._range_read()  # made in this process by read_ranges
         attempts = src.attempts(f"could not read bytes {start}-{end}", stats)
-        op = partial(read, start, end, check)
+
+        def op() -> Any:
+            return src.read_async(start, end, check)
+
         if gate is None:
             return await retry_async(attempts, op, _nbytes, None)
         async with gate:
             return await retry_async(attempts, op, _nbytes, None)
 
-    # the filesystem's client, once per batch and before any attempt's clock starts
-    await start_session((jobs[0][0]._reader or jobs[0][0]._range_read()).fs)
+    # the transport's client, once per batch and before any attempt's clock starts
+    await jobs[0][0].transport().prepare()
 
     results = await asyncio.gather(*(one(*job) for job in jobs), return_exceptions=True)
     for r in results:

@@ -12,21 +12,15 @@ Only a fork through ``os.fork`` (``multiprocessing``, torch's workers) runs the 
 child forked by C code that runs Python keeps its parent's generation, as it keeps its pid's
 caches everywhere else.
 
-A forked child also inherits fsspec's event loop object, but not the thread that runs it, and
-shares that loop's epoll instance and sockets with the parent: a child that closes an inherited
-connection (fsspec's finalizer of a parent's filesystem it drops, an aiohttp connector's
-``__del__``) unregisters the parent's socket from the parent's epoll, and the parent's next
-request on that kept-alive connection waits for its whole timeout. A fork handler marks the
-inherited loop closed and not running in the child, so those close nothing there (aiohttp and
-fsspec skip a closed loop); the child's fsspec makes its own loop.
+A forked child also inherits the parent's storage clients (connections): those are kept by
+:mod:`wids.storage.clients` under the pid that made them, so a child neither uses nor closes
+them; nothing here touches them.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import threading
-from typing import Any
 
 __all__ = ["generation", "lock", "stamp"]
 
@@ -44,8 +38,9 @@ fork raises the generation by two, which is as good)."""
 
 
 def _forked() -> None:
-    global generation
+    global generation, lock
     generation += 1
+    lock = threading.Lock()
 
 
 def stamp() -> int:
@@ -64,40 +59,3 @@ def stamp() -> int:
             register(after_in_child=_forked)
         _registered = True
     return generation
-
-
-_parent_loop: Any = None
-"""fsspec's event loop at the moment of a fork (set in the parent just before it)."""
-
-
-def _before_fork() -> None:
-    global _parent_loop
-    asyn = sys.modules.get("fsspec.asyn")  # not imported: no loop to retire
-    _parent_loop = asyn.loop[0] if asyn is not None else None
-
-
-def _retire_parent_loop() -> None:
-    """In a forked child: the parent's fsspec loop runs nowhere here, so mark it closed.
-
-    Never ``loop.close()``: that unregisters the loop's own sockets from the shared epoll.
-    Also gives the child its own :data:`lock` (before any other handler starts a thread).
-    """
-    global _parent_loop, lock
-    lock = threading.Lock()
-    loop, _parent_loop = _parent_loop, None
-    if loop is not None and hasattr(loop, "_closed") and hasattr(loop, "_thread_id"):
-        loop._thread_id = None  # not running: fsspec closes a session's connector directly
-        loop._closed = True  # closed: aiohttp's connector then closes no transport
-
-
-def _after_fork_in_parent() -> None:
-    global _parent_loop
-    _parent_loop = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(
-        before=_before_fork,
-        after_in_parent=_after_fork_in_parent,
-        after_in_child=_retire_parent_loop,
-    )

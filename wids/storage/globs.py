@@ -90,12 +90,13 @@ def _local_matches(pattern: str) -> list[str]:
 
 
 def _remote_matches(pattern: str, store: Store | None) -> list[str]:
-    from .backends import url_to_fs, with_defaults
+    from .backends import with_defaults
+    from .clients import filesystem
     from .source import Store
 
     store = store if store is not None else Store()
     options = with_defaults(pattern, store.source(pattern).storage_options, store.retry)
-    fs, path = url_to_fs(pattern, options)
+    fs, path = filesystem(pattern, options)
     try:
         found = fs.glob(path, detail=True)
     except FileNotFoundError:

@@ -7,18 +7,17 @@ that is the cost of remote reading. :class:`Http1Pool` sends exactly one request
 its headers on a kept-alive connection and reads back a ``Content-Length`` answer through an
 ``asyncio.Protocol``: about a third of the CPU (tools/bench_reqcpu.py).
 
-It is used only where it does what fsspec's HTTP filesystem would
-(:class:`~wids.storage.rangeread.RangeRead` decides): ``http://`` URLs, no storage options
+It is used only where it does what fsspec's HTTP filesystem would (:class:`PlainTransport`
+over :class:`~wids.storage.transport.HttpTransport`): ``http://`` URLs, no storage options
 that change requests (headers, auth, client settings other than the timeout). A shard's first
-answer in a process comes this way too, its size and etag checked against the index from its
-``Content-Range`` and ``ETag`` (:func:`~wids.storage.conditional.http1_range`), so a process
-that only reads ranges of plain ``http://`` shards opens no aiohttp connection for them.
+answer in a process comes this way too, so a process that only reads ranges of plain
+``http://`` shards opens no aiohttp connection for them.
 An answer it does not handle (a redirect, a body framed otherwise than by ``Content-Length`` or
 encoded, a length that is no plain number)
 raises :class:`Unsupported` before any byte is used: the caller turns to aiohttp for that file.
 
-Every answer is checked as :func:`~wids.storage.conditional.http_range` checks it (status,
-``If-Match``, ``Content-Range``, length, etag); failures are typed for the retry loop: a lost or
+Every answer becomes the same :class:`~wids.storage.answer.Answer` as aiohttp's, checked by
+:func:`~wids.storage.answer.check_answer`; failures are typed for the retry loop: a lost or
 cut connection is ``ConnectionResetError`` (transient), an HTTP error :class:`HttpStatusError`
 (classified by its ``status``). A connection is reused only after a complete answer; one that
 the server closed while idle is replaced once, transparently.
@@ -32,11 +31,16 @@ import os
 import urllib.parse
 from typing import Any
 
+from .answer import Answer, Pin, ignores_range
+from .redact import redact_url
+from .transport import HttpTransport, Transport, _date, _span
+
 __all__ = [
     "AnswerTooLong",
     "Http1Pool",
     "Http1Pools",
     "HttpStatusError",
+    "PlainTransport",
     "Unsupported",
     "plain_options",
 ]
@@ -286,6 +290,76 @@ class Http1Pools:
             self._pid, self._pools = os.getpid(), {}
         for pool in self._pools.values():
             pool.close()
+
+
+class PlainTransport(Transport):
+    """:class:`~wids.storage.transport.HttpTransport`'s reads on plain keep-alive connections.
+
+    The same request and the same :class:`~wids.storage.answer.Answer`; an answer this client
+    does not handle (:class:`Unsupported`) sends this file's reads to aiohttp from then on.
+    """
+
+    checked = True
+    asynchronous = True
+
+    @classmethod
+    def over(cls, http: Transport, pools: Http1Pools) -> Transport:
+        """``http`` on plain connections where its requests are plain GETs, else ``http``."""
+        if not isinstance(http, HttpTransport) or http.kwargs.keys() - {"timeout"}:
+            return http
+        pool = pools.pool(http.target)
+        return http if pool is None else cls(http, pool)
+
+    def __init__(self, http: HttpTransport, pool: Http1Pool) -> None:
+        super().__init__(http.url, http.fs, http.path, http.timeout)
+        self.http: HttpTransport = http
+        self.pool: Http1Pool | None = pool
+        self.target = http.target.raw_path_qs
+
+    def stat_sync(self) -> Any:
+        """A stat, as aiohttp's transport makes it."""
+        return self.http.stat_sync()
+
+    async def prepare(self) -> None:
+        """Nothing to make: connections open on first use."""
+
+    async def get_whole(self, limit: int | None) -> bytes:
+        """A whole file, through aiohttp."""
+        return await self.http.get_whole(limit)
+
+    async def get(self, start: int, end: int, pin: Pin) -> Answer:
+        """One conditional ranged GET (as :meth:`HttpTransport.get`)."""
+        pool = self.pool
+        if pool is None:
+            return await self.http.get(start, end, pin)
+        conditions = self.http.conditions(pin)
+        headers = f"Range: bytes={start}-{end - 1}\r\n"
+        for name, value in conditions.items():
+            headers += f"{name}: {value}\r\n"
+        try:  # an error page is small; a range answer is the range
+            answer = await pool.get(self.target, headers, max(end - start, 1 << 16))
+        except AnswerTooLong as e:
+            raise ignores_range(pin.url, start, end, e.length) from None
+        except Unsupported:  # a redirect, another framing: aiohttp from now on
+            self.pool = None
+            return await self.http.get(start, end, pin)
+        status, got = answer.status, answer.headers
+        if status == 412:
+            raise pin.refused(
+                "HTTP 412 for " + " ".join(f"{k}: {v}" for k, v in conditions.items())
+            )
+        if status == 404:
+            raise FileNotFoundError(redact_url(pin.url))
+        etag = got.get("etag") or None
+        mtime = _date(got.get("last-modified")) if etag is None else None
+        if status == 416:
+            pin.learn(_span(got.get("content-range"))[1], etag, mtime)
+        if status >= 400:
+            raise HttpStatusError(status, "")
+        if status == 200:
+            return Answer(answer.body, len(answer.body), etag, mtime, None, True)
+        span, total = _span(got.get("content-range"))
+        return Answer(answer.body, total, etag, mtime, span, False, got.get("content-range", ""))
 
 
 def plain_options(url: str, options: Any) -> bool:

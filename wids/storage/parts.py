@@ -7,7 +7,7 @@ bytes, at most ``connections`` of them in flight, and at most :data:`CONNECTIONS
 downloads through one filesystem in a process, first come first served: the parts of the
 download that started first go first, so a process that reads its shards one after another
 gets the first one whole soonest and reads it while the next arrives. Every part is a checked
-range read (:mod:`wids.storage.conditional`): its ``Content-Range`` must be the part asked for
+range read (:func:`wids.storage.answer.check_answer`): its ``Content-Range`` must be the part asked for
 and its total the file's size, and it carries ``If-Match`` (S3 ``IfMatch``) the etag every part
 is pinned to, so a file replaced midway fails with
 :class:`~wids.errors.IndexMismatchError` instead of mixing two versions. Each part has its own
@@ -35,13 +35,14 @@ from typing import Any, Protocol
 
 import fsspec.asyn
 
-from ..errors import ShortReadError
-from .backends import is_http, is_s3
-from .conditional import AnswerCheck, HttpTarget, changed, http_range, s3_range
+from .answer import Pin, check_answer, too_large
+from .clients import gate as process_gate
+from .objectstores import GcsTransport, S3Transport
 from .retry import Attempts, retry_async, retry_sync
 from .stats import FileStat, IOStats
 from .streams import Readable
 from .streams import download as download_stream
+from .transport import HttpTransport, Transport
 
 __all__ = ["CONNECTIONS", "PART_MAX", "PART_MIN", "download", "part_spans", "read_whole"]
 
@@ -62,45 +63,9 @@ class Partable(Readable, Protocol):
 
     def _filesystem(self) -> tuple[Any, str]: ...
 
-
-class _Pin:
-    """The version every part must be (:class:`~wids.storage.conditional.Pinned`).
-
-    With no etag known, every answer goes through :meth:`_first_answer` before its body is
-    read (``answer_check``, which the range reads clear after each answer and this keeps
-    until an etag pins the version): the first answer's etag pins the others (``If-Match``
-    from then on); an answer without one must say the first answer's ``Last-Modified``, so
-    parts of a server that sends no etag are still tied to one version (to its one-second
-    resolution, as a stat before and after would be) and not fetched a second time.
-    """
-
-    def __init__(self, url: str, size: int | None, etag: str | None) -> None:
-        self.url, self.size, self.etag = url, size, etag
-        self.first: FileStat | None = None  # what the first answer said of the file
-        self._check: AnswerCheck | None = None if etag is not None else self._first_answer
-
-    @property
-    def answer_check(self) -> AnswerCheck | None:
-        """Run on what each answer says of the file, until an etag pins the version."""
-        return self._check
-
-    @answer_check.setter
-    def answer_check(self, check: AnswerCheck | None) -> None:
-        if check is not None or self.etag is not None:
-            self._check = check
-
-    @property
-    def pinned(self) -> bool:
-        """Whether anything ties the parts to one version (an etag, or else a date)."""
-        return self.etag is not None or (self.first is not None and self.first.mtime is not None)
-
-    def _first_answer(self, stat: FileStat) -> None:
-        if self.first is None:
-            self.first = stat
-            if stat.etag is not None:
-                self.etag = stat.etag  # the others carry If-Match from now on
-        elif (stat.etag, stat.mtime) != (self.first.etag, self.first.mtime):
-            raise changed(self.url, f"an answer says {stat}, the first said {self.first}")
+    def transport(self) -> Transport:
+        """This process's transport of the file."""
+        ...
 
 
 def part_spans(
@@ -143,30 +108,33 @@ def download(
         raise ValueError(f"connections must be >= 1, got {connections!r}")
     if source.is_local or not source.answers_with_stat:
         return download_stream(source, dest, stats, expected_size)
-    fs, path = source._filesystem()
-    if not fs.async_impl or not (is_http(fs) or is_s3(fs)):
-        return download_stream(source, dest, stats, expected_size)
+    transport = source.transport()
+    if not isinstance(transport, (HttpTransport, S3Transport, GcsTransport)):
+        http = getattr(transport, "http", None)  # plain connections: aiohttp's for downloads
+        if not isinstance(http, HttpTransport):
+            return download_stream(source, dest, stats, expected_size)
+        transport = http
     if expected_size is None:  # the parts need the size: one stat
         stat = source.info(stats)
         if stat.etag is None:  # nothing ties parts to one version: one sequential pass
             return download_stream(source, dest, stats, expected_size)
     else:  # no stat: the first answer's etag pins the others (each answer is compared)
         stat = FileStat(expected_size, source.etag, None)
-    pin = _Pin(source.url, stat.size, stat.etag)
+    etag = None if isinstance(transport, GcsTransport) else stat.etag  # GCS: its generation
+    pin = Pin(source.url, stat.size, etag, indexed=expected_size is not None)
     spans = part_spans(stat.size, connections, part_size)
-    _fetch_all(pin, fs, path, spans, dest, connections, source, stats)
+    _fetch_all(pin, transport, spans, dest, connections, source, stats)
     if not pin.pinned and len(spans) > 1:  # no etag, no date: parts may mix versions
         return download_stream(source, dest, stats, expected_size)
-    # the version's date: a stat's, or what the first answer said (Last-Modified), which a
-    # cache entry records where the server gives no etag (wids.cache.entries)
-    mtime = stat.mtime if stat.mtime is not None or pin.first is None else pin.first.mtime
-    return FileStat(stat.size, pin.etag, mtime)
+    # the version's date: a stat's, or what the first answer said (Last-Modified) where the
+    # server gives no etag, which a cache entry records (wids.cache.entries)
+    version = stat.etag if isinstance(transport, GcsTransport) else pin.etag
+    return FileStat(stat.size, version, stat.mtime if stat.mtime is not None else pin.since)
 
 
 def _fetch_all(
-    pin: _Pin,
-    fs: Any,
-    path: str,
+    pin: Pin,
+    transport: Transport,
     spans: list[tuple[int, int]],
     dest: str,
     connections: int,
@@ -174,13 +142,6 @@ def _fetch_all(
     stats: IOStats | None,
 ) -> None:
     """Fetch ``spans`` of the file into ``dest`` (created), which is removed on failure."""
-    get: Any = s3_range
-    if is_http(fs):
-        target = HttpTarget(fs, path)
-
-        async def get(pin: _Pin, fs: Any, path: str, start: int, end: int) -> bytes:
-            return await http_range(pin, target, start, end)
-
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     owner = _Descriptor(fd)
     try:
@@ -188,7 +149,8 @@ def _fetch_all(
             jobs = [
                 (s, e, source.attempts(f"could not read bytes {s}-{e}", stats)) for s, e in spans
             ]
-            fsspec.asyn.sync(fs.loop, _fetch_parts, jobs, pin, fs, path, get, owner, connections)
+            loop = transport.fs.loop
+            fsspec.asyn.sync(loop, _fetch_parts, jobs, pin, transport, owner, connections)
     except BaseException:
         try:
             os.unlink(dest)
@@ -234,30 +196,14 @@ class _Descriptor:
                 os.close(self.fd)
 
 
-def _shared_gate(fs: Any) -> asyncio.Semaphore:
-    """The parts in flight of all downloads through filesystem ``fs`` in this process (FIFO).
-
-    Made on the event loop that runs them; a forked child makes its own.
-    """
-    loop = asyncio.get_running_loop()
-    held = getattr(fs, "_wids_parts_gate", None)  # (pid, loop, gate)
-    if held is None or held[0] != os.getpid() or held[1] is not loop:
-        held = (os.getpid(), loop, asyncio.Semaphore(CONNECTIONS))
-        fs._wids_parts_gate = held
-    gate: asyncio.Semaphore = held[2]
-    return gate
-
-
 def _nbytes(data: bytes) -> int:
     return len(data)
 
 
 async def _fetch_parts(
     jobs: list[tuple[int, int, Attempts]],
-    pin: _Pin,
-    fs: Any,
-    path: str,
-    get: Any,
+    pin: Pin,
+    transport: Transport,
     dest: _Descriptor,
     connections: int,
 ) -> None:
@@ -269,38 +215,30 @@ async def _fetch_parts(
     if not dest.start():
         return
     try:
-        await _write_parts(jobs, pin, fs, path, get, dest.fd, connections)
+        await _write_parts(jobs, pin, transport, dest.fd, connections)
     finally:
         dest.close()
 
 
 async def _write_parts(
     jobs: list[tuple[int, int, Attempts]],
-    pin: _Pin,
-    fs: Any,
-    path: str,
-    get: Any,
+    pin: Pin,
+    transport: Transport,
     fd: int,
     connections: int,
 ) -> None:
     gate = asyncio.Semaphore(connections)
-    shared = _shared_gate(fs)
+    # the parts in flight of every download through this filesystem in this process (FIFO)
+    shared = process_gate(f"parts-{id(transport.fs)}", CONNECTIONS)
+    await transport.prepare()
 
     async def one(start: int, end: int, attempts: Attempts) -> None:
         async with gate, shared:
 
             async def op() -> bytes:
-                try:
-                    data: bytes = await get(pin, fs, path, start, end)
-                except ShortReadError:
-                    if end == pin.size:  # is the file shorter than expected? a stat tells
-                        got = int((await fs._info(path))["size"])
-                        if got != pin.size:
-                            raise changed(pin.url, f"its size is {got}, not {pin.size}") from None
-                    raise
-                return data
+                return check_answer(pin, await transport.get(start, end, pin), start, end)
 
-            data = await retry_async(attempts, op, _nbytes, fs)
+            data = await retry_async(attempts, op, _nbytes, None)
         view = memoryview(data)
         offset = start
         while view:
@@ -319,22 +257,34 @@ async def _write_parts(
             raise t.exception()  # type: ignore[misc]
 
 
-def read_whole(source: Partable, stats: IOStats | None = None) -> bytes:
+def read_whole(source: Partable, stats: IOStats | None = None, limit: int | None = None) -> bytes:
     """The whole (small) file, read with one request (plus retries); locally with a stat.
 
+    Args:
+        source: The file.
+        stats: I/O counters.
+        limit: The most bytes accepted (``None``: no bound). A larger file is refused from its
+            announced size, or once its body passes the bound, never read whole; an encoded
+            answer (``Content-Encoding``) is refused, as decoding could expand it without bound.
+
     Raises:
+        TooLargeError: The file is larger than ``limit``.
         ShardNotFoundError, PermanentRemoteError, RetriesExhaustedError: As for a range read.
     """
     if source.is_local:
-        return source.read_range(0, source.info(stats).size, stats)
-    fs, path = source._filesystem()
+        size = source.info(stats).size
+        if limit is not None and size > limit:
+            raise too_large(source.url, size, limit)
+        return source.read_range(0, size, stats)
+    transport = source.transport()
     attempts = source.attempts("could not read it", stats)
-    if fs.async_impl:
+    if transport.asynchronous:
 
-        async def op() -> bytes:
-            data: bytes = await fs._cat_file(path)
-            return data
+        def op() -> Any:
+            return transport.get_whole(limit)
 
-        data: bytes = fsspec.asyn.sync(fs.loop, retry_async, attempts, op, _nbytes, fs)
+        data: bytes = fsspec.asyn.sync(
+            transport.fs.loop, retry_async, attempts, op, _nbytes, transport.prepare
+        )
         return data
-    return retry_sync(attempts, lambda: bytes(fs.cat_file(path)), _nbytes)
+    return retry_sync(attempts, lambda: transport.get_whole_sync(limit), _nbytes)

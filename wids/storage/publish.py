@@ -28,7 +28,7 @@ from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 from ..errors import DestinationError, ShardNotFoundError
-from .backends import url_to_fs
+from .clients import filesystem
 from .redact import redact_url
 from .source import Store
 from .urls import is_remote, local_path
@@ -104,7 +104,7 @@ def put_file(local: str, url: str, store: Store | None = None) -> None:
     On object stores that is one PUT (or a multipart upload, visible only once completed);
     elsewhere a temporary name beside ``url``, then a rename.
     """
-    fs, path = url_to_fs(url, (store or Store()).options_for(url))
+    fs, path = filesystem(url, (store or Store()).options_for(url))
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
     _put_whole(fs, local, path, bool(protocols & _OBJECT_STORES))
     fs.invalidate_cache(path)
@@ -162,7 +162,7 @@ def _publish(
     sidecar_name: re.Pattern[str] | None,
     placed: Collection[str] = (),
 ) -> None:
-    fs, path = url_to_fs(url, (store or Store()).options_for(url))
+    fs, path = filesystem(url, (store or Store()).options_for(url))
     protocols = {fs.protocol} if isinstance(fs.protocol, str) else set(fs.protocol)
     atomic_put = bool(protocols & _OBJECT_STORES)
     names: list[str] = []

@@ -45,7 +45,7 @@ from ..errors import (
 from .redact import _scrub, redact_url
 from .stats import IOStats
 
-__all__ = ["Attempts", "RetryPolicy", "classify", "retry_async", "retry_sync", "start_session"]
+__all__ = ["Attempts", "RetryPolicy", "classify", "retry_async", "retry_sync"]
 
 logger = logging.getLogger(__name__)
 
@@ -310,36 +310,28 @@ def retry_sync(attempts: Attempts, fn: Callable[[], T], size: Callable[[T], int]
         return result
 
 
-async def start_session(fs: Any) -> None:
-    """Create the backend's client before the first timed attempt.
-
-    Creating it is mostly CPU work (botocore loads its service models: ~0.5 s, more on a busy
-    machine) that blocks the event loop, so a per-attempt timeout cannot cut it short anyway;
-    counted against the first attempt it would only cause spurious timeouts.
-    """
-    for name in ("set_session", "_set_session"):
-        setter = getattr(fs, name, None)
-        if setter is not None and asyncio.iscoroutinefunction(setter):
-            await setter()
-            return
-
-
 _timeout_cm = getattr(asyncio, "timeout", None)
 
 
 async def retry_async(
-    attempts: Attempts, fn: Callable[[], Awaitable[T]], size: Callable[[T], int], fs: Any
+    attempts: Attempts,
+    fn: Callable[[], Awaitable[T]],
+    size: Callable[[T], int],
+    prepare: Callable[[], Awaitable[Any]] | None = None,
 ) -> T:
     """Await ``fn()`` until it succeeds or ``attempts`` gives up, each attempt under its timeout.
 
-    ``fs`` is the (asynchronous fsspec) filesystem whose client is created first (``None``: the
-    caller did that, as :func:`~wids.storage.batch.read_ranges` does once per batch).
+    ``prepare`` (if given) makes the backend's client before each attempt's clock starts:
+    that is mostly CPU work (botocore loads its service models: ~0.5 s, more on a busy
+    machine) that a per-attempt timeout cannot cut short anyway, and counted against an
+    attempt it would only cause spurious timeouts. ``None``: the caller did that, as
+    :func:`~wids.storage.batch.read_ranges` does once per batch.
     """
     while True:
         timeout = attempts.begin()
         try:
-            if fs is not None:
-                await start_session(fs)
+            if prepare is not None:
+                await prepare()
             # asyncio.timeout (3.11+) bounds the attempt without wrapping it in a new task,
             # which wait_for does: a measurable cost at thousands of ranges per second.
             if _timeout_cm is not None:

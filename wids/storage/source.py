@@ -1,29 +1,28 @@
 """Reading one file: a :class:`Store` (options, retry policy, counters) and its :class:`Source`.
 
-A :class:`Store` carries the storage options, the retry policy and the I/O counters; a
+A :class:`Store` carries the storage options, the retry policy, the I/O counters and, per
+process, the version each file is read at (:class:`~wids.storage.answer.Pin`); a
 :class:`Source` (``store.source(url)``) is one file reachable through fsspec (or a plain local
-path) read under its store. It keeps only ``(url, store)`` and what it knows of the file's
-version; its filesystem (or, for local files, a descriptor read with ``os.pread``:
-:mod:`wids.storage.local`) is opened lazily in each process and dropped when pickled.
+path) read under its store. It keeps only ``(url, store)`` and the size and version it expects;
+its transport (:mod:`wids.storage.transport`, over this process's filesystem from
+:mod:`wids.storage.clients`; or, for local files, a descriptor read with ``os.pread``:
+:mod:`wids.storage.local`) is made lazily in each process and dropped when pickled.
 
 Every remote request runs under the store's :class:`~wids.storage.retry.RetryPolicy`: failures
 are sorted into *not found*, *permanent* and *transient* (retried with backoff) as
-:mod:`wids.storage.retry` describes.
+:mod:`wids.storage.retry` describes; no backend retries inside an attempt.
 
-Range reads are checked end to end where the transport lets us: over HTTP and S3 each answer's
-``Content-Range`` must be the range asked for (and its total the shard's known size), and a
-caller's ``check`` (the dataset's tar-header check) must accept the bytes; a wrong answer is
-:class:`~wids.errors.CorruptReadError`, retried like a transient failure. A source knows the
-version of the file it reads (``etag``, from the index or else from its first answer): over
-HTTP every range request carries ``If-Match`` that etag and over S3 ``IfMatch``, and an answer
-with another etag is refused, so a file replaced while it is read raises
-:class:`~wids.errors.IndexMismatchError` instead of mixing bytes of two versions
-(:mod:`wids.storage.conditional`). Other stores (GCS, chained URLs) are read with fsspec's
-``_cat_file``, which exposes neither.
+A range read returns the transport's :class:`~wids.storage.answer.Answer` and
+:func:`~wids.storage.answer.check_answer` checks it: the range and length, and the file's size
+and version against the pin (the index's, completed by the first answer), so a file replaced
+while it is read raises :class:`~wids.errors.IndexMismatchError` instead of mixing bytes of
+two versions (HTTP without an etag: by its ``Last-Modified``; GCS: by its generation). A
+caller's ``check`` (the dataset's tar-header check) then looks at the bytes; a problem it
+reports is :class:`~wids.errors.CorruptReadError`, retried like a transient failure. Other
+fsspec stores are read with ``cat_file``, whose answer says nothing but its bytes.
 
-Exceptions that are none of these (programming errors) propagate unchanged. Error messages
-never contain credentials: URLs are passed through :func:`~wids.storage.redact.redact_url` and
-secret values of the storage options are masked; the backend's exception is described, not chained.
+Other exceptions (programming errors) propagate unchanged. Messages never contain credentials
+(:func:`~wids.storage.redact.redact_url`, secret option values masked).
 """
 
 from __future__ import annotations
@@ -34,24 +33,24 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any, BinaryIO
 
-import fsspec
 import fsspec.asyn
 
-from ..errors import PermanentRemoteError, ShardNotFoundError
-from .backends import file_stat, is_http, request_timeout, url_to_fs, with_defaults
-from .conditional import AnswerCheck, check_length
+from .answer import Check, Pin, check_answer, check_range, checked
+from .backends import is_http, request_timeout, with_defaults
+from .clients import filesystem
 from .http1 import Http1Pools, plain_options
 from .local import LocalFile
+from .objectstores import transport_for
 from .origins import Scope
 from .parts import download
-from .rangeread import Check, RangeRead, checked, stat_check
 from .redact import _secret_values, redact_url
 from .retry import Attempts, RetryPolicy, retry_async, retry_sync
 from .stats import FileStat, IOStats
 from .streams import LOCAL_BLOCK, REMOTE_BLOCK, BlockStream, HttpStream, Stream
+from .transport import Transport
 from .urls import is_local, local_file
 
-__all__ = ["Source", "Store", "check_range"]
+__all__ = ["Source", "Store"]
 
 
 def _nbytes(data: bytes) -> int:
@@ -60,14 +59,6 @@ def _nbytes(data: bytes) -> int:
 
 def _zero(_: object) -> int:
     return 0
-
-
-def check_range(start: int, end: int) -> None:
-    """Refuse a range that is not ``0 <= start <= end`` in ints."""
-    if not (isinstance(start, int) and isinstance(end, int)):
-        raise TypeError(f"start and end must be int, not {type(start)} and {type(end)}")
-    if start < 0 or end < start:
-        raise ValueError(f"bad range {start}-{end}")
 
 
 class Store:
@@ -93,7 +84,7 @@ class Store:
         >>> store.source("s3://bucket/shard-000.tar").read_range(512, 1024)  # doctest: +SKIP
     """
 
-    __slots__ = ("_options", "_plain", "_retry", "_scope", "_secrets", "named", "stats")
+    __slots__ = ("_options", "_pins", "_plain", "_retry", "_scope", "_secrets", "named", "stats")
 
     def __init__(
         self,
@@ -112,6 +103,7 @@ class Store:
         self._secrets = tuple(_secret_values(self._options))
         self.stats = stats if stats is not None else IOStats()
         self._plain = Http1Pools()  # this process's plain HTTP connections (storage/http1.py)
+        self._pins: dict[str, Pin] = {}  # the version of each file read (storage/answer.py)
 
     @classmethod
     def of(
@@ -159,9 +151,30 @@ class Store:
         """The secret values of the storage options, to mask in messages."""
         return list(self._secrets)
 
-    def source(self, url: str, *, size: int | None = None, etag: str | None = None) -> Source:
+    def source(
+        self,
+        url: str,
+        *,
+        size: int | None = None,
+        etag: str | None = None,
+        mtime: float | None = None,
+    ) -> Source:
         """A :class:`Source` for ``url`` read under this store (see :class:`Source`)."""
-        return Source(url, self, size=size, etag=etag)
+        return Source(url, self, size=size, etag=etag, mtime=mtime)
+
+    def pin(
+        self, url: str, size: int | None = None, etag: str | None = None, mtime: float | None = None
+    ) -> Pin:
+        """The version of ``url`` this process reads through this store (one per URL).
+
+        Sources of one file share it: what one answer pins holds for every reader of the file.
+        Values that contradict it (a source expecting another size or etag) start a new pin:
+        the caller's expectation is what its reads are checked against.
+        """
+        found = self._pins.get(url)
+        if found is None or not found.expect(size, etag, mtime):
+            found = self._pins[url] = Pin(url, size, etag, mtime, indexed=True)
+        return found
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (partial(Store, named=self.named), (self._options, self._retry))
@@ -180,9 +193,11 @@ class Source:
             ``Store()`` (no options, the default policy) when ``None``.
         size: The file's size as recorded (the index's), if known: an answer announcing
             another total size is refused.
-        etag: The version to read (the index's etag), if known; otherwise the etag of the
-            first answer is kept (``.etag``). Reads are conditional on it where the store
-            allows (HTTP ``If-Match``, S3 ``IfMatch``).
+        etag: The version to read (the index's etag), if known; otherwise the version of the
+            first answer is kept (``.pin``). Reads are conditional on it where the store
+            allows (HTTP ``If-Match``, S3 ``IfMatch``; GCS pins the first answer's generation).
+        mtime: The modification time the index records, compared with answers that carry
+            no etag (HTTP servers without ETags).
 
     Operations take an optional ``stats``; without one they count into ``store.stats``.
 
@@ -198,6 +213,7 @@ class Source:
         *,
         size: int | None = None,
         etag: str | None = None,
+        mtime: float | None = None,
     ) -> None:
         if not isinstance(url, str) or not url:
             raise ValueError(f"url must be a non-empty str, not {url!r}")
@@ -206,6 +222,7 @@ class Source:
         self.url = url
         self.size = size
         self.etag = etag
+        self.mtime = mtime
         self.store = store if store is not None else Store()
         self._options = self.store.options_for(url)
         self.is_local = is_local(url)
@@ -214,8 +231,10 @@ class Source:
         self._fs: Any = None
         self._path: str | None = None
         self._pid: int | None = None
-        self._reader: RangeRead | None = None
-        self.answer_check: AnswerCheck | None = None
+        self._transport: Transport | None = None
+        self._pin: Pin | None = None
+
+    retry = property(lambda self: self.store.retry, doc="The store's retry policy.")
 
     @property
     def storage_options(self) -> Mapping[str, Any]:
@@ -223,20 +242,23 @@ class Source:
         return MappingProxyType(self._options)
 
     @property
-    def retry(self) -> RetryPolicy:
-        """The store's retry policy."""
-        return self.store.retry
+    def pin(self) -> Pin:
+        """The version of the file this process reads (shared with the store's other sources).
+
+        A GCS index's etag is not a generation: GCS reads pin the first answer's generation.
+        """
+        pin = self._pin
+        if pin is None:
+            gcs = self.url.split("://", 1)[0].lower() in ("gs", "gcs")
+            etag = None if gcs else self.etag
+            pin = self._pin = self.store.pin(self.url, self.size, etag, self.mtime)
+        return pin
 
     def __repr__(self) -> str:
         return f"Source({redact_url(self.url)!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.update(_fs=None, _path=None, _pid=None, _reader=None, answer_check=None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
+        return {**self.__dict__, "_fs": None, "_path": None, "_transport": None, "_pin": None}
 
     def __del__(self) -> None:
         try:
@@ -270,12 +292,37 @@ class Source:
         pid = os.getpid()
         if self._fs is None or self._pid != pid:
             options = with_defaults(self.url, self.storage_options, self.retry)
-            self._fs, self._path = url_to_fs(self.url, options)
+            self._fs, self._path = filesystem(self.url, options)
             self._pid = pid
-            self._reader = None
+            self._transport = None
         if self._path is None:  # an invariant, kept under python -O
             raise RuntimeError("internal error: self._path is not set")
         return self._fs, self._path
+
+    def transport(self) -> Transport:
+        """This process's :class:`~wids.storage.transport.Transport` of the (remote) file."""
+        transport = self._transport
+        if transport is None or self._pid != os.getpid():
+            fs, path = self._filesystem()
+            timeout = request_timeout(self.url, self.storage_options, self.retry)
+            transport = transport_for(self.url, fs, path, self.retry.timeout, timeout)
+            plain = plain_options(self.url, self.storage_options) and self.store._plain
+            if plain and is_http(fs):
+                from .http1 import PlainTransport
+
+                transport = PlainTransport.over(transport, plain)
+            self._transport = transport
+        return transport
+
+    async def read_async(self, start: int, end: int, check: Check | None = None) -> bytes:
+        """One attempt at ``[start, end)`` on an asynchronous transport, checked."""
+        transport = self._transport or self.transport()
+        answer = await transport.get(start, end, self.pin)
+        return checked(self.url, check_answer(self.pin, answer, start, end), start, end, check)
+
+    def _read_sync(self, start: int, end: int, check: Check | None = None) -> bytes:
+        answer = (self._transport or self.transport()).get_sync(start, end, self.pin)
+        return checked(self.url, check_answer(self.pin, answer, start, end), start, end, check)
 
     # -- operations ---------------------------------------------------------------------------
 
@@ -290,23 +337,16 @@ class Source:
         stats = self.store.stats if stats is None else stats
         if self._local is not None:
             return self._local.stat(stats)
-        fs, path = self._filesystem()
+        transport = self.transport()
         attempts = self.attempts("could not get its size", stats)
-        if fs.async_impl:
-
-            async def op() -> dict[str, Any]:
-                found: dict[str, Any] = await fs._info(path)
-                return found
-
-            info: dict[str, Any] = fsspec.asyn.sync(fs.loop, retry_async, attempts, op, _zero, fs)
-        else:
-            info = retry_sync(attempts, lambda: fs.info(path), _zero)
-        if info.get("type") == "directory":
-            raise ShardNotFoundError("is a directory", shard=redact_url(self.url))
-        size = info.get("size")
-        if size is None:
-            raise PermanentRemoteError("storage reports no size", shard=redact_url(self.url))
-        return file_stat(info, int(size))
+        stat_async = getattr(transport, "stat", None)
+        if stat_async is not None:
+            loop = transport.fs.loop
+            found: FileStat = fsspec.asyn.sync(
+                loop, retry_async, attempts, stat_async, _zero, transport.prepare
+            )
+            return found
+        return retry_sync(attempts, transport.stat_sync, _zero)
 
     def read_range(
         self, start: int, end: int, stats: IOStats | None = None, check: Check | None = None
@@ -336,44 +376,31 @@ class Source:
             return b""
         if self._local is not None:
             return self._local.read(start, end, stats)
-        fs, path = self._filesystem()
+        transport = self.transport()
         attempts = self.attempts(f"could not read bytes {start}-{end}", stats)
-        if fs.async_impl:
-            op = partial(self._range_read(), start, end, check)
-            data: bytes = fsspec.asyn.sync(fs.loop, retry_async, attempts, op, _nbytes, fs)
+        if transport.asynchronous:
+
+            def op() -> Any:
+                return self.read_async(start, end, check)
+
+            loop = transport.fs.loop
+            data: bytes = fsspec.asyn.sync(
+                loop, retry_async, attempts, op, _nbytes, transport.prepare
+            )
             return data
-
-        def sync_op() -> bytes:
-            if self.answer_check is not None:
-                stat_check(self, fs.info(path))
-            data = check_length(self.url, fs.cat_file(path, start=start, end=end), start, end)
-            return checked(self.url, data, start, end, check)
-
-        return retry_sync(attempts, sync_op, _nbytes)
-
-    def _range_read(self) -> RangeRead:
-        """This process's :class:`~wids.storage.rangeread.RangeRead` of the (remote) file."""
-        fs, path = self._filesystem()
-        reader = self._reader
-        if reader is None:
-            timeout = request_timeout(self.url, self.storage_options, self.retry)
-            plain = plain_options(self.url, self.storage_options) and self.store._plain
-            reader = self._reader = RangeRead(self, fs, path, timeout, plain or None)
-        return reader
+        return retry_sync(attempts, lambda: self._read_sync(start, end, check), _nbytes)
 
     @property
     def pins_version(self) -> bool:
-        """Whether reads are tied to one version of the file (conditional requests by etag).
-
-        Where they are not, a reader reopened later should stat the file again.
-        """
-        return self.etag is not None and self.answers_with_stat
+        """Whether reads are tied to one version (else a reopened reader stats it again)."""
+        return self.answers_with_stat and self.pin.pinned
 
     @property
     def answers_with_stat(self) -> bool:
         """Whether each range read's answer says the file's size and etag (HTTP, S3).
 
-        A check of the file (``answer_check``) then costs no request of its own.
+        The first-touch check of a file against its index then costs no request of its own:
+        every answer is checked against the index's size and etag (the source's pin).
         """
         if self.is_local or "::" in self.url:
             return False

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, Protocol
 import fsspec.asyn
 
 from ..errors import CorruptReadError, IndexMismatchError, PermanentRemoteError, ShortReadError
-from .conditional import changed, if_match
+from .answer import Pin, changed
 from .redact import redact_url
 from .retry import Attempts, retry_async
 from .stats import FileStat, IOStats
@@ -144,7 +144,9 @@ class HttpStream(BlockStream):
         what = f"could not read on from byte {self.pos}"
         attempts = self.source.attempts(what, self.stats, count_requests=False)
         op = self._chunk_op(n)
-        data: bytes = fsspec.asyn.sync(self.fs.loop, retry_async, attempts, op, _nbytes, self.fs)
+        data: bytes = fsspec.asyn.sync(
+            self.fs.loop, retry_async, attempts, op, _nbytes, self.fs.set_session
+        )
         return data
 
     def _chunk_op(self, n: int) -> Callable[[], Awaitable[bytes]]:
@@ -167,9 +169,13 @@ class HttpStream(BlockStream):
         kwargs = dict(self.fs.kwargs)
         headers = dict(kwargs.pop("headers", None) or {})
         headers["Range"] = f"bytes={self.pos}-{self.stat.size - 1}"
-        condition = if_match(self.stat.etag)
+        pin = Pin(self.source.url, self.stat.size, self.stat.etag)
+        condition = pin.if_match()
         if condition is not None:
             headers["If-Match"] = condition
+        elif self.stat.mtime is not None:  # no etag: tied to the stat's Last-Modified
+            pin.learn(None, None, self.stat.mtime)
+            headers["If-Unmodified-Since"] = pin.if_unmodified_since() or ""
         if self.stats is not None:
             self.stats.requests += 1
         resp = await session.get(self.fs.encode_url(self.path), headers=headers, **kwargs)
@@ -177,7 +183,8 @@ class HttpStream(BlockStream):
             if resp.status == 404:
                 raise FileNotFoundError(self.path)
             if resp.status == 412:
-                raise changed(self.source.url, f"HTTP 412 for If-Match {condition}")
+                sent = headers.get("If-Match") or headers.get("If-Unmodified-Since")
+                raise changed(self.source.url, f"HTTP 412 for {sent}")
             resp.raise_for_status()
             if resp.status != 206 and self.pos > 0:
                 raise PermanentRemoteError(
