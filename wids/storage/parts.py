@@ -7,7 +7,8 @@ bytes, at most ``connections`` of them in flight, and at most :data:`CONNECTIONS
 downloads through one filesystem in a process, first come first served: the parts of the
 download that started first go first, so a process that reads its shards one after another
 gets the first one whole soonest and reads it while the next arrives. Every part is a checked
-range read (:func:`wids.storage.answer.check_answer`): its ``Content-Range`` must be the part asked for
+range read (:func:`wids.storage.answer.check_answer`): its ``Content-Range`` must be the part
+asked for
 and its total the file's size, and it carries ``If-Match`` (S3 ``IfMatch``) the etag every part
 is pinned to, so a file replaced midway fails with
 :class:`~wids.errors.IndexMismatchError` instead of mixing two versions. Each part has its own
