@@ -88,13 +88,14 @@ def test_destination_remote_publishes_sidecars_first_then_removes_stale(
     mem.pipe("/wids-publish/train.members/0000-old.json", b"stale")
     mem.pipe("/wids-publish/train.members/notes.txt", b"the user's")
     order: list[str] = []
-    put = mem.put_file
+    put = type(mem).put_file
 
-    def recording_put(lpath: str, rpath: str, **kw: object) -> None:
+    def recording_put(self: object, lpath: str, rpath: str, **kw: object) -> None:
         order.append(rpath.rsplit("/", 1)[-1])
-        put(lpath, rpath, **kw)
+        put(self, lpath, rpath, **kw)
 
-    mem.put_file = recording_put  # type: ignore[method-assign]
+    # on the class: wids opens its own filesystem per process, not fsspec's cached instance
+    type(mem).put_file = recording_put  # type: ignore[method-assign]
     try:
         url = "memory://wids-publish/train.json"
         with destination(url, Store(), sidecar_dir=_sidecars, sidecar_name=SIDECAR) as path:
@@ -103,7 +104,7 @@ def test_destination_remote_publishes_sidecars_first_then_removes_stale(
             Path(_sidecars(path), "abcd-a.tar.json").write_bytes(b"{}")
             Path(path).write_bytes(b'{"shardlist": []}')
     finally:
-        del mem.put_file
+        type(mem).put_file = put  # type: ignore[method-assign]
     # the sidecar first; the description last (memory:// is no object store: a temporary, moved)
     assert order[0] == "abcd-a.tar.json" and order[-1].startswith(".train.json.")
     assert mem.cat("/wids-publish/train.json") == b'{"shardlist": []}'
