@@ -202,3 +202,31 @@ def test_a_download_with_wrong_bytes_is_fetched_again_not_raised(http_server, tm
         ds.close()
     finally:
         proxy.stop()
+
+
+def _epoch_bytes(http_server, shards, cache_dir, access, budget) -> int:
+    ds = ShardListDataset(
+        shards["index"],
+        access=access,
+        cache_dir=cache_dir,
+        cache_size=budget,
+        transformations=[],
+    )
+    per = len(ds) // len(ds.lengths)
+    http_server.reset_counts()
+    for shard in range(len(ds.lengths)):  # a chunked order, one shard at a time
+        for j in range(per):
+            ds[shard * per + j]
+    ds.close()
+    return http_server.counts()[1]
+
+
+def test_auto_below_two_shards_per_reader_reads_by_range_not_more(http_server, shards, tmp_path):
+    """A budget that holds fewer than two shards per reader: auto promoted and evicted shards
+    it was still reading. Now it stays on range reads: no more bytes than access="range"."""
+    budget = int(1.5 * shards["size"])
+    cache_dir = str(tmp_path / "cache")
+    auto = _epoch_bytes(http_server, shards, cache_dir, "auto", budget)
+    rng = _epoch_bytes(http_server, shards, None, "range", None)
+    assert auto <= rng
+    assert ShardCache(cache_dir).total_bytes() == 0

@@ -5,6 +5,15 @@ Usage::
     python tools/bench_cache.py                  # 6 shards x 1000 samples of ~20 KB (136 MB)
     python tools/bench_cache.py --share 0.02 --pace 1000 --batch 64
     python tools/bench_cache.py --modes shard --pace 0 --repeat 5   # one mode, loopback only
+    python tools/bench_cache.py --budgets        # issue 26's table: budgets of 10-100 %
+
+``--budgets`` prints the table of ``tools/bench_cache_budget.py`` instead (its defaults: 16
+shards x 64 samples of ~4 KB, ~4.6 MB; budgets of 10, 25, 50 and 100 % of it; shard and
+auto, with range's bytes beside them; chunked and random order; one process with 2
+DataLoader workers and two processes sharing the cache) and checks the issue's goals: peak
+bytes on disk <= budget + one shard per process, bytes at exit <= budget, chunked order
+downloads <= 1.05x the dataset when the budget holds two shards per reader, and auto moves no
+more bytes than range in random order or below that.
 
 For each mode, on a fresh cache directory: time to the first sample, epoch time and the
 process's CPU time in it (all threads: steadier than wall time on a busy machine), requests
@@ -152,7 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         default="range,shard,auto",
         help="access modes to run, comma-separated (the goals are checked with all three)",
     )
+    p.add_argument("--budgets", action="store_true", help="issue 26's budget table instead")
+    p.add_argument("--budget-shares", default="0.1,0.25,0.5,1.0")
     args = p.parse_args(argv)
+    if args.budgets:
+        return budget_table(args, p)
     args.modes = args.modes.split(",")
     if not args.modes or not set(args.modes) <= {"range", "shard", "auto"}:
         p.error(f"--modes: range, shard and/or auto, not {','.join(args.modes)!r}")
@@ -176,6 +189,39 @@ def main(argv: list[str] | None = None) -> int:
         if args.pace:
             title = f"nginx paced at {args.pace} requests/s (limit_req):"
             ok = scenario(title, root, paths, args, args.pace) and ok
+        return 0 if ok else 1
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def budget_table(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
+    """``--budgets``: the table of tools/bench_cache_budget.py (its defaults unless given)."""
+    import bench_cache_budget
+
+    shards = args.shards if "--shards" in sys.argv else 16
+    samples = args.samples if "--samples" in sys.argv else 64
+    jpg = args.jpg_bytes if "--jpg-bytes" in sys.argv else 4000
+    args.batch = args.batch if "--batch" in sys.argv else 16
+    root = tempfile.mkdtemp(prefix="wids-bench-budget-")
+    try:
+        paths = write_dataset(
+            os.path.join(root, "data"),
+            shards=shards,
+            samples_per_shard=samples,
+            real_images=False,
+            jpg_bytes=jpg,
+            prefix="bench",
+        )
+        total = sum(os.path.getsize(q) for q in paths)
+        shard = max(os.path.getsize(q) for q in paths)
+        nginx = Nginx(root)
+        try:
+            urls = [f"{nginx.base}/data/{os.path.basename(q)}" for q in paths]
+            index = os.path.join(root, "budget.json")
+            build_index(urls, index, name="bench")
+            ok = bench_cache_budget.table(root, index, total, shard, nginx, args)
+        finally:
+            nginx.stop()
         return 0 if ok else 1
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -165,7 +165,7 @@ def _evict_unlocked(files: EntryFiles, max_bytes: int) -> list[str]:
             removed.append(key)
             total -= sizes[key]
     if removed:
-        log.info("cache: evicted %d entries from %s", len(removed), files.cache_dir)
+        log.info("cache: evicted %s from %s", ", ".join(removed), files.cache_dir)
     return removed
 
 

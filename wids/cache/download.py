@@ -41,7 +41,7 @@ def download_entry(
     *,
     keep: bool = False,
     lock_timeout: float = 600.0,
-) -> None:
+) -> tuple[int, int]:
     """Download ``url`` with ``download(dest)``, verify it, record it and publish it as ``key``.
 
     With a budget, room is made and the download announced before it starts, and the copy is
@@ -58,6 +58,10 @@ def download_entry(
         max_bytes: The cache's budget, if any: a larger copy is refused.
         keep: Never evict (a full budget raises).
         lock_timeout: Seconds to wait for the budget's lock.
+
+    Returns:
+        A read-only descriptor of the published file (opened before it was published) and
+        its size.
 
     Raises:
         IndexMismatchError: The copy's size, etag or MD5 differ from what is expected.
@@ -92,12 +96,18 @@ def download_entry(
             etag = expected.etag if got_etag is None else got_etag
             mtime = getattr(result, "mtime", None)
             rec = new_record(url, os.fstat(tmp.fd), etag, expected.md5, mtime)
-            if max_bytes is None:
-                _publish(files, key, tmp, rec)
-            else:
-                with budget.room_locked(files, lock_timeout):
-                    budget.make_room(files, got, url, max_bytes, keep, own=key)
+            fd = os.open(tmp.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                if max_bytes is None:
                     _publish(files, key, tmp, rec)
+                else:
+                    with budget.room_locked(files, lock_timeout):
+                        budget.make_room(files, got, url, max_bytes, keep, own=key)
+                        _publish(files, key, tmp, rec)
+            except BaseException:
+                os.close(fd)
+                raise
+            return fd, got
     finally:
         if announced:
             budget.announce(files, key, None)

@@ -62,7 +62,8 @@ class CacheEntry:
             known: what ties a copy to its version where the storage gives no etag.
         md5sum: The verified MD5, if the index gave one.
         created: When it was fetched (POSIX time).
-        last_access: When it was last opened (POSIX time, about a second's precision).
+        last_access: When it was last opened or read (POSIX time, about a second's precision:
+            readers touch the record's mtime, see :class:`~wids.cache.handle.CachedShard`).
     """
 
     key: str
@@ -194,11 +195,17 @@ class EntryFiles:
                     mtime=_float_or_none(rec.get("mtime")),
                     md5sum=rec.get("md5sum"),
                     created=float(rec.get("created", 0)),
-                    last_access=float(rec.get("last_access", 0)),
+                    last_access=max(float(rec.get("last_access", 0)), self._touched(key)),
                 )
             )
         out.sort(key=lambda e: (e.last_access, e.key))
         return out
+
+    def _touched(self, key: str) -> float:
+        try:
+            return os.stat(self.meta(key)).st_mtime
+        except OSError:
+            return 0.0
 
     def sizes(self) -> dict[str, int]:
         """Sizes of the data files that have a record file: what the budget limits."""

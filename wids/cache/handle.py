@@ -24,6 +24,7 @@ __all__ = ["CachedShard", "acquire", "open_local", "open_valid", "try_upgrade"]
 
 _UPGRADE_SLICE = 0.25  # seconds of waiting for an exclusive lock before looking again
 _TOUCH_EVERY = 1.0  # seconds; coarser last-access updates save a metadata write per open
+_READ_TOUCH_EVERY = 0.05  # seconds between reads' touches of the record's mtime (a utime)
 
 
 class CachedShard:
@@ -40,15 +41,21 @@ class CachedShard:
         fd: Its descriptor (owned from now on).
         size: Its size.
         entry: Whether it is a cache entry (``False``: a local shard opened in place).
+        record: The entry's record file, whose mtime reads move forward (at most every
+            50 ms), so eviction, least recently *used* first, leaves shards being read.
     """
 
-    def __init__(self, url: str, path: str, fd: int, size: int, entry: bool) -> None:
+    def __init__(
+        self, url: str, path: str, fd: int, size: int, entry: bool, record: str | None = None
+    ) -> None:
         self.url = url
         self.path = path
         self.size = size
         self.entry = entry
+        self.record = record
         self._fd: int | None = fd
         self._pid = os.getpid()
+        self._touched = time.monotonic()
 
     def __repr__(self) -> str:
         return f"CachedShard({redact_url(self.url)!r}, {self.path!r})"
@@ -88,6 +95,10 @@ class CachedShard:
         fd = self._fd
         if fd is None:
             raise CacheError("read from a closed cached shard", shard=redact_url(self.url))
+        if self.record is not None and time.monotonic() - self._touched >= _READ_TOUCH_EVERY:
+            self._touched = time.monotonic()
+            with contextlib.suppress(OSError):  # gone (evicted): nothing to keep
+                os.utime(self.record)
         parts, pos = [], start
         while pos < end:
             chunk = os.pread(fd, end - pos, pos)
@@ -147,10 +158,12 @@ def open_valid(
         os.close(fd)
         return None
     _touch(files, key, rec)
-    return CachedShard(url, path, fd, rec["size"], entry=True)
+    return CachedShard(url, path, fd, rec["size"], entry=True, record=files.meta(key))
 
 
 def _touch(files: EntryFiles, key: str, rec: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):
+        os.utime(files.meta(key))  # the fine-grained last access (EntryFiles.entries)
     now = time.time()
     if now - float(rec.get("last_access", 0)) >= _TOUCH_EVERY:
         rec["last_access"] = now

@@ -94,6 +94,10 @@ class PromotionCache(Protocol):
         """Stop background fetches."""
         ...
 
+    def roomy(self, shard_bytes: int) -> bool:
+        """Whether the budget holds two shards of this size per reader active now."""
+        ...
+
 
 class Promoter:
     """Moves remote shards that are read by range requests into the cache (``access="auto"``).
@@ -264,6 +268,10 @@ class Promoter:
         url = source.url
         if self.cache.max_bytes is not None and shard_bytes > self.cache.max_bytes:
             self._failed.add(url)  # would never fit: stay on range requests
+            return False
+        if not self.cache.roomy(shard_bytes):
+            # fewer than two shards per reader active at once: promoted copies would be
+            # evicted before they are read, and fetched again; range reads move fewer bytes
             return False
         log.debug("promoting %s into the cache", redact_url(url))
         self._futures[url] = self.cache.prefetch(

@@ -48,6 +48,7 @@ from .download import download_entry, fetch_checked
 from .entries import ENTRY_SUBDIRS, CacheEntry, EntryFiles
 from .handle import CachedShard, acquire, open_local, open_valid, try_upgrade
 from .promote import BackgroundFetches
+from .readers import ReaderMarks
 
 if TYPE_CHECKING:
     from ..storage import IOStats, Source
@@ -99,6 +100,7 @@ class ShardCache:
         self._mutex = threading.Lock()
         self._ready = False  # the directory was checked (and marked) by this object
         self._downloading = threading.Lock()
+        self._readers = ReaderMarks(os.path.join(self.cache_dir, "locks"))
         self.files = EntryFiles(self.cache_dir)
 
     def __repr__(self) -> str:
@@ -179,6 +181,15 @@ class ShardCache:
         if expect.size is None and self.max_bytes is not None and not self.offline:
             expect = replace(expect, size=source.info(stats).size)
 
+        return self._open_source(source, expect, stats, verify)
+
+    def _open_source(
+        self,
+        source: Source,
+        expect: Fingerprint,
+        stats: IOStats | None,
+        verify: Callable[[str], None] | None,
+    ) -> CachedShard:
         def download(dest: str) -> Any:
             return fetch_checked(source, dest, stats, expect.size, verify)
 
@@ -231,10 +242,12 @@ class ShardCache:
             if not try_upgrade(lock, url, deadline, self.lock_timeout):
                 continue
             try:
-                if not self.files.is_valid(key, url, expect):
+                if self.files.is_valid(key, url, expect):  # fetched meanwhile by another
+                    shard = self._open_valid(key, url, expect, lock)
+                else:
                     fetches += 1
-                    self._fetch(key, url, download, expect)
-                shard = self._open_valid(key, url, expect, lock)
+                    shard = self._fetch(key, url, download, expect)
+                    lock.release()
             except BaseException:
                 if lock.locked:
                     lock.release()
@@ -294,11 +307,16 @@ class ShardCache:
         url: str,
         download: Callable[[str], Any],
         expected: Fingerprint,
-    ) -> None:
+    ) -> CachedShard:
+        """Download, publish and open the entry.
+
+        Its descriptor is taken before publishing: another process evicting it at once does
+        not take it from this reader.
+        """
         self.files.remove_files(key)
         # one download at a time per process: the budget's allowance is one shard per process
         with self._downloading:
-            download_entry(
+            fd, size = download_entry(
                 self.files,
                 key,
                 url,
@@ -308,6 +326,7 @@ class ShardCache:
                 keep=self.keep,
                 lock_timeout=self.lock_timeout,
             )
+        return CachedShard(url, self.files.data(key), fd, size, True, self.files.meta(key))
 
     def _evict_quietly(self) -> None:
         if self.max_bytes is None:  # an invariant, kept under python -O
@@ -391,14 +410,36 @@ class ShardCache:
     ) -> Future[None]:
         """Fetch ``source`` into the cache in a background thread (one fetch per URL at a time).
 
-        The future's result is ``None``; its exception is what :meth:`open` would raise.
+        The future's result is ``None``; its exception is what :meth:`open` would raise. A
+        budget that does not hold two shards of this size per reader active now is not
+        fetched into ahead of time (it would evict what is being read): the future is done.
         """
         expect = _expectation(expected, size, etag, md5sum)
+        if expect.size is not None and not self.roomy(expect.size):
+            skipped: Future[None] = Future()
+            skipped.set_result(None)
+            return skipped
 
         def job() -> None:
-            self.open(source, expected=expect, stats=stats, verify=verify).close()
+            log.debug("cache: fetching %s ahead of its reads", redact_url(source.url))
+            self._open_source(source, expect, stats, verify).close()
 
         return self._background.submit(source.url, job)
+
+    def roomy(self, shard_bytes: int) -> bool:
+        """Whether the budget holds two shards of ``shard_bytes`` per reader active now."""
+        if self.max_bytes is None:
+            return True
+        return 2 * shard_bytes * self.active_readers() <= self.max_bytes
+
+    def active_readers(self) -> int:
+        """Processes reading through this cache directory now, this one included.
+
+        Raises:
+            CacheDirError: The directory is not one wids may use (see :mod:`wids.cache.layout`).
+        """
+        self._prepare()
+        return self._readers.count()
 
     def close(self) -> None:
         """Stop background fetches (waiting for those running)."""
