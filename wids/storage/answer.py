@@ -134,6 +134,11 @@ class Pin:
         return f"Pin({redact_url(self.url)!r}, size={self.size}, etag={self.etag!r})"
 
     @property
+    def wants_date(self) -> bool:
+        """Whether the next answer's date is needed even if it has an etag (none known yet)."""
+        return self.mtime is None and self.since is None
+
+    @property
     def pinned(self) -> bool:
         """Whether answers are tied to one version (an etag or generation, else a date)."""
         return self.etag is not None or self.since is not None
@@ -202,6 +207,8 @@ class Pin:
                     self.since = None
                 elif comparable_etag(version) != comparable_etag(self.etag):
                     raise self.differs(f"its etag is {version!r} where {was} {self.etag!r}")
+                if self.mtime is None and mtime is not None:  # the pinned version's date, for
+                    self.mtime = mtime  # a later answer without an etag (a server that drops it)
             elif mtime is not None:
                 known = self.since if self.since is not None else self.mtime
                 if known is not None and not _same_time(mtime, known):

@@ -351,7 +351,7 @@ class PlainTransport(Transport):
         if status == 404:
             raise FileNotFoundError(redact_url(pin.url))
         etag = got.get("etag") or None
-        mtime = _date(got.get("last-modified")) if etag is None else None
+        mtime = _date(got.get("last-modified")) if etag is None or pin.wants_date else None
         if status == 416:
             pin.learn(_span(got.get("content-range"))[1], etag, mtime)
         if status >= 400:

@@ -98,7 +98,7 @@ class S3Transport(Transport):
         finally:
             resp["Body"].close()
         etag = resp.get("ETag") or None
-        mtime = _date(resp.get("LastModified")) if etag is None else None
+        mtime = _date(resp.get("LastModified")) if etag is None or pin.wants_date else None
         span, total = _span(resp.get("ContentRange"))
         return Answer(data, total, etag, mtime, span, False, resp.get("ContentRange") or "")
 

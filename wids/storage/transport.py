@@ -197,7 +197,7 @@ async def answer_of(
     if status == 404:
         raise FileNotFoundError(redact_url(pin.url))
     etag = headers.get("etag") or None
-    mtime = _date(headers.get("last-modified")) if etag is None else None
+    mtime = _date(headers.get("last-modified")) if etag is None or pin.wants_date else None
     if status == 416:  # the file shrank below the range? what it says of the file decides
         pin.learn(_span(headers.get("content-range"))[1], etag, mtime)
     resp.raise_for_status()
