@@ -656,3 +656,82 @@ def test_a_member_name_over_4096_bytes_is_a_tar_error(tmp_path: Path, fmt: str) 
     ok = write_shard(tmp_path / f"{fmt}-ok.tar", fits, format=fmt)
     for parse in _all_parsers(ok):
         parse()
+
+
+# -- a per-sample size bound (issue 21, item 11) -----------------------------------------------
+
+
+def _sparse_tar(path: Path, huge: int = 64 << 30) -> Path:
+    """A tar whose middle sample is one ``huge``-byte member, written sparse (a few KB on disk)."""
+    with open(path, "wb") as f:
+        for name, data, size in (
+            ("000000.txt", b"small", 5),
+            ("000001.bin", None, huge),
+            ("000002.txt", b"after", 5),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = size
+            f.write(info.tobuf(tarfile.GNU_FORMAT))
+            if data is None:
+                f.seek(size + (-size % 512), os.SEEK_CUR)
+            else:
+                f.write(data + b"\0" * (-size % 512))
+        f.write(b"\0" * 1024)
+    return path
+
+
+def _assert_too_large(err, size: int) -> None:
+    from wids.errors import SampleTooLargeError
+
+    assert isinstance(err, SampleTooLargeError) and isinstance(err, ValueError)
+    assert err.key == "000001" and err.size == size and "sparse.tar" in str(err)
+    assert "'000001'" in str(err) and f"{size:,} bytes" in str(err) and "stream" in str(err)
+
+
+def test_a_64_gib_sample_is_refused_naming_shard_key_and_size(tmp_path: Path) -> None:
+    from wids import ShardListDataset
+
+    shard = _sparse_tar(tmp_path / "sparse.tar")
+    build_index([str(shard)], str(tmp_path / "i.json"), md5=False)  # headers only: fine
+    ds = ShardListDataset(str(tmp_path / "i.json"))
+    assert ds[0][".txt"] == "small" and ds[2][".txt"] == "after"
+    for read in (lambda: ds[1], lambda: ds.__getitems__([0, 1, 2])):
+        with pytest.raises(ValueError) as err:
+            read()
+        _assert_too_large(err.value, 64 << 30)
+    assert [s[".txt"] for s in ds.__getitems__([0, 2])] == ["small", "after"]
+
+
+def test_the_sample_bound_is_configurable(tmp_path: Path) -> None:
+    from wids import ShardListDataset
+
+    shard = _sparse_tar(tmp_path / "sparse.tar", huge=5000)
+    build_index([str(shard)], str(tmp_path / "i.json"))
+    small = ShardListDataset(str(tmp_path / "i.json"), max_sample_bytes=4999, transformations=[])
+    with pytest.raises(ValueError) as err:
+        small[1]
+    _assert_too_large(err.value, 5000)
+    fits = ShardListDataset(str(tmp_path / "i.json"), max_sample_bytes=5000, transformations=[])
+    assert len(fits[1][".bin"]) == 5000
+    unbounded = ShardListDataset(str(tmp_path / "i.json"), max_sample_bytes=None)
+    assert len(unbounded.__getitems__([1])[0][".bin"]) == 5000
+    with pytest.raises(ValueError, match="max_sample_bytes"):
+        ShardListDataset(str(tmp_path / "i.json"), max_sample_bytes=0)
+
+
+def test_a_remote_64_gib_sample_is_refused_before_any_read(http_server) -> None:
+    from wids import ShardListDataset
+
+    root = http_server.root / f"sparse-{os.getpid()}"
+    root.mkdir(exist_ok=True)
+    _sparse_tar(root / "sparse.tar")
+    build_index([str(root / "sparse.tar")], str(root / "i.json"), md5=False)
+    rel = root.relative_to(http_server.root)
+    ds = ShardListDataset(f"{http_server.base}/{rel}/i.json", access="range")
+    assert ds[0][".txt"] == "small"
+    before = http_server.request_count("sparse.tar")
+    for read in (lambda: ds[1], lambda: ds.__getitems__([1, 2])):
+        with pytest.raises(ValueError) as err:
+            read()
+        _assert_too_large(err.value, 64 << 30)
+    assert http_server.request_count("sparse.tar") == before

@@ -40,6 +40,7 @@ EXPECTED = [
     "RetriesExhaustedError",
     "RetryPolicy",
     "SampleLayoutError",
+    "SampleTooLargeError",
     "SamplerWrappedError",
     "ShardCache",
     "ShardInfo",

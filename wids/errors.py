@@ -8,6 +8,7 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     │   ├── TruncatedTarError                 the archive ends inside a header or a member
     │   └── HeaderChecksumError               a header's checksum does not match
     ├── SampleLayoutError(ValueError)         members do not group into samples cleanly
+    ├── SampleTooLargeError(ValueError)       a sample is over the dataset's max_sample_bytes
     ├── IndexFormatError(ValueError)          an index or dataset description is malformed
     │   ├── NotAnIndexError                   the file is no index at all (nothing to repair)
     │   ├── UntrustedLocationError            a remote index names a local file (not allowed)
@@ -64,6 +65,7 @@ __all__ = [
     "RemoteError",
     "RetriesExhaustedError",
     "SampleLayoutError",
+    "SampleTooLargeError",
     "SamplerWrappedError",
     "ShardNotFoundError",
     "ShortReadError",
@@ -155,6 +157,23 @@ class SampleLayoutError(WidsError, ValueError):
         super().__init__(
             "; ".join([message, ", or ".join(advice)] if advice else [message]), shard=shard
         )
+
+
+class SampleTooLargeError(WidsError, ValueError):
+    """A sample's bytes are more than the dataset's ``max_sample_bytes`` (default 1 GiB).
+
+    ``ds[i]`` reads a sample into memory whole; a sample larger than the bound (a crafted
+    64 GiB member, or a long video) is refused before anything is read, naming the shard, the
+    key and the size. Large members need streaming reads instead; or raise the bound
+    (``ShardListDataset(..., max_sample_bytes=...)``, ``None`` for none).
+
+    Attributes:
+        key: The sample's key.
+        size: The sample's bytes (from its first member's data to its last member's end).
+    """
+
+    key: str = ""
+    size: int = 0
 
 
 class IndexFormatError(WidsError, ValueError):

@@ -22,7 +22,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..errors import IndexFormatError, IndexMismatchError
+from ..errors import IndexFormatError, IndexMismatchError, SampleTooLargeError
 from ..index import (
     ShardInfo,
     ShardMembers,
@@ -37,7 +37,19 @@ from .description import Description
 from .localcache import LocalCache
 from .localtables import parse_local_tables
 
-__all__ = ["PICKLED_BYTES", "PICKLED_SHARDS", "PICKLED_TABLES", "Catalog", "display_url"]
+__all__ = [
+    "MAX_SAMPLE_BYTES",
+    "PICKLED_BYTES",
+    "PICKLED_SHARDS",
+    "PICKLED_TABLES",
+    "Catalog",
+    "display_url",
+]
+
+MAX_SAMPLE_BYTES = 1 << 30
+"""Default bound on one sample's bytes (1 GiB): ``ds[i]`` holds a sample whole in memory, and a
+DataLoader worker pickles it to the main process; anything larger (a long video) is a job for
+streaming reads, and a crafted 64 GiB member must not become a ``MemoryError``."""
 
 PICKLED_SHARDS = 1 << 14
 """A loaded description of an index of up to this many shards goes with a pickled catalog."""
@@ -91,6 +103,7 @@ class Catalog:
         store: Store | None = None,
         duplicates: DuplicatePolicy = "error",
         verify: bool = True,
+        max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
     ) -> None:
         self.src = src
         self.local = local
@@ -101,6 +114,8 @@ class Catalog:
         self.store = store if store is not None else Store()
         self.duplicates: DuplicatePolicy = duplicates
         self.verify = bool(verify)
+        self.max_sample_bytes = max_sample_bytes
+        self._largest: dict[int, int] = {}  # bytes of each loaded table's largest sample
         self._loaded: Description | None = None
         # table, end of its last member's data
         self._members: dict[int, tuple[ShardMembers, int]] = {}
@@ -324,10 +339,30 @@ class Catalog:
         return members
 
     def _keep_members(self, shard: int, members: ShardMembers, *, scanned: bool) -> None:
-        ends = members.spans()[1]
+        starts, ends = members.spans()
+        self._largest[shard] = int((ends - starts).max(initial=0))
         self._members[shard] = (members, int(ends.max(initial=0)))
         if scanned:
             self._scanned.add(shard)
+
+    def oversized(self, shard: int) -> bool:
+        """Whether a loaded table holds a sample over ``max_sample_bytes``."""
+        bound = self.max_sample_bytes
+        return bound is not None and self._largest.get(shard, 0) > bound
+
+    def too_large(self, shard: int, local: int, size: int) -> SampleTooLargeError:
+        """The error for sample ``local`` of ``shard``, of ``size`` bytes, over the bound."""
+        members = self.members(shard)[0]
+        url = self.load().infos[shard].url
+        key = members.key(local)
+        error = SampleTooLargeError(
+            f"sample {key!r} is {size:,} bytes, over max_sample_bytes={self.max_sample_bytes:,}; "
+            "ds[i] reads a sample into memory whole: read large members by streaming, or raise "
+            "the bound (ShardListDataset(..., max_sample_bytes=...))",
+            shard=redact_url(url),
+        )
+        error.key, error.size = key, size
+        return error
 
     def members(self, shard: int) -> tuple[ShardMembers, int]:
         """A shard's member table and the end of its last member's data (loaded once)."""

@@ -28,7 +28,7 @@ from ..index import check_url_map
 from ..plan import plan_of
 from ..samples import DUPLICATE_POLICIES, DuplicatePolicy
 from ..storage import RetryPolicy, Store, forks, is_local, named_by
-from .catalog import Catalog, display_url
+from .catalog import MAX_SAMPLE_BYTES, Catalog, display_url
 from .description import DatasetComponent
 from .localcache import LocalCache
 from .pool import ACCESS_MODES, ReaderPool
@@ -141,6 +141,9 @@ class ShardListDataset(_DatasetBase[T_co]):
         allow_local_shards: Let an index read from a remote location (http, s3, gs, ...) name
             local files (absolute paths, ``file://``, ``memory://``); refused by default with
             ``IndexFormatError``, so a crafted remote index cannot serve the user's files.
+        max_sample_bytes: The largest sample ``ds[i]`` reads into memory (default 1 GiB:
+            ``MAX_SAMPLE_BYTES``); a larger one is ``SampleTooLargeError`` naming shard, key
+            and size, before anything is read. ``None`` for no bound.
 
     Raises:
         ValueError: An invalid parameter (checked here; all I/O happens lazily).
@@ -170,6 +173,7 @@ class ShardListDataset(_DatasetBase[T_co]):
         promote_share: float = 0.05,
         url_map: Mapping[str, str] | None = None,
         allow_local_shards: bool = False,
+        max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
     ) -> None:
         if access not in ACCESS_MODES:
             raise ValueError(f"access must be one of {ACCESS_MODES}, not {access!r}")
@@ -179,6 +183,14 @@ class ShardListDataset(_DatasetBase[T_co]):
             raise ValueError(f"lru_size must be an int >= 1, not {lru_size!r}")
         if isinstance(merge_gap, bool) or not isinstance(merge_gap, int) or merge_gap < 0:
             raise ValueError(f"merge_gap must be an int >= 0, not {merge_gap!r}")
+        if max_sample_bytes is not None and (
+            isinstance(max_sample_bytes, bool)
+            or not isinstance(max_sample_bytes, int)
+            or max_sample_bytes < 1
+        ):
+            raise ValueError(
+                f"max_sample_bytes must be an int >= 1 or None, not {max_sample_bytes!r}"
+            )
         if cache_size is not None and cache_size < 0:
             raise ValueError(f"cache_size must be >= 0 or None, not {cache_size!r}")
         if retry is not None and not isinstance(retry, RetryPolicy):
@@ -226,6 +238,7 @@ class ShardListDataset(_DatasetBase[T_co]):
             store=Store(storage_options, retry, named=named_by(shards, base, url_map)),
             duplicates=duplicates,
             verify=verify,
+            max_sample_bytes=max_sample_bytes,
         )
         self._pool = ReaderPool(
             self._catalog, lru_size=lru_size, access=access, promote_share=promote_share

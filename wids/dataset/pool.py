@@ -81,6 +81,8 @@ class ReaderPool:
         self.lru_size = lru_size
         self.access = access
         self.promote_share = float(promote_share)
+        bound = catalog.max_sample_bytes  # the one bound of ds[i]'s sample sizes
+        self.max_sample = bound if bound is not None else 1 << 63
         # range reads are counted towards promotion only in this configuration
         self._promotable = access == "auto" and self.local.cache_dir is not None
         self.counts = {"samples": 0, "accesses": 0, "misses": 0, "cache_hits": 0}
@@ -195,6 +197,8 @@ class ReaderPool:
                 self.counts["accesses"] += 1
         table = self._tables[shard]
         start, end = table.span(local)
+        if end - start > self.max_sample:
+            raise self.catalog.too_large(shard, local, end - start)
         check = None
         if reader.verifies:  # read the first member's tar header too, and check it
             start -= HEADER
@@ -311,6 +315,8 @@ class ReaderPool:
         spans = []
         for _, shard, local in located:
             start, end = tables[shard].span(local)
+            if end - start > self.max_sample:
+                raise self.catalog.too_large(shard, local, end - start)
             if readers[shard].verifies:  # the first member's tar header too, to check it
                 start -= HEADER
             spans.append((shard, start, end, local))
@@ -364,9 +370,12 @@ class ReaderPool:
             # __shard__ names the shard without credentials: samples reach batches and logs
             url, dataset = strip_credentials(info.url), loaded.dataset_of[shard]
             stats = catalog.store.stats
-            if isinstance(reader, LocalReader):  # its table is its fast path's
-                fast = LocalShard(reader, members[0], url, dataset, stats)
+            if isinstance(reader, LocalReader) and not catalog.oversized(shard):
+                fast = LocalShard(reader, members[0], url, dataset, stats)  # its table too
                 self._tables[shard] = self.fast[shard] = fast
+                self._local[shard] = reader
+            elif isinstance(reader, LocalReader):  # a sample over the bound: checked reads
+                self._tables[shard] = MemberTable(members[0], url, dataset)
                 self._local[shard] = reader
             else:
                 self._tables[shard] = MemberTable(members[0], url, dataset)
