@@ -152,3 +152,24 @@ def test_a_planted_lock_symlink_is_not_followed(tmp_path: Path, shards) -> None:
             build_index(shards, str(tmp_path / "i.json"))
         assert lock.is_symlink() and not (tmp_path / "i.json").exists()
     assert victim.read_text() == "the user's file" and not missing.exists()
+
+
+def test_a_cache_on_a_full_disk_names_shard_and_cache_and_clean_leaves_no_lock(
+    small_disk: Path, http_server
+) -> None:
+    from wids import ShardCache, ShardListDataset
+
+    root = http_server.root / f"full-{uuid.uuid4().hex[:8]}"
+    root.mkdir()
+    shard = write_shard(root / "big.tar", make_samples(40, jpg_size=10_000))  # ~400 KB > disk
+    build_index([str(shard)], str(root / "i.json"))
+    url = f"{http_server.base}/{root.name}/i.json"
+    ds = ShardListDataset(url, cache_dir=str(small_disk / "cache"), access="shard")
+    with pytest.raises(WriteError) as e:
+        ds[0]
+    assert e.value.errno == errno.ENOSPC and "big.tar" in str(e.value)
+    assert str(small_disk / "cache") in str(e.value) and "no space left" in str(e.value)
+    ds.close()
+    ShardCache(str(small_disk / "cache")).clean()
+    left = [p.name for p in (small_disk / "cache").rglob("*") if p.is_file()]
+    assert not [n for n in left if n.endswith((".lock", ".tmp")) or ".big.tar." in n], left

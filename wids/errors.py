@@ -352,7 +352,9 @@ _WRITE_REASONS = {
 }
 
 
-def write_error(error: BaseException, where: str) -> WriteError | None:
+def write_error(
+    error: BaseException, where: str, directory: str | None = None
+) -> WriteError | None:
     """The :class:`WriteError` for ``error`` raised while writing ``where``; ``None`` if other.
 
     A system error of writing (``ENOSPC``, ``EDQUOT``, ``EROFS``, ``EFBIG``, ``EACCES``,
@@ -364,6 +366,7 @@ def write_error(error: BaseException, where: str) -> WriteError | None:
         error: What was raised.
         where: The output being written (a shard, an index, a cache entry; credentials
             removed), the error's ``shard``.
+        directory: The directory written in, when the system names no file (a cache's).
     """
     import os
 
@@ -377,7 +380,7 @@ def write_error(error: BaseException, where: str) -> WriteError | None:
         return None
     name = getattr(error, "filename", None)
     target = os.fsdecode(name) if isinstance(name, (str, bytes)) else where
-    folder = os.path.dirname(os.path.abspath(target)) if "://" not in target else ""
+    folder = directory or (os.path.dirname(os.path.abspath(target)) if "://" not in target else "")
     cls = WritePermissionError if code in (_errno.EACCES, _errno.EPERM) else WriteError
     what = "cannot write" if target == where else f"cannot write {target}"
     message = f"{what}: {_WRITE_REASONS[code]}" + (f" in {folder}" if folder else "")
@@ -385,12 +388,12 @@ def write_error(error: BaseException, where: str) -> WriteError | None:
 
 
 @contextlib.contextmanager
-def writing(where: str) -> Iterator[None]:
+def writing(where: str, directory: str | None = None) -> Iterator[None]:
     """Raise :func:`write_error`'s typed error for a failure of writing inside the block."""
     try:
         yield
     except Exception as e:
-        typed = write_error(e, where)
+        typed = write_error(e, where, directory)
         if typed is None:
             raise
         raise typed from e

@@ -215,9 +215,19 @@ def clean(
     if max_bytes is not None:
         removed += evict_to(files, max_bytes, lock_timeout)
     remove_stale_downloads(files)
+    _remove_orphan_locks(files)
     cachedir.remove_own_temps(files.cache_dir, "meta")
     cachedir.remove_own_temps(files.cache_dir)
     return removed
+
+
+def _remove_orphan_locks(files: EntryFiles) -> None:
+    """Remove the free lock files of entries never recorded (a download that failed)."""
+    recorded = {key for key, _ in files.records()}
+    for name in listdir(os.path.join(files.cache_dir, "locks")):
+        key = name[: -len(".lock")]
+        if name.endswith(".lock") and not name.startswith(".") and key not in recorded:
+            files.remove_if_free(key)  # unlinks only a lock with neither record nor data
 
 
 def _unlink(files: EntryFiles, key: str, lock_timeout: float) -> bool:

@@ -38,7 +38,7 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CacheError, OfflineError
+from ..errors import CacheError, OfflineError, writing
 from ..index import Fingerprint
 from ..lock import FileLock
 from ..storage import redact_url, url_name
@@ -246,7 +246,9 @@ class ShardCache:
                     shard = self._open_valid(key, url, expect, lock)
                 else:
                     fetches += 1
-                    shard = self._fetch(key, url, download, expect)
+                    tmp = os.path.join(self.cache_dir, "tmp")
+                    with writing(redact_url(url), tmp):  # a full disk: which shard, which cache
+                        shard = self._fetch(key, url, download, expect)
                     lock.release()
             except BaseException:
                 if lock.locked:
