@@ -17,6 +17,7 @@ from tar_oracle import dataset_samples, strip_meta
 
 from wids import ShardListDataset, build_index
 from wids.cache import ShardCache
+from wids.cli import main as cli_main
 from wids.synth import write_dataset
 
 pytestmark = pytest.mark.servers
@@ -146,7 +147,7 @@ def test_killed_processes_leave_the_cache_within_budget(shards, tmp_path):
 
 
 def test_a_shard_replaced_behind_a_server_without_etag_is_not_served_from_the_cache(
-    http_server, tmp_path
+    http_server, tmp_path, capsys
 ):
     """The entry records the Last-Modified of the version it downloaded; an index rebuilt
     after a same-size replacement never gets the old copy (main served it)."""
@@ -173,6 +174,13 @@ def test_a_shard_replaced_behind_a_server_without_etag_is_not_served_from_the_ca
     later = time.time() + 5
     os.utime(served, (later, later))  # another Last-Modified, same size
     build_index([url], index, name="swap")
+    capsys.readouterr()
+    assert cli_main(["index", "verify", index, "--cache-dir", cache_dir]) == 0
+    out = capsys.readouterr().out
+    assert "STALE-COPY" in out and "1 cached copies" in out, out
+    assert cli_main(["cache", "--cache-dir", cache_dir, "ls", "--index", index]) == 0
+    out = capsys.readouterr().out
+    assert "STALE (it was modified at" in out and "[modified " in out, out
     ds = ShardListDataset(index, access="shard", cache_dir=cache_dir, transformations=[])
     assert strip_meta(ds[0]) == dataset_samples([served])[0]
     ds.close()

@@ -33,7 +33,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -45,7 +45,7 @@ from ..storage import redact_url, url_name
 from . import budget
 from . import layout as cachedir
 from .download import download_entry, fetch_checked
-from .entries import ENTRY_SUBDIRS, CacheEntry, EntryFiles
+from .entries import ENTRY_SUBDIRS, CacheEntry, EntryFiles, version_mismatch
 from .handle import CachedShard, acquire, open_local, open_valid, try_upgrade
 from .promote import BackgroundFetches
 from .readers import ReaderMarks
@@ -355,6 +355,26 @@ class ShardCache:
         Files in ``data/`` that wids did not record are not counted (nor ever deleted).
         """
         return sum(self.files.sizes().values())
+
+    def stale(self, shards: Iterable[tuple[str, Fingerprint]]) -> dict[str, str]:
+        """Cached copies that are not the version an index records (they are fetched again).
+
+        Args:
+            shards: ``(url, fingerprint)`` of each shard of an index (``ShardInfo``'s).
+
+        Returns:
+            The redacted URL of each stale copy, and what differs.
+        """
+        out = {}
+        for url, expected in shards:
+            key = url_name(url)
+            rec = self.files.read_record(key)
+            if rec is None or not os.path.exists(self.files.data(key)):
+                continue
+            problem = version_mismatch(rec, expected)
+            if problem is not None:
+                out[redact_url(url)] = problem
+        return out
 
     def evict_to(self, max_bytes: int) -> list[str]:
         """Remove least-recently-used entries until they and downloads in flight fit ``max_bytes``.

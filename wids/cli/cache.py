@@ -8,7 +8,15 @@ import sys
 from typing import Any
 
 from ..storage import escape_controls, redact_url
-from .options import EPILOG_ENV, default_cache_dir, human, parse_duration, parse_size
+from .options import (
+    EPILOG_ENV,
+    default_cache_dir,
+    human,
+    parse_duration,
+    parse_size,
+    parse_storage_options,
+    storage_flag,
+)
 
 __all__ = ["register"]
 
@@ -32,6 +40,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         epilog="example:\n  wids cache ls --cache-dir /data/wids-cache --json\n",
     )
     ls.add_argument("--json", action="store_true", help="machine-readable output")
+    ls.add_argument(
+        "--index",
+        help="mark the copies that are not the version this index records (STALE: a dataset "
+        "over it fetches them again)",
+    )
+    storage_flag(ls)
     du = csub.add_parser(
         "du",
         help="bytes and entries in the cache",
@@ -85,7 +99,7 @@ def _cmd_cache(args: argparse.Namespace) -> int:
             print("[]")
         return 0
     if args.cache_command == "ls":
-        return _cache_ls(cache, args.json)
+        return _cache_ls(cache, args.json, _stale(cache, args))
     if args.cache_command == "du":
         print(_cache_du(cache))
         return 0
@@ -100,19 +114,43 @@ def _cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cache_ls(cache: Any, as_json: bool) -> int:
+def _stale(cache: Any, args: argparse.Namespace) -> dict[str, str]:
+    """The entries that are not the version ``--index`` records (none without it)."""
+    if args.index is None:
+        return {}
+    from ..index import count_shards, open_index, shard_getter
+    from ..storage import Store
+
+    idx = open_index(args.index, Store(parse_storage_options(args.storage_option)))
+    get = shard_getter(idx)
+    shards = (get(k) for k in range(count_shards(idx)))
+    stale: dict[str, str] = cache.stale((i.url, i.fingerprint) for i in shards)
+    return stale
+
+
+def _cache_ls(cache: Any, as_json: bool, stale: dict[str, str]) -> int:
     import time
 
     entries = cache.entries()
     if as_json:
-        print(json.dumps([{k: getattr(e, k) for k in e.__slots__} for e in entries], indent=2))
+        rows = [{k: getattr(e, k) for k in e.__slots__} for e in entries]
+        for row in rows:
+            row["stale"] = stale.get(str(row["url"]))
+        print(json.dumps(rows, indent=2))
         return 0
     if not entries:
         print(f"no cached shards in {cache.cache_dir}")
     for e in entries:
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_access))
+        version = f"etag {e.etag}" if e.etag else "no etag"
+        if not e.etag and e.mtime is not None:
+            version = "modified " + time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(e.mtime))
+        mark = f"  STALE ({stale[e.url]})" if e.url in stale else ""
         # a URL (from an index) may hold escape sequences: shown escaped, like everything else
-        print(f"{when}  {human(e.size):>9}  {escape_controls(redact_url(e.url))}")
+        print(
+            f"{when}  {human(e.size):>9}  {escape_controls(redact_url(e.url))}  "
+            f"[{escape_controls(version)}]{escape_controls(mark)}"
+        )
     return 0
 
 

@@ -103,6 +103,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     v.add_argument("index")
     v.add_argument("--deep", action="store_true", help="rescan shards and compare offsets")
+    v.add_argument(
+        "--cache-dir",
+        help="also report cached copies in this shard cache that are not the indexed version "
+        "(a dataset fetches those again instead of reading them)",
+    )
     url_map_flag(v)
     dask_flag(v)
     allow_local_flag(v)
@@ -223,9 +228,28 @@ def _cmd_index_verify(args: argparse.Namespace) -> int:
     for p in problems:
         print(f"{p.kind} {escape_controls(p.url)}: {escape_controls(p.message)}")
     print(f"{total - len(problems)} of {total} shards match the index")
+    if args.cache_dir is not None:
+        stale = _stale_copies(args.index, store, url_map, args)
+        for url, why in stale.items():
+            print(
+                f"STALE-COPY {escape_controls(url)}: the cached copy is not the indexed "
+                f"version ({escape_controls(why)}); a dataset fetches it again"
+            )
+        print(f"{len(stale)} cached copies in {args.cache_dir} are not the indexed version")
     if problems:
         print(f"to repair, {REPAIR_HINT}")
     return 1 if problems else 0
+
+
+def _stale_copies(index: str, store: Any, url_map: Any, args: argparse.Namespace) -> dict[str, str]:
+    """Cached copies in ``args.cache_dir`` that are not what ``index`` records."""
+    from ..cache import ShardCache
+    from ..index import count_shards, open_index, shard_getter
+
+    idx = open_index(index, store, url_map=url_map, allow_local_shards=args.allow_local_shards)
+    get = shard_getter(idx)
+    shards = (get(k) for k in range(count_shards(idx)))
+    return ShardCache(args.cache_dir).stale((i.url, i.fingerprint) for i in shards)
 
 
 def _cmd_index_convert(args: argparse.Namespace) -> int:
