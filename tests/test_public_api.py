@@ -31,6 +31,7 @@ EXPECTED = [
     "JsonIndex",
     "JsonIndexWriter",
     "LockTimeoutError",
+    "MemberFile",
     "NotAnIndexError",
     "OfflineError",
     "OutputExistsError",

@@ -67,12 +67,12 @@ from .storage import IOStats, RetryPolicy
 from .writer import TarWriter
 
 if TYPE_CHECKING:
-    from .dataset import DatasetStats, ShardListDataset, WorkerStats
+    from .dataset import DatasetStats, MemberFile, ShardListDataset, WorkerStats
     from .sampler import DistributedChunkedSampler
 
 # Imported on first use: the dataset subclasses ``torch.utils.data.Dataset`` when torch is
 # installed, and ``import wids`` must not import torch.
-_FROM_DATASET = ("DatasetStats", "ShardListDataset", "WorkerStats")
+_FROM_DATASET = ("DatasetStats", "MemberFile", "ShardListDataset", "WorkerStats")
 # Imported on first use too: it subclasses ``torch.utils.data.DistributedSampler`` when torch is
 # installed, so frameworks recognise it as already distributed.
 _FROM_SAMPLER = ("DistributedChunkedSampler",)
@@ -101,6 +101,7 @@ __all__ = [
     "JsonIndex",
     "JsonIndexWriter",
     "LockTimeoutError",
+    "MemberFile",
     "NotAnIndexError",
     "OfflineError",
     "OutputExistsError",
@@ -154,10 +155,13 @@ def __getattr__(name: str) -> Any:
     """
     if name in _FROM_DATASET or name == "dataset":
         # ``from .dataset import`` imports the submodule, which binds ``wids.dataset`` too.
-        from .dataset import DatasetStats, ShardListDataset, WorkerStats
+        from .dataset import DatasetStats, MemberFile, ShardListDataset, WorkerStats
 
         globals().update(
-            DatasetStats=DatasetStats, ShardListDataset=ShardListDataset, WorkerStats=WorkerStats
+            DatasetStats=DatasetStats,
+            MemberFile=MemberFile,
+            ShardListDataset=ShardListDataset,
+            WorkerStats=WorkerStats,
         )
         return globals()[name]
     if name in _FROM_SAMPLER:

@@ -332,9 +332,13 @@ class Decoder:
             UnsafeDecodeError: The field would be unpickled and ``allow_pickle`` is off.
             Exception: Whatever the field's decoder raises.
         """
-        data = _as_bytes(value)
         ext = field.lstrip(".").lower()
         found, fn = self._lookup(ext)
+        if isinstance(value, io.RawIOBase) and fn is None and not ext.endswith("gz"):
+            pickled = found and ext.rsplit(".", 1)[-1] in PICKLE_EXTENSIONS
+            if not pickled:  # a large member's file (stream_over) with no decoder stays a file
+                return value
+        data = _as_bytes(value)
         if not found and ext.endswith("gz") and (ext == "gz" or ext.endswith(".gz")):
             data = _gunzip(data, self.max_decompressed)
             ext = ext[:-3] if ext.endswith(".gz") else ""

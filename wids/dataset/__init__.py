@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from .description import DatasetComponent
 from .listdataset import ShardListDataset
+from .memberfile import MemberFile
 from .stats import DatasetStats
 from .workerstats import WorkerStats
 
 __all__ = [
     "DatasetComponent",
     "DatasetStats",
+    "MemberFile",
     "ShardListDataset",
     "WorkerStats",
 ]

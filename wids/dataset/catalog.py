@@ -357,8 +357,9 @@ class Catalog:
         key = members.key(local)
         error = SampleTooLargeError(
             f"sample {key!r} is {size:,} bytes, over max_sample_bytes={self.max_sample_bytes:,}; "
-            "ds[i] reads a sample into memory whole: read large members by streaming, or raise "
-            "the bound (ShardListDataset(..., max_sample_bytes=...))",
+            "ds[i] reads a sample into memory whole: read large members by streaming "
+            "(ds.open(i, field), or ShardListDataset(..., stream_over=...)), or raise the bound "
+            "(ShardListDataset(..., max_sample_bytes=...))",
             shard=redact_url(url),
         )
         error.key, error.size = key, size

@@ -31,6 +31,7 @@ from ..storage import RetryPolicy, Store, forks, is_local, named_by
 from .catalog import MAX_SAMPLE_BYTES, Catalog, display_url
 from .description import DatasetComponent
 from .localcache import LocalCache
+from .memberfile import MemberFile, member_file, streamed_sample
 from .pool import ACCESS_MODES, ReaderPool
 from .shardview import ShardView
 from .stats import DatasetStats
@@ -146,6 +147,10 @@ class ShardListDataset(_DatasetBase[T_co]):
         max_sample_bytes: The largest sample ``ds[i]`` reads into memory (default 1 GiB:
             ``MAX_SAMPLE_BYTES``); a larger one is ``SampleTooLargeError`` naming shard, key
             and size, before anything is read. ``None`` for no bound.
+        stream_over: Members larger than this many bytes come in ``ds[i]`` as seekable file
+            objects (:class:`~wids.dataset.memberfile.MemberFile`, as :meth:`open` returns)
+            instead of bytes; ``None`` (the default): every member as bytes. Samples with
+            such a member are read member by member, without the lookahead.
 
     Raises:
         ValueError: An invalid parameter (checked here; all I/O happens lazily).
@@ -176,6 +181,7 @@ class ShardListDataset(_DatasetBase[T_co]):
         url_map: Mapping[str, str] | None = None,
         allow_local_shards: bool = False,
         max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
+        stream_over: int | None = None,
     ) -> None:
         if access not in ACCESS_MODES:
             raise ValueError(f"access must be one of {ACCESS_MODES}, not {access!r}")
@@ -193,6 +199,10 @@ class ShardListDataset(_DatasetBase[T_co]):
             raise ValueError(
                 f"max_sample_bytes must be an int >= 1 or None, not {max_sample_bytes!r}"
             )
+        if stream_over is not None and (
+            isinstance(stream_over, bool) or not isinstance(stream_over, int) or stream_over < 0
+        ):
+            raise ValueError(f"stream_over must be an int >= 0 or None, not {stream_over!r}")
         if cache_size is not None and cache_size < 0:
             raise ValueError(f"cache_size must be >= 0 or None, not {cache_size!r}")
         if retry is not None and not isinstance(retry, RetryPolicy):
@@ -227,6 +237,7 @@ class ShardListDataset(_DatasetBase[T_co]):
                 stacklevel=2,
             )
         self.merge_gap = merge_gap
+        self.stream_over = stream_over
         self.allow_pickle = bool(allow_pickle)
         self._local = LocalCache(cache_dir, cache_size=cache_size, keep=keep, offline=offline)
         self._catalog = Catalog(
@@ -303,8 +314,12 @@ class ShardListDataset(_DatasetBase[T_co]):
         if self._made != forks.generation:
             self._check_process()
         i, shard, j = self._catalog.locate(index)
-        fast = self._pool.fast.get(shard)
-        sample: Any = fast.read(i, j) if fast is not None else self._raw(i)  # same depth
+        sample: Any = None
+        if self.stream_over is not None:
+            sample = streamed_sample(self._catalog, self._pool, i, shard, j, self.stream_over)
+        if sample is None:
+            fast = self._pool.fast.get(shard)
+            sample = fast.read(i, j) if fast is not None else self._raw(i)  # same depth
         for t in self.transformations:
             sample = t(sample)
         return sample  # type: ignore[no-any-return]
@@ -317,12 +332,61 @@ class ShardListDataset(_DatasetBase[T_co]):
         """
         self._check_process()
         located = [self._catalog.locate(x) for x in indices]
+        if self.stream_over is not None:
+            return self._streamed_batch(located)
         out = []
         for sample in self._pool.read_batch(located, self.merge_gap, plan_of(indices)):
             for t in self.transformations:
                 sample = t(sample)
             out.append(sample)
         return out
+
+    def _streamed_batch(self, located: list[tuple[int, int, int]]) -> list[Any]:
+        """A batch with ``stream_over``: samples with large members as handles, the rest batched.
+
+        No plan goes to the lookahead: it would read large members' bytes ahead.
+        """
+        raws: list[Any] = [
+            streamed_sample(self._catalog, self._pool, i, shard, j, self.stream_over or 0)
+            for i, shard, j in located
+        ]
+        rest = [k for k, raw in enumerate(raws) if raw is None]
+        if rest:
+            got = self._pool.read_batch([located[k] for k in rest], self.merge_gap)
+            for k, sample in zip(rest, got, strict=True):
+                raws[k] = sample
+        out = []
+        for sample in raws:
+            for t in self.transformations:
+                sample = t(sample)
+            out.append(sample)
+        return out
+
+    def open(self, index: Any, field: str, **options: Any) -> MemberFile:
+        """One member of sample ``index`` as a read-only, seekable binary file.
+
+        Reads by ``os.pread`` for local shards and by range requests for remote ones (with a
+        bounded read-ahead), checked like every read: the shard's version is pinned and the
+        member's tar header checked on the first read. The file pickles (to a DataLoader
+        worker or back) and reopens where it is used. See ``docs/large-members.md``.
+
+        Args:
+            index: The sample's global index (negative counts from the end).
+            field: The member's field, with its leading dot (``".mp4"``).
+            **options: ``readahead`` and ``max_readahead`` of
+                :class:`~wids.dataset.memberfile.MemberFile`.
+
+        Raises:
+            IndexError: ``index`` is out of range.
+            KeyError: The sample has no such field.
+
+        Example:
+            >>> with ds.open(0, ".mp4") as f:  # doctest: +SKIP
+            ...     container = av.open(f)
+        """
+        self._check_process()
+        _, shard, j = self._catalog.locate(index)
+        return member_file(self._catalog, self._pool, shard, j, field, **options)
 
     # -- reference API ------------------------------------------------------------------------
 
