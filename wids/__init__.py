@@ -32,6 +32,7 @@ from .errors import (
     ShardNotFoundError,
     ShortReadError,
     TarFormatError,
+    TooLargeError,
     TruncatedTarError,
     UnsafeDecodeError,
     UntrustedLocationError,
@@ -63,7 +64,7 @@ from .index import (
 )
 from .sampler import ChunkedSampler, ShardedSampler
 from .shardwriter import ShardWriter
-from .storage import IOStats, RetryPolicy
+from .storage import IOStats, ReadLimits, RetryPolicy
 from .writer import TarWriter
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ __all__ = [
     "OutputExistsError",
     "PermanentRemoteError",
     "PipeCommandError",
+    "ReadLimits",
     "RemoteError",
     "RetriesExhaustedError",
     "RetryPolicy",
@@ -128,6 +130,7 @@ __all__ = [
     "TableIndexWriter",
     "TarFormatError",
     "TarWriter",
+    "TooLargeError",
     "TruncatedTarError",
     "UnsafeDecodeError",
     "UntrustedLocationError",

@@ -27,7 +27,7 @@ from ..decode import Decoder, interpret_transformations
 from ..index import check_url_map
 from ..plan import plan_of
 from ..samples import DUPLICATE_POLICIES, DuplicatePolicy
-from ..storage import RetryPolicy, Store, forks, is_local, named_by
+from ..storage import ReadLimits, RetryPolicy, Store, forks, is_local, named_by
 from .catalog import MAX_SAMPLE_BYTES, Catalog, display_url
 from .description import DatasetComponent
 from .localcache import LocalCache
@@ -127,6 +127,9 @@ class ShardListDataset(_DatasetBase[T_co]):
             etag; one ``info()``) and the tar header of one recorded member (one 512-byte
             read); a mismatch raises ``IndexMismatchError``.
         retry: Retry and timeout policy for storage requests.
+        read_limits: The most bytes a remote index description, member-table sidecar, SQLite
+            index or ``.widx`` table may have (a larger one is ``TooLargeError``, never read
+            whole); ``ReadLimits()``'s defaults when ``None``.
         merge_gap: In a batch, samples of one shard closer than this many bytes share a request
             (consecutive samples always do: only tar headers lie between them). 16 KiB, from
             ``tools/bench_merge_gap.py``: 64 KiB read 1.4-3x the samples' bytes in a chunked
@@ -173,6 +176,7 @@ class ShardListDataset(_DatasetBase[T_co]):
         access: str = "auto",
         verify: bool = True,
         retry: RetryPolicy | None = None,
+        read_limits: ReadLimits | None = None,
         merge_gap: int = 1 << 14,
         offline: bool = False,
         duplicates: DuplicatePolicy = "error",
@@ -248,7 +252,9 @@ class ShardListDataset(_DatasetBase[T_co]):
             url_map=check_url_map(url_map),
             allow_local_shards=allow_local_shards,
             # the options are for the URLs given here, not for other servers an index names
-            store=Store(storage_options, retry, named=named_by(shards, base, url_map)),
+            store=Store(
+                storage_options, retry, named=named_by(shards, base, url_map), limits=read_limits
+            ),
             duplicates=duplicates,
             verify=verify,
             max_sample_bytes=max_sample_bytes,

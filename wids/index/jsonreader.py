@@ -161,7 +161,7 @@ class JsonIndex:
             )
 
         where = redact_url(url)
-        data = read_bytes(url, self.store)
+        data = read_bytes(url, self.store, "members")
         fast = parse_sidecar(data)  # the writer's form, straight into arrays
         if fast is None:
             try:

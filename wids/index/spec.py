@@ -89,11 +89,16 @@ class Spec:
     url: str | None = None
 
 
-def read_bytes(url: str, store: Store | None = None) -> bytes:
-    """Read a whole (small) file from a path or any fsspec URL (remotely: one request)."""
-    src = (store or Store()).source(url)
+def read_bytes(url: str, store: Store | None = None, kind: str = "description") -> bytes:
+    """Read a whole (small) file from a path or any fsspec URL (remotely: one request).
+
+    ``kind`` (``"description"`` or ``"members"``) picks the bound of the store's
+    :class:`~wids.storage.ReadLimits`: a larger file is ``TooLargeError``, never read whole.
+    """
+    store = store or Store()
+    src = store.source(url)
     try:
-        return read_whole(src)
+        return read_whole(src, limit=getattr(store.limits, kind))
     finally:
         src.close()
 

@@ -144,7 +144,7 @@ class SqliteIndex:
         tmpdir = tempfile.mkdtemp(prefix="wids-index-")
         weakref.finalize(self, _remove_tree, tmpdir, os.getpid())
         dest = os.path.join(tmpdir, "index.sqlite")
-        src.download(dest)
+        src.download(dest, limit=self.store.limits.sqlite)
         self._local = dest
         return dest
 

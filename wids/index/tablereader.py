@@ -115,6 +115,10 @@ class TableIndex:
                 mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             src.close()
             size = len(mapped)
+        elif self.store.limits.table is not None and size > self.store.limits.table:
+            from ..storage import too_large
+
+            raise too_large(self.url, size, self.store.limits.table)
 
         def read(start: int, end: int) -> Any:
             if end > size:

@@ -28,11 +28,12 @@ The only part of wids that imports fsspec. Other parts import from this package,
 from __future__ import annotations
 
 from . import forks
-from .answer import Answer, Check, Pin, check_answer
+from .answer import Answer, Check, Pin, check_answer, too_large
 from .backends import preload
 from .batch import Window, read_ranges
 from .descriptors import DescriptorPool
 from .globs import expand_glob, has_glob, natural_key
+from .limits import ReadLimits
 from .origins import named_by
 from .parts import read_whole
 from .publish import check_writable, destination, put_file, read_head, same_place
@@ -49,6 +50,7 @@ __all__ = [
     "FileStat",
     "IOStats",
     "Pin",
+    "ReadLimits",
     "RedactingFilter",
     "RetryPolicy",
     "Source",
@@ -79,5 +81,6 @@ __all__ = [
     "same_place",
     "stored_url",
     "strip_credentials",
+    "too_large",
     "url_name",
 ]

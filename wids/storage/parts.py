@@ -86,6 +86,7 @@ def download(
     *,
     connections: int = CONNECTIONS,
     part_size: int | None = None,
+    limit: int | None = None,
 ) -> FileStat:
     """Copy the whole file to local path ``dest`` in concurrent checked parts (see the module).
 
@@ -96,6 +97,8 @@ def download(
         expected_size: The size the index records: an answer announcing another is refused.
         connections: Parts in flight at most.
         part_size: Bytes per part (the module's rule when ``None``).
+        limit: The most bytes accepted (``None``: no bound); a larger file is refused before
+            any part is fetched (:class:`~wids.errors.TooLargeError`).
 
     Returns:
         What the download knows of the file (its ``mtime`` only when a stat was needed).
@@ -107,18 +110,22 @@ def download(
     """
     if connections < 1:
         raise ValueError(f"connections must be >= 1, got {connections!r}")
+    if limit is not None and expected_size is not None and expected_size > limit:
+        raise too_large(source.url, expected_size, limit)
     if source.is_local or not source.answers_with_stat:
-        return download_stream(source, dest, stats, expected_size)
+        return download_stream(source, dest, stats, expected_size, limit)
     transport = source.transport()
     if not isinstance(transport, (HttpTransport, S3Transport, GcsTransport)):
         http = getattr(transport, "http", None)  # plain connections: aiohttp's for downloads
         if not isinstance(http, HttpTransport):
-            return download_stream(source, dest, stats, expected_size)
+            return download_stream(source, dest, stats, expected_size, limit)
         transport = http
     if expected_size is None:  # the parts need the size: one stat
         stat = source.info(stats)
+        if limit is not None and stat.size > limit:
+            raise too_large(source.url, stat.size, limit)
         if stat.etag is None:  # nothing ties parts to one version: one sequential pass
-            return download_stream(source, dest, stats, expected_size)
+            return download_stream(source, dest, stats, expected_size, limit)
     else:  # no stat: the first answer's etag pins the others (each answer is compared)
         stat = FileStat(expected_size, source.etag, None)
     etag = None if isinstance(transport, GcsTransport) else stat.etag  # GCS: its generation
@@ -126,7 +133,7 @@ def download(
     spans = part_spans(stat.size, connections, part_size)
     _fetch_all(pin, transport, spans, dest, connections, source, stats)
     if not pin.pinned and len(spans) > 1:  # no etag, no date: parts may mix versions
-        return download_stream(source, dest, stats, expected_size)
+        return download_stream(source, dest, stats, expected_size, limit)
     # the version's date: a stat's, or what the first answer said (Last-Modified) where the
     # server gives no etag, which a cache entry records (wids.cache.entries)
     version = stat.etag if isinstance(transport, GcsTransport) else pin.etag

@@ -40,6 +40,7 @@ from ..errors import (
     RetriesExhaustedError,
     ShardNotFoundError,
     ShortReadError,
+    TooLargeError,
     WidsError,
 )
 from .redact import _scrub, redact_url
@@ -256,7 +257,7 @@ class Attempts:
     def failed(self, exc: BaseException) -> float:
         """Raise the final error for ``exc``, or return the delay before the next attempt."""
         kind = classify(exc)
-        if kind == _UNKNOWN:
+        if kind == _UNKNOWN or isinstance(exc, TooLargeError):  # the latter names its bound
             self._count_error()
             raise exc
         if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) and not str(exc):

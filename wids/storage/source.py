@@ -39,6 +39,7 @@ from .answer import Check, Pin, check_answer, check_range, checked
 from .backends import is_http, request_timeout, with_defaults
 from .clients import filesystem
 from .http1 import Http1Pools, plain_options
+from .limits import ReadLimits
 from .local import LocalFile
 from .objectstores import transport_for
 from .origins import Scope
@@ -84,7 +85,17 @@ class Store:
         >>> store.source("s3://bucket/shard-000.tar").read_range(512, 1024)  # doctest: +SKIP
     """
 
-    __slots__ = ("_options", "_pins", "_plain", "_retry", "_scope", "_secrets", "named", "stats")
+    __slots__ = (
+        "_options",
+        "_pins",
+        "_plain",
+        "_retry",
+        "_scope",
+        "_secrets",
+        "limits",
+        "named",
+        "stats",
+    )
 
     def __init__(
         self,
@@ -93,9 +104,13 @@ class Store:
         *,
         stats: IOStats | None = None,
         named: Any = None,
+        limits: ReadLimits | None = None,
     ) -> None:
         if retry is not None and not isinstance(retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, not {type(retry).__name__}")
+        if limits is not None and not isinstance(limits, ReadLimits):
+            raise TypeError(f"limits must be a ReadLimits, not {type(limits).__name__}")
+        self.limits = limits if limits is not None else ReadLimits()  # whole-file reads
         self._options: dict[str, Any] = dict(storage_options or {})
         self._scope = Scope(self._options, named)
         self.named = self._scope.named  # the origins the options are for (None: every one)
@@ -122,12 +137,18 @@ class Store:
         if isinstance(store, Store):
             if retry is None or retry == store.retry:
                 return store
-            return cls(store.storage_options, retry, stats=store.stats, named=store.named)
+            return cls(
+                store.storage_options,
+                retry,
+                stats=store.stats,
+                named=store.named,
+                limits=store.limits,
+            )
         return cls(store, retry, named=named)
 
     def with_stats(self, stats: IOStats | None = None) -> Store:
         """The same options and retry policy, counting into ``stats`` (new counters if ``None``)."""
-        return Store(self._options, self._retry, stats=stats, named=self.named)
+        return Store(self._options, self._retry, stats=stats, named=self.named, limits=self.limits)
 
     def close_idle(self) -> None:
         """Close the idle plain HTTP connections this store's sources kept (they reconnect)."""
@@ -177,7 +198,7 @@ class Store:
         return found
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (partial(Store, named=self.named), (self._options, self._retry))
+        return (partial(Store, named=self.named, limits=self.limits), (self._options, self._retry))
 
     def __repr__(self) -> str:
         return f"Store(options={sorted(self._options)}, retry={self._retry!r})"
@@ -430,7 +451,11 @@ class Source:
         return Stream(raw)
 
     def download(
-        self, dest: str, stats: IOStats | None = None, expected_size: int | None = None
+        self,
+        dest: str,
+        stats: IOStats | None = None,
+        expected_size: int | None = None,
+        limit: int | None = None,
     ) -> FileStat:
         """Copy the whole file to local path ``dest`` and verify its size.
 
@@ -442,5 +467,7 @@ class Source:
             IndexMismatchError: The file's size differs from ``expected_size``, or it changed
                 during the download.
             ShortReadError: Fewer bytes arrived than the stat announced.
+            TooLargeError: The file is larger than ``limit`` bytes (nothing is fetched).
         """
-        return download(self, dest, self.store.stats if stats is None else stats, expected_size)
+        counters = self.store.stats if stats is None else stats
+        return download(self, dest, counters, expected_size, limit=limit)

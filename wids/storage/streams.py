@@ -22,7 +22,7 @@ from typing import Any, BinaryIO, Protocol
 import fsspec.asyn
 
 from ..errors import CorruptReadError, IndexMismatchError, PermanentRemoteError, ShortReadError
-from .answer import Pin, changed
+from .answer import Pin, changed, too_large
 from .redact import redact_url
 from .retry import Attempts, retry_async
 from .stats import FileStat, IOStats
@@ -232,7 +232,11 @@ class Stream(io.BufferedReader):
 
 
 def download(
-    source: Readable, dest: str, stats: IOStats | None, expected_size: int | None = None
+    source: Readable,
+    dest: str,
+    stats: IOStats | None,
+    expected_size: int | None = None,
+    limit: int | None = None,
 ) -> FileStat:
     """Copy the whole file to local path ``dest`` and verify its size (see ``Source.download``).
 
@@ -249,6 +253,8 @@ def download(
                     f"size is {stat.size}, the index says {expected_size}",
                     shard=redact_url(source.url),
                 )
+            if limit is not None and stat.size > limit:
+                raise too_large(source.url, stat.size, limit)
             shutil.copyfileobj(stream, out, 1 << 20)
             written = out.tell()
         if written != stat.size:
