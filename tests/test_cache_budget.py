@@ -37,8 +37,7 @@ def _bytes_in(cache_dir: str, sub: str) -> int:
     return total
 
 
-@pytest.fixture(scope="module")
-def shards(http_server, tmp_path_factory):
+def _dataset(server, tmp_path_factory, options=None):
     src = tmp_path_factory.mktemp("budget")
     paths = write_dataset(
         str(src),
@@ -48,23 +47,44 @@ def shards(http_server, tmp_path_factory):
         jpg_bytes=4000,
         prefix="budget",
     )
-    urls = [http_server.put(p, f"budget/{os.path.basename(p)}") for p in paths]
+    urls = [server.put(p, f"budget/{os.path.basename(p)}") for p in paths]
     index = str(src / "budget.json")
-    build_index(urls, index, name="budget")
+    build_index(urls, index, name="budget", storage_options=options)
     return {
         "index": index,
         "paths": paths,
         "urls": urls,
         "size": max(os.path.getsize(p) for p in paths),
         "oracle": dataset_samples(paths),
+        "options": options,
     }
 
 
-def _reader(index: str, cache_dir: str, budget: int, seed: int, rounds: int, out) -> None:
+@pytest.fixture(scope="module")
+def shards(http_server, tmp_path_factory):
+    return _dataset(http_server, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def s3_shards(s3_server, tmp_path_factory):
+    return _dataset(s3_server, tmp_path_factory, s3_server.storage_options)
+
+
+@pytest.fixture(params=["nginx", "moto"])
+def remote_shards(request):
+    return request.getfixturevalue("shards" if request.param == "nginx" else "s3_shards")
+
+
+def _reader(index, cache_dir, budget, seed, rounds, out, options=None) -> None:
     import random
 
     ds = ShardListDataset(
-        index, access="shard", cache_dir=cache_dir, cache_size=budget, transformations=[]
+        index,
+        access="shard",
+        cache_dir=cache_dir,
+        cache_size=budget,
+        transformations=[],
+        storage_options=options,
     )
     rng = random.Random(seed)
     n = len(ds)
@@ -81,15 +101,19 @@ def _reader(index: str, cache_dir: str, budget: int, seed: int, rounds: int, out
         os._exit(0)  # as DataLoader workers end: no finalizers
 
 
-def test_the_budget_holds_at_every_moment_while_four_processes_read(shards, tmp_path):
+def test_the_budget_holds_at_every_moment_while_four_processes_read(remote_shards, tmp_path):
     """Sampled every millisecond: data/ never holds more than the budget, and data/ plus the
     downloads in flight at most one shard per process more (the documented allowance)."""
+    shards = remote_shards
     budget = 3 * shards["size"]
     cache_dir = str(tmp_path / "cache")
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [
-        ctx.Process(target=_reader, args=(shards["index"], cache_dir, budget, s, 25, out))
+        ctx.Process(
+            target=_reader,
+            args=(shards["index"], cache_dir, budget, s, 25, out, shards["options"]),
+        )
         for s in range(4)
     ]
     peak = {"data": 0, "all": 0}
@@ -121,13 +145,17 @@ def test_the_budget_holds_at_every_moment_while_four_processes_read(shards, tmp_
     assert _bytes_in(cache_dir, "data") + _bytes_in(cache_dir, "tmp") <= budget
 
 
-def test_killed_processes_leave_the_cache_within_budget(shards, tmp_path):
+def test_killed_processes_leave_the_cache_within_budget(remote_shards, tmp_path):
+    shards = remote_shards
     budget = 8 * shards["size"]
     cache_dir = str(tmp_path / "cache")
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     procs = [
-        ctx.Process(target=_reader, args=(shards["index"], cache_dir, budget, s + 1, 10**6, out))
+        ctx.Process(
+            target=_reader,
+            args=(shards["index"], cache_dir, budget, s + 1, 10**6, out, shards["options"]),
+        )
         for s in range(4)
     ]
     for p in procs:

@@ -5,7 +5,7 @@ Usage: python tools/soak.py --minutes 2 [--backend http|s3] [--rate 0.05] [--see
 Builds a synthetic dataset, serves it from nginx (or moto) on 127.0.0.1 behind the fault proxy
 (``tests/faultproxy.py``), indexes it, then runs two processes until the time is up: process 0
 reads by range requests, process 1 through a small shard cache (so shards are evicted and
-downloaded again under faults); ``--access range|shard`` uses one mode in both. Each process
+downloaded again under faults); ``--access range|shard|auto`` uses one mode in both. Each process
 runs a DataLoader with 2 workers over random indices; every sample is compared with what
 ``tarfile`` says. Prints samples served, faults
 injected by kind, retries, errors raised, wrong samples and peak RSS; exits non-zero if any
@@ -97,9 +97,9 @@ def child(rank: int, cfg: dict[str, Any], results: Any) -> None:
         cfg["index"],
         transformations=[],
         access=access,
-        cache_dir=cfg["cache_dir"] if access == "shard" else None,
-        cache_size=cfg["cache_size"] if access == "shard" else None,
-        lru_size=3 if access == "shard" else 10,  # few open shards: evictions, re-downloads
+        cache_dir=cfg["cache_dir"] if access != "range" else None,
+        cache_size=cfg["cache_size"] if access != "range" else None,
+        lru_size=3 if access != "range" else 10,  # few open shards: evictions, re-downloads
         storage_options=cfg["storage_options"],
         retry=RetryPolicy(**cfg["retry"]),
     )
@@ -185,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-batches", type=int, default=200_000, help="per process")
     ap.add_argument(
         "--access",
-        choices=["mixed", "range", "shard"],
+        choices=["mixed", "range", "shard", "auto"],
         default="mixed",
-        help="mixed: process 0 reads by range, process 1 through the shard cache",
+        help="mixed: process 0 reads by range, process 1 through the shard cache; auto: both "
+        "through a small cache with promotion",
     )
     ap.add_argument(
         "--batch-timeout", type=float, default=120.0, help="a batch slower than this is a hang"
