@@ -90,6 +90,12 @@ def _read_all(path: Path) -> None:
                     members.members(j)
     finally:
         idx.close()
+    from wids import ShardListDataset
+
+    ds = ShardListDataset(str(path), transformations=[])  # counts, cumulative counts, lookup
+    if len(ds):
+        ds._catalog.locate(len(ds) - 1)
+    ds.close()
 
 
 def _only_index_errors(path: Path, what: str) -> None:
@@ -251,10 +257,16 @@ def _table_mutation(rng: random.Random, index: Path, root: Path) -> None:
     if rng.random() < 0.5:
         _flip_bytes(rng, index)
         return
-    # an aligned 8-byte value (counts, offsets, sizes) set to an interesting integer
-    at = 8 * rng.randrange(len(raw) // 8)
-    value = rng.choice(_INTERESTING_INTS) % 2**64
-    raw[at : at + 8] = value.to_bytes(8, "little")
+    # an 8-byte value (counts, offsets, sizes; packed tables need not be aligned) set to an
+    # interesting integer, or a 2- or 4-byte one (field ids, flags)
+    width = rng.choice((8, 8, 4, 2))
+    at = (
+        rng.randrange(len(raw) - width)
+        if rng.random() < 0.5
+        else width * rng.randrange(len(raw) // width)
+    )
+    value = rng.choice(_INTERESTING_INTS) % 2 ** (8 * width)
+    raw[at : at + width] = value.to_bytes(width, "little")
     index.write_bytes(bytes(raw))
 
 
