@@ -61,10 +61,12 @@ def _fill(disk: Path, leave: int = 0) -> None:
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> list[str]:
     d = tmp_path_factory.mktemp("shards")
-    return [
+    out = [
         str(write_shard(d / f"s{i}.tar", make_samples(300, start=1000 * i, jpg_size=10)))
         for i in range(3)
     ]
+    build_index(out, str(d / "i.json"))  # a dataset to subset
+    return out
 
 
 def _left(disk: Path) -> list[str]:
@@ -109,11 +111,14 @@ def test_shardwriter_on_a_full_disk_is_a_write_error_naming_the_shard(small_disk
 
 
 _AS_USER = """
-import sys
+import os, sys
 from wids import ShardWriter, build_index
+from wids.subset import make_subset
 target, shard = sys.argv[1], sys.argv[2]
 try:
-    if target.endswith(".json"):
+    if target.endswith("/sub"):
+        make_subset(os.path.join(os.path.dirname(shard), "i.json"), target, shards=slice(0, 1))
+    elif target.endswith(".json"):
         build_index([shard], target)
     else:
         with ShardWriter(target, maxcount=10, index=None) as sink:
@@ -123,7 +128,7 @@ except Exception as e:
 """
 
 
-@pytest.mark.parametrize("target", ["train-%06d.tar", "i.json"])
+@pytest.mark.parametrize("target", ["train-%06d.tar", "i.json", "sub"])
 def test_permission_denied_is_a_typed_permission_error(tmp_path: Path, shards, target) -> None:
     if shutil.which("setpriv") is None or os.geteuid() != 0:
         pytest.skip("needs root and setpriv (util-linux) to run a child without privileges")

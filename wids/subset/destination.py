@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..atomic import fsync_dir
-from ..errors import OutputExistsError
+from ..errors import OutputExistsError, writing
 from ..storage import redact_url, url_name
 
 __all__ = ["MAX_NAME", "Plan", "Run", "check_destination", "local_names", "plan_paths"]
@@ -147,7 +147,8 @@ class Run:
         while not os.path.isdir(p):
             missing.append(p)
             p = os.path.dirname(p)
-        os.makedirs(path, exist_ok=True)
+        with writing(path):  # a read-only parent: WritePermissionError naming it
+            os.makedirs(path, exist_ok=True)
         with self._lock:
             self._dirs.extend(reversed(missing))
 
@@ -157,8 +158,9 @@ class Run:
         Those of killed runs in ``parent`` (their lock free) are removed first.
         """
         remove_stale_staging(parent)
-        path = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent)
-        fd = os.open(os.path.join(path, _STAGING_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
+        with writing(parent):
+            path = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=parent)
+            fd = os.open(os.path.join(path, _STAGING_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else holds it
         with self._lock:
             self._staging.append(path)
