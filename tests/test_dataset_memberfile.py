@@ -261,7 +261,7 @@ def test_remote_reads_about_what_is_consumed(http_server, shard):
     before = ds.stats.bytes_read
     consumed = 0
     with ds.open(1, ".bin") as f:
-        for pos in (100_000, 4_000_000, 2_500_000):
+        for pos in (4_000_000, 100_000, 2_500_000):  # the first far from the header
             f.seek(pos)
             for _ in range(16):  # a 1 MB window in a decoder's 64 KiB reads
                 chunk = f.read(1 << 16)
@@ -269,6 +269,12 @@ def test_remote_reads_about_what_is_consumed(http_server, shard):
                 consumed += len(chunk)
     moved = ds.stats.bytes_read - before
     assert consumed <= moved <= 2 * consumed + 512, (moved, consumed)
+    with ds.open(2, ".bin") as f:  # near the start: the header comes with the first read
+        before = ds.stats.requests, ds.stats.bytes_read
+        f.seek(1000)
+        assert f.read(1 << 20) == oracle[("sample002", ".bin")][1000 : 1000 + (1 << 20)]
+        assert ds.stats.requests - before[0] == 1
+        assert ds.stats.bytes_read - before[1] == 512 + 1000 + (1 << 20)
 
 
 @pytest.mark.parametrize("server", ["http_server", "s3_server"])

@@ -20,8 +20,9 @@ etag, or the first answer's; a pickled handle carries it to the process that unp
 so a shard replaced while it is read raises
 :class:`~wids.errors.IndexMismatchError`; and a handle's first read in a process also reads the
 512 bytes before the member and checks they are its tar header
-(:func:`~wids.tar.header_mismatch`). Errors keep their type and name the shard, key and
-field.
+(:func:`~wids.tar.header_mismatch`): in the same request when the read starts near the
+member's beginning, else in a request of its own (512 bytes). Errors keep their type and
+name the shard, key and field.
 
 A handle pickles as what it reads (source, member, position); descriptors, buffers and
 connections are made again in the process that uses it (a DataLoader worker, under fork,
@@ -286,22 +287,22 @@ class MemberFile(io.RawIOBase):
 
     def _fetch(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of the member from storage; the first also checks the header."""
-        src = self.source
         base = self.offset
-        check = None
-        lo = base + start
-        if not self._checked:
-            lo = base - HEADER
-
-            def check(data: bytes) -> str | None:
-                return header_mismatch(data[:HEADER], self.name, self.size)
-
         try:
-            data = src.read_range(lo, base + end, check=check)
+            if self._checked:
+                return self.source.read_range(base + start, base + end)
+            if start > max(self.readahead, HEADER):  # far from the header: read it on its own
+                self.source.read_range(base - HEADER, base, check=self._header_check)
+                self._checked = True
+                return self.source.read_range(base + start, base + end)
+            data = self.source.read_range(base - HEADER, base + end, check=self._header_check)
         except WidsError as e:
             raise self._named(e) from e
         self._checked = True
-        return data[base + start - lo :] if lo != base + start else data
+        return data[HEADER + start :]
+
+    def _header_check(self, data: bytes) -> str | None:
+        return header_mismatch(data[:HEADER], self.name, self.size)
 
     def _descriptor(self) -> int:
         """This process's descriptor of the local shard, opened and checked on first use."""
