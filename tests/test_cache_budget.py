@@ -266,3 +266,33 @@ def test_auto_below_two_shards_per_reader_reads_by_range_not_more(http_server, s
     rng = _epoch_bytes(http_server, shards, None, "range", None)
     assert auto <= rng
     assert ShardCache(cache_dir).total_bytes() == 0
+
+
+def _count(batch):
+    return len(batch)
+
+
+def test_chunked_order_fetches_each_shard_once_with_half_the_dataset(http_server, shards, tmp_path):
+    """A plan through a DataLoader (2 workers) announced the whole epoch: shard mode fetched
+    shards ahead that evicted each other, 1.6-1.8x the dataset per epoch with a budget of
+    half of it. Fetching ahead is now bounded by each reader's share of the budget."""
+    import torch.utils.data as tud
+
+    from wids.sampler import ChunkedSampler
+
+    total = sum(os.path.getsize(p) for p in shards["paths"])
+    ds = ShardListDataset(
+        shards["index"],
+        access="shard",
+        cache_dir=str(tmp_path / "cache"),
+        cache_size=total // 2,
+        transformations=[],
+    )
+    per = len(ds) // len(ds.lengths)
+    sampler = ChunkedSampler(ds, chunksize=per, seed=1, shufflefirst=True)
+    http_server.reset_counts()
+    loader = tud.DataLoader(ds, batch_size=5, sampler=sampler, num_workers=2, collate_fn=_count)
+    assert sum(loader) == len(ds)
+    lines = [ln.split() for ln in http_server._lines()]
+    shard_bytes = sum(int(ln[-1]) for ln in lines if ln[0].endswith(".tar"))
+    assert shard_bytes <= 1.05 * total  # the index and its sidecars not counted

@@ -98,6 +98,10 @@ class PromotionCache(Protocol):
         """Whether the budget holds two shards of this size per reader active now."""
         ...
 
+    def may_fetch_ahead(self, url: str, size: int) -> bool:
+        """Whether ``url`` may be fetched ahead of its reads now (counted ahead if so)."""
+        ...
+
 
 class Promoter:
     """Moves remote shards that are read by range requests into the cache (``access="auto"``).
@@ -166,6 +170,7 @@ class Promoter:
         self._promotions: dict[str, int] = {}
         self._slow: set[str] = set()
         self._planned: set[str] = set()  # promoted on a plan: most of it comes next, so wait
+        self._deferred: set[str] = set()  # announced by a plan when the budget had no room
         self._mutex = threading.Lock()
 
     def requested(
@@ -194,6 +199,10 @@ class Promoter:
         with self._mutex:
             focused = self._count_recent(url)
             if url in self._futures or url in self._failed:
+                return
+            if url in self._deferred:  # a plan announced it, the budget had no room then
+                if self._start(source, shard_bytes, expected, stats, verify):
+                    self._planned.add(url)
                 return
             total = self._requested.get(url, 0) + nbytes
             self._requested[url] = total
@@ -273,6 +282,12 @@ class Promoter:
             # fewer than two shards per reader active at once: promoted copies would be
             # evicted before they are read, and fetched again; range reads move fewer bytes
             return False
+        if not self.cache.may_fetch_ahead(url, shard_bytes):
+            # this process's share of the budget is taken by shards fetched ahead and not
+            # read yet: promoted when its reads begin (requested), not now
+            self._deferred.add(url)
+            return False
+        self._deferred.discard(url)
         log.debug("promoting %s into the cache", redact_url(url))
         self._futures[url] = self.cache.prefetch(
             source, expected=expected, stats=stats, verify=verify

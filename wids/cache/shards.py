@@ -101,6 +101,7 @@ class ShardCache:
         self._ready = False  # the directory was checked (and marked) by this object
         self._downloading = threading.Lock()
         self._readers = ReaderMarks(os.path.join(self.cache_dir, "locks"))
+        self._ahead: dict[str, int] = {}  # fetched ahead, not yet opened by a read: url -> bytes
         self.files = EntryFiles(self.cache_dir)
 
     def __repr__(self) -> str:
@@ -181,6 +182,8 @@ class ShardCache:
         if expect.size is None and self.max_bytes is not None and not self.offline:
             expect = replace(expect, size=source.info(stats).size)
 
+        with self._mutex:
+            self._ahead.pop(source.url, None)
         return self._open_source(source, expect, stats, verify)
 
     def _open_source(
@@ -274,6 +277,8 @@ class ShardCache:
         """
         expect = _expectation(expected, size, etag, md5sum)
         key = url_name(url)
+        with self._mutex:
+            self._ahead.pop(url, None)
         if not os.path.exists(self.files.data(key)) or not self._prepare(create=False):
             return None
         lock = FileLock(self.files.lockfile(key), shared=True)
@@ -437,7 +442,7 @@ class ShardCache:
         fetched into ahead of time (it would evict what is being read): the future is done.
         """
         expect = _expectation(expected, size, etag, md5sum)
-        if expect.size is not None and not self.roomy(expect.size):
+        if expect.size is not None and not self.may_fetch_ahead(source.url, expect.size):
             skipped: Future[None] = Future()
             skipped.set_result(None)
             return skipped
@@ -447,6 +452,27 @@ class ShardCache:
             self._open_source(source, expect, stats, verify).close()
 
         return self._background.submit(source.url, job)
+
+    def may_fetch_ahead(self, url: str, size: int) -> bool:
+        """Whether ``url`` may be fetched ahead of its reads now (and if so, count it ahead).
+
+        This process's share of the budget (``max_bytes`` over the readers active now) holds
+        the shard being read, one more its reads may open, and what was fetched ahead and not
+        yet opened by a read; a plan announcing a whole epoch gets only what fits, the rest is
+        fetched when read.
+        """
+        if self.max_bytes is None:
+            return True
+        if not self.roomy(size):
+            return False
+        share = self.max_bytes // self.active_readers() - 2 * size
+        with self._mutex:
+            if url in self._ahead:
+                return True
+            if sum(self._ahead.values()) + size > share:
+                return False
+            self._ahead[url] = size
+            return True
 
     def roomy(self, shard_bytes: int) -> bool:
         """Whether the budget holds two shards of ``shard_bytes`` per reader active now."""
