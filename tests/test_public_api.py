@@ -22,6 +22,7 @@ EXPECTED = [
     "DistributedChunkedSampler",
     "EncodeError",
     "Encoder",
+    "ExclusionError",
     "HeaderChecksumError",
     "IOStats",
     "IndexFormatError",

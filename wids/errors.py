@@ -9,6 +9,7 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     │   └── HeaderChecksumError               a header's checksum does not match
     ├── SampleLayoutError(ValueError)         members do not group into samples cleanly
     ├── SampleTooLargeError(ValueError)       a sample is over the dataset's max_sample_bytes
+    ├── ExclusionError(ValueError)            an exclusion list is malformed or names no sample
     ├── IndexFormatError(ValueError)          an index or dataset description is malformed
     │   ├── NotAnIndexError                   the file is no index at all (nothing to repair)
     │   ├── UntrustedLocationError            a remote index names a local file (not allowed)
@@ -53,6 +54,7 @@ __all__ = [
     "DecodeError",
     "DestinationError",
     "EncodeError",
+    "ExclusionError",
     "HeaderChecksumError",
     "IndexFormatError",
     "IndexMismatchError",
@@ -157,6 +159,14 @@ class SampleLayoutError(WidsError, ValueError):
         super().__init__(
             "; ".join([message, ", or ".join(advice)] if advice else [message]), shard=shard
         )
+
+
+class ExclusionError(WidsError, ValueError):
+    """An exclusion (``ShardListDataset(exclude=...)``, ``wids subset --exclude``) is refused.
+
+    An entry is not a key, ``shard/key`` pair or sample number; a shard name matches several
+    shards; or, with ``strict``, entries name no sample of the dataset.
+    """
 
 
 class SampleTooLargeError(WidsError, ValueError):

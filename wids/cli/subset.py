@@ -52,6 +52,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="replace files of the names the subset writes (other files are never touched; "
         "the source index and shards are never replaced)",
     )
+    p.add_argument(
+        "--exclude",
+        metavar="FILE",
+        help="leave these samples out of the subset's index (the shards are copied whole): one "
+        "entry per line, KEY, SHARD/KEY (SHARD ending in .tar, .tgz, .tar.gz) or SHARD<TAB>KEY; "
+        "'#' comment lines and blank lines skipped. Written beside the index as "
+        "<index>.exclude, which opening that index applies",
+    )
+    p.add_argument(
+        "--exclude-samples",
+        metavar="FILE",
+        help="as --exclude, with global sample numbers of the source (one integer per line)",
+    )
+    p.add_argument(
+        "--exclude-strict",
+        action="store_true",
+        help="refuse exclusions naming no sample of the subset (default: ignored, counted)",
+    )
     p.add_argument("-j", "--jobs", type=int, default=8, help="shards copied at once (8)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     dask_flag(p)
@@ -66,11 +84,34 @@ def _cmd_subset(args: argparse.Namespace) -> int:
 
     with dask_executor(args.dask) as executor:
         report = _subset(args, executor, make_subset)
+    excluded = f" ({report.excluded} excluded)" if report.excluded else ""
     print(
-        f"{redact_url(report.index)}: {report.shards} shards, {report.samples} samples, "
+        f"{redact_url(report.index)}: {report.shards} shards, {report.samples} samples{excluded}, "
         f"{human(report.bytes)} ({report.copied} copied) in {report.seconds:.2f} s"
     )
     return 0
+
+
+def _exclusions(args: argparse.Namespace) -> list[Any] | None:
+    """The entries of ``--exclude`` and ``--exclude-samples``, or ``None``."""
+    if args.exclude is None and args.exclude_samples is None:
+        return None
+    from ..dataset import parse_exclude, read_exclude_file
+
+    entries: list[Any] = []
+    if args.exclude is not None:
+        entries += read_exclude_file(args.exclude)
+    if args.exclude_samples is not None:
+        for n, text in enumerate(read_exclude_file(args.exclude_samples), 1):
+            try:
+                entries.append(int(text))
+            except ValueError:
+                raise SystemExit(
+                    f"wids subset: {args.exclude_samples}: entry {n} is not a sample number: "
+                    f"{text!r}"
+                ) from None
+    parse_exclude(entries)  # a malformed entry fails before anything is copied
+    return entries
 
 
 def _subset(args: argparse.Namespace, executor: Any, make_subset: Any) -> Any:
@@ -85,4 +126,6 @@ def _subset(args: argparse.Namespace, executor: Any, make_subset: Any) -> Any:
         force=args.force,
         allow_local_shards=args.allow_local_shards,
         executor=executor,
+        exclude=_exclusions(args),
+        exclude_strict=args.exclude_strict,
     )

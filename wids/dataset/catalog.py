@@ -22,6 +22,8 @@ import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import numpy as np
+
 from ..errors import IndexFormatError, IndexMismatchError, SampleTooLargeError
 from ..index import (
     ShardInfo,
@@ -34,6 +36,7 @@ from ..index import (
 from ..samples import DuplicatePolicy
 from ..storage import FileStat, RetryPolicy, Source, Store, is_local, preload, redact_url
 from .description import Description
+from .exclusions import SIDECAR, ExcludeSpec, Kept, parse_exclude, resolve, warn_unknown
 from .localcache import LocalCache
 from .localtables import parse_local_tables
 
@@ -89,6 +92,8 @@ class Catalog:
         store: Storage options, retry policy and I/O counters of every shard read.
         duplicates: Policy for repeated keys or fields when a shard is scanned.
         verify: Check each shard against the index on first touch in a process.
+        exclude: Samples left out (:mod:`wids.dataset.exclusions`), resolved when the
+            description loads; a local index's ``P.exclude`` file beside it is added.
     """
 
     def __init__(
@@ -104,8 +109,11 @@ class Catalog:
         duplicates: DuplicatePolicy = "error",
         verify: bool = True,
         max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
+        exclude: ExcludeSpec | None = None,
     ) -> None:
         self.src = src
+        self.exclude = exclude
+        self._kept: Kept | None = None  # the description without the exclusions, once loaded
         self.local = local
         self.dataset_name = dataset_name
         self.base = base
@@ -195,6 +203,8 @@ class Catalog:
         # The hot path of random access: keep it flat (see tools/bench_read.py).
         i = index if type(index) is int else operator.index(index)
         loaded = self._loaded or self.load()
+        if self._kept is not None:
+            return self._locate_kept(self._kept, i, index, loaded)
         n = loaded.total
         if i < 0:
             i += n
@@ -210,6 +220,55 @@ class Catalog:
             return i, shard, (i - cum[shard - 1] if shard else i)
         shard = loaded.locate(i)  # numpy search: datasets of many shards
         return i, shard, i - int(loaded.starts[shard])
+
+    @staticmethod
+    def _locate_kept(kept: Kept, i: int, index: Any, loaded: Description) -> tuple[int, int, int]:
+        n = kept.total
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(f"index {index} out of range for a dataset of {n} samples")
+        g = kept.raw(i)
+        shard = loaded.locate(g)
+        return i, shard, g - int(loaded.starts[shard])
+
+    def counts(self) -> Description | Kept:
+        """What the dataset's ``lengths``, ``cum``, ``total`` and ``components`` are: the kept."""
+        loaded = self._loaded or self.load()
+        return self._kept if self._kept is not None else loaded
+
+    def _exclusion(self) -> ExcludeSpec | None:
+        """``exclude=`` and the local index's exclusion file (``wids subset --exclude``)."""
+        spec = self.exclude
+        src = self.src
+        if not isinstance(src, (str, os.PathLike)) or _is_shard_pattern(src):
+            return spec
+        path = os.fspath(src).removeprefix("file://")
+        if not is_local(path) or not os.path.isfile(path + SIDECAR):
+            return spec
+        beside = parse_exclude(path + SIDECAR, strict=True)
+        if beside is None or spec is None:
+            return beside or spec
+        # the sidecar names shards of this index: its entries are known; the user's may not be
+        extra = ExcludeSpec(beside.samples, beside.keys, beside.pairs, strict=False)
+        merged = {**spec.pairs}
+        for shard, keys in extra.pairs.items():
+            merged[shard] = merged.get(shard, frozenset()) | keys
+        return ExcludeSpec(spec.samples, spec.keys | extra.keys, merged, spec.strict)
+
+    def _resolve_exclusion(self, loaded: Description) -> None:
+        spec = self._exclusion()
+        if spec is None or self._kept is not None:
+            return
+        infos = loaded.infos
+        excluded, unknown = resolve(
+            spec, loaded.starts, lambda k: infos[k].url, lambda k: self.members(k)[0]
+        )
+        warn_unknown(unknown, spec, stacklevel=7)  # len(ds)'s caller
+        if len(excluded):
+            self._kept = Kept(
+                excluded, np.asarray(loaded.lengths, dtype=np.int64), loaded.components
+            )
 
     # -- the description ----------------------------------------------------------------------
 
@@ -234,6 +293,8 @@ class Catalog:
                 loaded = self._loaded
             if self._first and self.remote_tables:  # outside the lock: members() takes it
                 self.prefetch_members(self._first, at_least=1)
+            with self._lock:
+                self._resolve_exclusion(loaded)
         return loaded
 
     def _load_description(self) -> Description:

@@ -30,6 +30,7 @@ from ..samples import DUPLICATE_POLICIES, DuplicatePolicy
 from ..storage import ReadLimits, RetryPolicy, Store, forks, is_local, named_by
 from .catalog import MAX_SAMPLE_BYTES, Catalog, display_url
 from .description import DatasetComponent
+from .exclusions import parse_exclude
 from .localcache import LocalCache
 from .memberfile import MemberFile, member_file, streamed_sample
 from .pool import ACCESS_MODES, ReaderPool
@@ -154,6 +155,15 @@ class ShardListDataset(_DatasetBase[T_co]):
             objects (:class:`~wids.dataset.memberfile.MemberFile`, as :meth:`open` returns)
             instead of bytes; ``None`` (the default): every member as bytes. Samples with
             such a member are read member by member, without the lookahead.
+        exclude: Samples to leave out, no shard touched (see ``docs/exclusions.md``): a path
+            of a file with one entry per line (``KEY``, ``SHARD/KEY`` or ``SHARD<TAB>KEY``;
+            ``#`` comment lines and blank lines skipped) or an iterable of such strings,
+            ``(shard, key)`` pairs and ints (global sample numbers). ``len``, ``ds[i]``,
+            ``lengths``, ``cum_lengths``, ``total_length``, ``components`` and the samplers
+            then see only the kept samples. Entries naming no sample are ignored with one
+            warning counting them. A local index ``P`` with a file ``P.exclude`` beside it
+            (``wids subset --exclude``) opens with that exclusion too.
+        exclude_strict: Refuse (``ExclusionError``) entries that name no sample.
 
     Raises:
         ValueError: An invalid parameter (checked here; all I/O happens lazily).
@@ -186,6 +196,8 @@ class ShardListDataset(_DatasetBase[T_co]):
         allow_local_shards: bool = False,
         max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
         stream_over: int | None = None,
+        exclude: Any = None,
+        exclude_strict: bool = False,
     ) -> None:
         if access not in ACCESS_MODES:
             raise ValueError(f"access must be one of {ACCESS_MODES}, not {access!r}")
@@ -258,6 +270,8 @@ class ShardListDataset(_DatasetBase[T_co]):
             duplicates=duplicates,
             verify=verify,
             max_sample_bytes=max_sample_bytes,
+            # read here, once: workers get the parsed entries, never the file
+            exclude=parse_exclude(exclude, strict=exclude_strict),
         )
         self._pool = ReaderPool(
             self._catalog, lru_size=lru_size, access=access, promote_share=promote_share
@@ -403,18 +417,18 @@ class ShardListDataset(_DatasetBase[T_co]):
 
     @property
     def lengths(self) -> list[int]:
-        """Samples per shard."""
-        return self._catalog.load().lengths.tolist()  # type: ignore[no-any-return]
+        """Samples per shard (kept samples, with ``exclude``)."""
+        return self._catalog.counts().lengths.tolist()  # type: ignore[no-any-return]
 
     @property
     def cum_lengths(self) -> np.ndarray:
         """Cumulative sample counts (``numpy.cumsum(lengths)``)."""
-        return self._catalog.load().cum.copy()
+        return self._catalog.counts().cum.copy()
 
     @property
     def total_length(self) -> int:
         """Total number of samples."""
-        return self._catalog.load().total
+        return self._catalog.counts().total
 
     @property
     def name(self) -> str:
@@ -424,7 +438,7 @@ class ShardListDataset(_DatasetBase[T_co]):
     @property
     def components(self) -> list[DatasetComponent]:
         """The (sub-)datasets as global sample ranges, for mixing samplers."""
-        return list(self._catalog.load().components)
+        return list(self._catalog.counts().components)
 
     def __len__(self) -> int:
         return self.total_length

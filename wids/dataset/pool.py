@@ -549,7 +549,7 @@ class ReaderPool:
         def locate(i: int) -> int:
             return catalog.locate(i)[1]
 
-        lengths = [int(n) for n in loaded.lengths]
+        lengths = [int(n) for n in catalog.counts().lengths]
         ahead = Lookahead(
             prepare,
             self.planned,

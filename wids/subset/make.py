@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import IndexMismatchError
+from ..errors import ExclusionError, IndexMismatchError, OutputExistsError
 from ..index import IndexReader, ShardInfo, shard_getter, shard_sample_counts
 from ..storage import Store, named_by, redact_url
 from .destination import Plan, Run, check_destination, local_names, plan_paths
@@ -52,6 +52,8 @@ class SubsetReport:
         bytes: Bytes of the copied shards.
         copied: Shards copied now (every shard of the subset: none is reused from an earlier run).
         seconds: Wall time.
+        excluded: Samples of the subset its index leaves out (``exclude``); ``samples``
+            counts them too (they are in the copied shards).
     """
 
     index: str
@@ -60,6 +62,7 @@ class SubsetReport:
     bytes: int
     copied: int
     seconds: float
+    excluded: int = 0
 
 
 def select_shards(
@@ -151,6 +154,8 @@ def make_subset(
     force: bool = False,
     allow_local_shards: bool = False,
     executor: Executor | None = None,
+    exclude: Any = None,
+    exclude_strict: bool = False,
 ) -> SubsetReport:
     """Copy some shards of ``index`` into directory ``to`` and write a matching index there.
 
@@ -180,6 +185,13 @@ def make_subset(
             ``distributed.Client.get_executor()``); its workers must share ``to``'s
             filesystem (each writes into a staging directory there). Default: ``jobs``
             threads here.
+        exclude: Samples the subset's index leaves out, as ``ShardListDataset(exclude=...)``
+            takes them (sample numbers are the source's). Written beside the index as
+            ``<index>.exclude`` (``shard<TAB>key`` lines naming the copies), which opening
+            that index applies; shards are copied whole. Bare keys are looked up in the
+            chosen shards only; entries naming no sample of the subset are ignored with a
+            warning (refused with ``exclude_strict``).
+        exclude_strict: Refuse entries that name no sample of the subset.
 
     Returns:
         What was done; ``index`` is the index written into ``to``, in the source's format
@@ -208,6 +220,10 @@ def make_subset(
         tables = [idx.members(k) for k in chosen]
         plan = plan_paths(out_dir, index, names, tables)
         check_destination(plan, index, [infos[k].url for k in chosen], force)
+        lines = _excluded_lines(idx, chosen, names, tables, exclude, exclude_strict)
+        sidecar = plan.index + ".exclude"
+        if os.path.lexists(sidecar) and not force:
+            raise OutputExistsError(f"{sidecar} exists (pass force to replace it)")
         run = Run(force)
         try:
             run.makedirs(out_dir)
@@ -219,6 +235,8 @@ def make_subset(
                 if executor is None:
                     pool.shutdown(wait=True)
             _write_index(plan, idx, chosen, [infos[k] for k in chosen], names, tables, run)
+            if lines or os.path.lexists(sidecar):  # an old one must not apply to this index
+                _write_exclusion(sidecar, lines, run)
         except BaseException:
             run.undo()
             raise
@@ -232,7 +250,71 @@ def make_subset(
         bytes=sum(os.path.getsize(p) for p in plan.shards),
         copied=len(chosen),
         seconds=time.monotonic() - t0,
+        excluded=len(lines),
     )
+
+
+def _excluded_lines(
+    idx: IndexReader,
+    chosen: list[int],
+    names: list[str],
+    tables: list[Any],
+    exclude: Any,
+    strict: bool,
+) -> list[str]:
+    """The subset's exclusion as ``copy<TAB>key`` lines, in subset order."""
+    if exclude is None:
+        return []
+    import warnings
+
+    from ..dataset import parse_exclude, resolve
+
+    spec = parse_exclude(exclude, strict=strict)
+    if spec is None:
+        return []
+    counts = np.asarray(shard_sample_counts(idx), dtype=np.int64)
+    starts = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    get = shard_getter(idx)
+    pos = {k: p for p, k in enumerate(chosen)}
+
+    def table(k: int) -> Any:
+        got = tables[pos[k]] if k in pos else idx.members(k)
+        if got is None:
+            raise ExclusionError(
+                "the index records no member tables: exclude by key needs them "
+                "(wids index create records them)"
+            )
+        return got
+
+    excluded, unknown = resolve(spec, starts, lambda k: str(get(k).url), table, shards=chosen)
+    shard_of = np.searchsorted(starts[1:], excluded, side="right")
+    lines = []
+    for g, k in zip(excluded.tolist(), shard_of.tolist(), strict=True):
+        if k in pos:
+            p = pos[k]
+            lines.append(f"{names[p]}\t{table(k).key(g - int(starts[k]))}")
+    outside = len(excluded) - len(lines)
+    if strict and outside:
+        raise ExclusionError(f"exclude: {outside} entries name samples outside the subset")
+    if unknown or outside:
+        warnings.warn(
+            f"exclude: {unknown + outside} of {len(spec)} entries name no sample of the subset "
+            "(ignored; exclude_strict refuses them)",
+            stacklevel=3,
+        )
+    return lines
+
+
+def _write_exclusion(path: str, lines: list[str], run: Run) -> None:
+    """Publish the exclusion file beside the subset's index (atomically, undone on failure)."""
+    from ..dataset import EXCLUDE_HEADER
+
+    staged = os.path.join(run.staging(os.path.dirname(path)), os.path.basename(path))
+    with open(staged, "w", encoding="utf-8", newline="\n") as f:
+        f.write(EXCLUDE_HEADER + " (written by wids subset: shard<TAB>key per line)\n")
+        f.writelines(line + "\n" for line in lines)
+    run.place(staged, path)
 
 
 def _write_index(

@@ -1,0 +1,281 @@
+"""Exclusions: samples a dataset leaves out when it opens, without touching a shard.
+
+``ShardListDataset(index, exclude=...)`` takes sample keys, ``shard/key`` pairs or global
+sample numbers (:func:`parse_exclude`: a file of keys, or an iterable), resolves them once
+when the description loads (:func:`resolve`) to a sorted int64 array of excluded global
+numbers, and then sees the dataset through :class:`Kept`: kept index ``i`` is raw sample
+``i + (number of exclusions at or before the raw position)``, one ``searchsorted`` over an
+array of the exclusions (``O(log E)``), so memory and open time grow with the exclusions
+(plus one int64 per shard for the kept lengths), never with the samples.
+
+What resolving costs, by form:
+
+- sample numbers: a sort of the numbers; no member table is read;
+- ``shard/key`` pairs: one pass over the shard names, and the member tables of the shards
+  named (only those);
+- bare keys: every shard's member table (a key may be in any shard): the cost of reading the
+  whole index once. Prefer pairs or numbers for large datasets.
+
+Entries that name no sample (an unknown key, a shard not in the dataset, a number out of
+range) are counted and reported by one warning, or refused (``ExclusionError``) with
+``strict``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import ExclusionError
+from ..index import ShardMembers
+from .description import DatasetComponent
+
+__all__ = [
+    "EXCLUDE_HEADER",
+    "SIDECAR",
+    "ExcludeSpec",
+    "Kept",
+    "parse_exclude",
+    "read_exclude_file",
+    "resolve",
+]
+
+SIDECAR = ".exclude"
+"""An index at local path ``P`` opens with the exclusion in ``P + SIDECAR`` when that file
+exists (``wids subset --exclude`` writes it)."""
+EXCLUDE_HEADER = "# wids-exclude 1"
+"""First line of the exclusion files wids writes (comments to a reader: any key file works)."""
+
+_PAIR = re.compile(r"^(.+?\.(?:tar|tgz|tar\.gz))/(.+)$")
+
+
+@dataclass(frozen=True)
+class ExcludeSpec:
+    """What to exclude, before it is resolved against a dataset.
+
+    Attributes:
+        samples: Global sample numbers (int64, sorted, unique).
+        keys: Keys excluded in whichever shard holds them.
+        pairs: Shard name (as the index records it, or its basename) -> keys in that shard.
+        strict: Refuse entries that name no sample, rather than warn.
+    """
+
+    samples: np.ndarray
+    keys: frozenset[str] = frozenset()
+    pairs: dict[str, frozenset[str]] = field(default_factory=dict)
+    strict: bool = False
+
+    def __len__(self) -> int:
+        return len(self.samples) + len(self.keys) + sum(len(v) for v in self.pairs.values())
+
+
+def _entry(text: str, where: str) -> tuple[str | None, str]:
+    """``(shard or None, key)`` of one entry: ``KEY``, ``SHARD<TAB>KEY`` or ``SHARD.tar/KEY``."""
+    if "\t" in text:
+        shard, _, key = text.partition("\t")
+    else:
+        m = _PAIR.match(text)
+        shard, key = (m.group(1), m.group(2)) if m else ("", text)
+    if not key or "\t" in key:
+        raise ExclusionError(f"{where}: not a key or shard/key: {text!r}")
+    return shard or None, key
+
+
+def read_exclude_file(path: str | os.PathLike[str]) -> list[str]:
+    """The entries of an exclusion file: one per line, ``#`` comment lines and blank lines skipped.
+
+    Lines are UTF-8; only the line ending is removed (a key may hold spaces).
+
+    Raises:
+        FileNotFoundError: No such file.
+    """
+    out = []
+    with open(path, encoding="utf-8", newline="\n") as f:
+        for line in f:
+            text = line.rstrip("\r\n")
+            if text.strip() and not text.startswith("#"):
+                out.append(text)
+    return out
+
+
+def parse_exclude(value: Any, *, strict: bool = False) -> ExcludeSpec | None:
+    """The ``exclude=`` argument as an :class:`ExcludeSpec` (``None`` for no exclusion).
+
+    Args:
+        value: ``None``; a path of a file of entries (:func:`read_exclude_file`): ``KEY``,
+            ``SHARD<TAB>KEY`` or ``SHARD/KEY`` where ``SHARD`` ends in ``.tar``, ``.tgz`` or
+            ``.tar.gz``; or an iterable of those strings, of ``(shard, key)`` pairs and of
+            ints (global sample numbers; a numpy integer array works).
+        strict: Refuse entries naming no sample when resolved.
+
+    Raises:
+        ExclusionError: An entry is none of those forms.
+        TypeError: ``value`` is not a path or an iterable.
+    """
+    if value is None:
+        return None
+    if isinstance(value, ExcludeSpec):
+        return value
+    where = "exclude"
+    if isinstance(value, (str, os.PathLike)):
+        where = os.fspath(value)
+        value = read_exclude_file(value)
+    if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+        return ExcludeSpec(np.unique(value.astype(np.int64, copy=False)), strict=strict)
+    if not isinstance(value, Iterable):
+        raise TypeError(f"exclude must be a file path or an iterable, not {type(value).__name__}")
+    numbers: list[int] = []
+    keys: set[str] = set()
+    pairs: dict[str, set[str]] = {}
+    for item in value:
+        if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            numbers.append(int(item))
+            continue
+        if isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
+            shard, key = item
+        elif isinstance(item, str):
+            shard, key = _entry(item, where)
+        else:
+            raise ExclusionError(f"{where}: not a key, shard/key pair or sample number: {item!r}")
+        if shard is None:
+            keys.add(key)
+        else:
+            pairs.setdefault(shard, set()).add(key)
+    return ExcludeSpec(
+        np.unique(np.asarray(numbers, dtype=np.int64)),
+        frozenset(keys),
+        {s: frozenset(k) for s, k in pairs.items()},
+        strict,
+    )
+
+
+def _shards_named(
+    names: Iterable[str], url: Callable[[int], str], nshards: int
+) -> dict[str, list[int]]:
+    """Each name's shards: the URL itself, or a URL ending in ``/NAME`` (one pass over URLs)."""
+    wanted = {_name(n) for n in names}
+    by_base: dict[str, list[str]] = {}
+    for name in wanted:
+        by_base.setdefault(name.rsplit("/", 1)[-1], []).append(name)
+    found: dict[str, list[int]] = {name: [] for name in wanted}
+    for k in range(nshards):
+        u = url(k)
+        for name in by_base.get(u.rsplit("/", 1)[-1], ()):
+            if u == name or u.endswith("/" + name):
+                found[name].append(k)
+    return found
+
+
+def _name(n: str) -> str:
+    n = n.replace(os.sep, "/")
+    while n.startswith("./"):
+        n = n[2:]
+    return n
+
+
+def resolve(
+    spec: ExcludeSpec,
+    starts: np.ndarray,
+    url: Callable[[int], str],
+    table: Callable[[int], ShardMembers],
+    *,
+    shards: Sequence[int] | None = None,
+) -> tuple[np.ndarray, int]:
+    """The excluded global sample numbers (sorted int64) and the count of unknown entries.
+
+    Args:
+        spec: What to exclude.
+        starts: ``N + 1`` cumulative sample counts from 0.
+        url: Shard ``k``'s URL (asked once per shard, only for pairs).
+        table: Shard ``k``'s member table (read for the shards keys must be looked up in).
+        shards: Look bare keys up in these shards only (default: all).
+
+    Raises:
+        ExclusionError: ``spec.strict`` and an entry names no sample, or a shard name matches
+            several shards.
+    """
+    total = int(starts[-1])
+    nums = spec.samples
+    inside = (nums >= 0) & (nums < total)
+    unknown = int(len(nums) - np.count_nonzero(inside))
+    parts = [nums[inside]]
+    named = _shards_named(spec.pairs, url, len(starts) - 1) if spec.pairs else {}
+    for shard, keys in spec.pairs.items():
+        hits = named[_name(shard)]
+        if len(hits) > 1:
+            raise ExclusionError(
+                f"exclude: shard {shard!r} names {len(hits)} shards; give its path"
+            )
+        if not hits:
+            unknown += len(keys)
+            continue
+        k = hits[0]
+        index = {key: j for j, key in enumerate(table(k).keys())}
+        got = [index[key] for key in keys if key in index]
+        unknown += len(keys) - len(got)
+        parts.append(np.asarray(got, dtype=np.int64) + int(starts[k]))
+    if spec.keys:
+        seen: set[str] = set()
+        for k in range(len(starts) - 1) if shards is None else shards:
+            got = [j for j, key in enumerate(table(k).keys()) if key in spec.keys]
+            seen.update(table(k).key(j) for j in got)
+            parts.append(np.asarray(got, dtype=np.int64) + int(starts[k]))
+        unknown += len(spec.keys) - len(seen)
+    excluded = np.unique(np.concatenate(parts))
+    if unknown and spec.strict:
+        raise ExclusionError(f"exclude: {unknown} of {len(spec)} entries name no sample")
+    return excluded, unknown
+
+
+class Kept:
+    """The dataset without its excluded samples: kept counts, and kept index -> raw index.
+
+    Has the attributes the dataset reads from a :class:`~wids.dataset.description.Description`
+    (``lengths``, ``cum``, ``total``, ``components``), in kept samples.
+
+    Args:
+        excluded: Excluded global sample numbers (sorted, unique, in range).
+        lengths: Samples per shard, all of them.
+        components: The (sub-)datasets as ranges of raw global indices.
+    """
+
+    def __init__(
+        self, excluded: np.ndarray, lengths: np.ndarray, components: list[DatasetComponent]
+    ) -> None:
+        self.excluded = excluded
+        # excluded[k] - k: how many kept samples lie before the k-th exclusion
+        self._before = excluded - np.arange(len(excluded), dtype=np.int64)
+        raw_cum = np.cumsum(lengths, dtype=np.int64)
+        shard_of = np.searchsorted(raw_cum, excluded, side="right")
+        self.lengths = lengths - np.bincount(shard_of, minlength=len(lengths)).astype(np.int64)
+        self.cum = np.cumsum(self.lengths, dtype=np.int64)
+        self.total = int(self.cum[-1]) if len(self.cum) else 0
+        self.components = [
+            DatasetComponent(
+                c.name, c.weight, self._kept_before(c.start), self._kept_before(c.stop)
+            )
+            for c in components
+        ]
+
+    def _kept_before(self, raw: int) -> int:
+        return raw - int(np.searchsorted(self.excluded, raw, side="left"))
+
+    def raw(self, i: int) -> int:
+        """The raw global index of kept sample ``0 <= i < total``."""
+        return i + int(np.searchsorted(self._before, i, side="right"))
+
+
+def warn_unknown(unknown: int, spec: ExcludeSpec, stacklevel: int) -> None:
+    """One warning counting the entries that named no sample."""
+    if unknown:
+        warnings.warn(
+            f"exclude: {unknown} of {len(spec)} entries name no sample of this dataset "
+            "(ignored; exclude_strict=True refuses them)",
+            stacklevel=stacklevel,
+        )
