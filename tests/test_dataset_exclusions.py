@@ -1,0 +1,214 @@
+"""Exclusions (``ShardListDataset(exclude=...)``, ``wids subset --exclude``) over real tars."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tarfixtures import make_samples, write_shard
+
+from wids import (
+    ChunkedSampler,
+    DistributedChunkedSampler,
+    ExclusionError,
+    OutputExistsError,
+    ShardedSampler,
+    ShardListDataset,
+    build_index,
+)
+from wids.cli import main
+from wids.subset import make_subset
+
+torch = pytest.importorskip("torch")
+from torch.utils.data import DataLoader, RandomSampler, SequentialSampler  # noqa: E402
+
+SHARDS, PER = 4, 10  # keys 000000 .. 000039, shard k holds 10k .. 10k+9
+
+
+def _keys(ds: ShardListDataset) -> list[str]:
+    return [ds[i]["__key__"] for i in range(len(ds))]
+
+
+def _as_list(batch):
+    return batch
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> tuple[Path, str, list[str]]:
+    d = tmp_path_factory.mktemp("excl")
+    # uneven last shard: no per-shard division in locate; a sub-directory for shard/key names
+    paths = []
+    (d / "part").mkdir()
+    for k in range(SHARDS):
+        n = PER if k < SHARDS - 1 else PER - 3
+        members = make_samples(n, start=PER * k, fields=(".cls", ".txt"))
+        paths.append(str(write_shard(d / "part" / f"s-{k}.tar", members, format="pax")))
+    index = str(d / "train.json")
+    build_index(paths, index, name="train")
+    keys = [f"{PER * k + j:06d}" for k in range(SHARDS) for j in range(PER)][: SHARDS * PER - 3]
+    return d, index, keys
+
+
+# shard 0: sample numbers 0 and 5; shard 1: key 000012; shard 3 by pair (path and basename)
+EXCLUDE = [0, 5, "000012", "part/s-3.tar/000031", ("s-3.tar", "000036"), "s-2.tar\t000029"]
+GONE = {"000000", "000005", "000012", "000031", "000036", "000029"}
+
+
+def test_every_form_leaves_exactly_those_samples_out(data):
+    _, index, keys = data
+    ds = ShardListDataset(index, transformations=[], exclude=EXCLUDE)
+    kept = [k for k in keys if k not in GONE]
+    assert len(ds) == ds.total_length == len(kept)
+    assert _keys(ds) == kept
+    assert ds.lengths == [8, 9, 9, 5]
+    assert ds.cum_lengths.tolist() == [8, 17, 26, 31]
+    assert [(c.start, c.stop) for c in ds.components] == [(0, 31)]
+    assert ds[-1]["__key__"] == kept[-1] and ds[-1]["__index__"] == len(kept) - 1
+    batch = [0, 7, 8, 30]
+    assert [s["__key__"] for s in ds.__getitems__(batch)] == [kept[i] for i in batch]
+    with pytest.raises(IndexError):
+        ds[len(kept)]
+
+
+def test_a_file_of_entries_with_comments_and_blank_lines(data, tmp_path):
+    _, index, keys = data
+    f = tmp_path / "takedown.txt"
+    f.write_text("# takedown list\n\n000012\r\npart/s-3.tar/000031\ns-2.tar\t000029\n  \n")
+    ds = ShardListDataset(index, transformations=[], exclude=f)
+    assert _keys(ds) == [k for k in keys if k not in {"000012", "000031", "000029"}]
+
+
+def test_numbers_alone_read_no_member_table_and_are_cheap(data):
+    _, index, keys = data
+    ds = ShardListDataset(index, transformations=[], exclude=np.array([39 - 3, 3, 3, 10]))
+    assert len(ds) == len(keys) - 3
+    assert ds[3]["__key__"] == "000004" and ds[9]["__key__"] == "000011"
+
+
+def test_unknown_entries_warn_with_a_count_or_are_refused(data):
+    _, index, keys = data
+    ds = ShardListDataset(index, transformations=[], exclude=["000001", "nokey", 10**9, "x.tar/1"])
+    with pytest.warns(UserWarning, match="3 of 4 entries name no sample"):
+        assert len(ds) == len(keys) - 1
+    strict = ShardListDataset(index, exclude=["000001", "nokey"], exclude_strict=True)
+    with pytest.raises(ExclusionError, match="1 of 2 entries"):
+        len(strict)
+    with pytest.raises(ExclusionError, match="not a key"):
+        ShardListDataset(index, exclude=[1.5])
+    with pytest.raises(TypeError):
+        ShardListDataset(index, exclude=3)
+
+
+def test_a_shard_name_matching_two_shards_is_refused(tmp_path):
+    paths = []
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        paths.append(str(write_shard(tmp_path / sub / "s.tar", make_samples(3, fields=(".cls",)))))
+    build_index(paths, str(tmp_path / "i.json"))
+    ds = ShardListDataset(str(tmp_path / "i.json"), exclude=["s.tar/000001"])
+    with pytest.raises(ExclusionError, match="names 2 shards"):
+        len(ds)
+    ds = ShardListDataset(str(tmp_path / "i.json"), transformations=[], exclude=["b/s.tar/000001"])
+    assert len(ds) == 5 and ds[4]["__shard__"].endswith("b/s.tar")
+
+
+def test_every_sampler_sees_only_kept_samples(data):
+    _, index, keys = data
+    ds = ShardListDataset(index, transformations=[], exclude=EXCLUDE)
+    n = len(ds)
+    for sampler in (
+        ChunkedSampler(ds, chunksize=4),
+        ShardedSampler(ds),
+        RandomSampler(ds),
+        SequentialSampler(ds),
+    ):
+        order = list(sampler)
+        assert sorted(order) == list(range(n)), type(sampler).__name__
+    per_rank = []
+    for rank in range(3):
+        s = DistributedChunkedSampler(ds, num_replicas=3, rank=rank, chunksize=4)
+        got = list(s)
+        assert len(got) == len(s) == -(-n // 3)  # exact, equal on every rank (padded)
+        per_rank += got
+    assert set(per_rank) == set(range(n))
+    assert not GONE & {ds[i]["__key__"] for i in per_rank}
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_dataloader_workers_read_the_same_kept_samples(data, ctx):
+    _, index, keys = data
+    ds = ShardListDataset(index, transformations=[], exclude=EXCLUDE)
+    kept = [k for k in keys if k not in GONE]
+    loader = DataLoader(
+        ds,
+        batch_size=5,
+        num_workers=2,
+        multiprocessing_context=ctx,
+        collate_fn=_as_list,
+        sampler=ChunkedSampler(ds, chunksize=5, seed=1),
+    )
+    got = {s["__index__"]: s["__key__"] for batch in loader for s in batch}
+    assert got == dict(enumerate(kept))
+
+
+def test_a_pickled_dataset_keeps_the_exclusion_without_the_file(data, tmp_path):
+    _, index, keys = data
+    f = tmp_path / "x.txt"
+    f.write_text("000012\n")
+    ds = ShardListDataset(index, transformations=[], exclude=f)
+    f.unlink()  # parsed when the dataset was made: workers never read the file
+    copy = pickle.loads(pickle.dumps(ds))
+    assert _keys(copy) == [k for k in keys if k != "000012"]
+    len(ds)  # resolved before pickling too
+    assert _keys(pickle.loads(pickle.dumps(ds))) == _keys(copy)
+
+
+def test_a_shard_pattern_dataset_excludes_by_key(data):
+    d, _, keys = data
+    ds = ShardListDataset(str(d / "part" / "s-{0..3}.tar"), transformations=[], exclude=["000039"])
+    assert "000039" not in keys  # the last shard is short
+    ds = ShardListDataset(str(d / "part" / "s-{0..3}.tar"), transformations=[], exclude=["000001"])
+    assert _keys(ds) == keys[:1] + keys[2:]
+
+
+def _digest(root: Path) -> dict[str, str]:
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*.tar"))}
+
+
+def test_subset_exclude_writes_an_index_that_opens_without_exclude(data, tmp_path, capsys):
+    d, index, keys = data
+    before = _digest(d)
+    ex = tmp_path / "keys.txt"
+    ex.write_text("# takedown\n000012\ns-2.tar/000029\n000001\n")
+    nums = tmp_path / "nums.txt"
+    nums.write_text("25\n")
+    to = tmp_path / "sub"
+    argv = ["subset", index, "--shards", "1:3", "--to", str(to), "-q", "--exclude", str(ex)]
+    with pytest.warns(UserWarning, match="1 of 4 entries name no sample of the subset"):
+        assert main([*argv, "--exclude-samples", str(nums)]) == 0
+    assert "(3 excluded)" in capsys.readouterr().out
+    sub = ShardListDataset(str(to / "train.json"), transformations=[])
+    kept = [k for k in keys[10:30] if k not in {"000012", "000029", "000025"}]
+    assert _keys(sub) == kept and sub.lengths == [9, 8]
+    assert (to / "train.json.exclude").read_text().startswith("# wids-exclude 1")
+    assert _digest(d) == before  # no source shard touched
+    # exclude= adds to the recorded exclusion
+    more = ShardListDataset(str(to / "train.json"), transformations=[], exclude=["000010"])
+    assert _keys(more) == kept[1:]
+    # a second run into the same place is refused, then replaces it with force
+    assert main(argv) != 0 and "already holds" in capsys.readouterr().err
+    assert main([*argv[:-2], "--force"]) == 0  # no --exclude: the old file must not apply
+    assert _keys(ShardListDataset(str(to / "train.json"), transformations=[])) == keys[10:30]
+    with pytest.raises(ExclusionError, match="1 of 3 entries"):
+        make_subset(index, to, shards=slice(1, 3), exclude=ex, exclude_strict=True, force=True)
+    # a file of the exclusion's name that this subset did not write is never replaced
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "train.json.exclude").write_text("mine")
+    with pytest.raises(OutputExistsError, match="exclude"):
+        make_subset(index, lone, shards=slice(1, 3), exclude=ex)
+    assert sorted(os.listdir(lone)) == ["train.json.exclude"]
