@@ -220,10 +220,10 @@ def make_subset(
         tables = [idx.members(k) for k in chosen]
         plan = plan_paths(out_dir, index, names, tables)
         check_destination(plan, index, [infos[k].url for k in chosen], force)
-        lines = _excluded_lines(idx, chosen, names, tables, exclude, exclude_strict)
         sidecar = plan.index + ".exclude"
         if os.path.lexists(sidecar) and not force:
             raise OutputExistsError(f"{sidecar} exists (pass force to replace it)")
+        lines = _excluded_lines(idx, chosen, names, tables, exclude, exclude_strict)
         run = Run(force)
         try:
             run.makedirs(out_dir)
