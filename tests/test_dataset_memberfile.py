@@ -362,3 +362,50 @@ def test_dataloader_workers(ctx, where, shard, request):
         for s in batch:
             assert s[".bin"].read() == oracle[(s["__key__"], ".bin")]
             assert s[".json"] == oracle[(s["__key__"], ".json")]
+
+
+def _video(seconds: int = 20, fps: int = 25) -> bytes:
+    """An MPEG-4 video of noise frames (one keyframe a second), made by PyAV itself."""
+    av = pytest.importorskip("av")
+    np = pytest.importorskip("numpy")
+    rng = np.random.default_rng(0)
+    buf = io.BytesIO()
+    with av.open(buf, "w", format="mp4") as c:
+        s = c.add_stream("mpeg4", rate=fps)
+        s.width, s.height, s.pix_fmt, s.gop_size = 96, 64, "yuv420p", fps
+        for _ in range(seconds * fps):
+            img = rng.integers(0, 256, (64, 96, 3), dtype=np.uint8)
+            for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                c.mux(p)
+        for p in s.encode():
+            c.mux(p)
+    return buf.getvalue()
+
+
+def _frame_at(f, seconds: float) -> tuple[float, bytes]:
+    av = pytest.importorskip("av")
+    with av.open(f) as c:
+        st = c.streams.video[0]
+        c.seek(int(seconds / st.time_base), stream=st)
+        frame = next(c.decode(st))
+        return float(frame.pts * st.time_base), frame.to_ndarray(format="rgb24").tobytes()
+
+
+@pytest.mark.parametrize("where", ["local", "http"])
+def test_pyav_seeks_in_a_member(where, tmp_path, request):
+    """PyAV (optional: skipped when not installed) decodes a frame mid-video through a handle."""
+    video = _video()
+    path = write_shard(tmp_path / "v.tar", [("clip.json", b"{}"), ("clip.mp4", video)])
+    build_index([str(path)], str(tmp_path / "train.json"))
+    if where == "local":
+        ds = ShardListDataset(str(tmp_path / "train.json"), stream_over=1 << 16)
+    else:
+        ds = _remote_ds(request.getfixturevalue("http_server"), tmp_path, stream_over=1 << 16)
+    want = _frame_at(io.BytesIO(video), 12.0)
+    before = ds.stats.bytes_read
+    sample = ds[0]
+    with sample[".mp4"] as f:
+        assert _frame_at(f, 12.0) == want
+    if where == "http":  # the decoder read the index and one second of frames, not the video
+        moved = ds.stats.bytes_read - before
+        assert moved < len(video) / 2, (moved, len(video))
