@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .cache import ShardCache
-from .decode import Decoder, default_decoders
-from .encode import Encoder
 from .errors import (
     CacheBudgetError,
     CacheDirError,
@@ -41,43 +38,81 @@ from .errors import (
     WriteError,
     WritePermissionError,
 )
-from .index import (
-    BuildReport,
-    Component,
-    IndexReader,
-    IndexWriter,
-    JsonIndex,
-    JsonIndexWriter,
-    ShardInfo,
-    ShardMembers,
-    Spec,
-    SqliteIndex,
-    SqliteIndexWriter,
-    TableIndex,
-    TableIndexWriter,
-    build_index,
-    convert_index,
-    create_index_writer,
-    expand_braces,
-    load_spec,
-    open_index,
-    write_index,
-)
-from .sampler import ChunkedSampler, ShardedSampler
-from .shardwriter import ShardWriter
-from .storage import IOStats, ReadLimits, RetryPolicy
-from .writer import TarWriter
 
 if TYPE_CHECKING:
+    from .cache import ShardCache
     from .dataset import DatasetStats, MemberFile, ShardListDataset, WorkerStats
-    from .sampler import DistributedChunkedSampler
+    from .decode import Decoder, default_decoders
+    from .encode import Encoder
+    from .index import (
+        BuildReport,
+        Component,
+        IndexReader,
+        IndexWriter,
+        JsonIndex,
+        JsonIndexWriter,
+        ShardInfo,
+        ShardMembers,
+        Spec,
+        SqliteIndex,
+        SqliteIndexWriter,
+        TableIndex,
+        TableIndexWriter,
+        build_index,
+        convert_index,
+        create_index_writer,
+        expand_braces,
+        load_spec,
+        open_index,
+        write_index,
+    )
+    from .sampler import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
+    from .shardwriter import ShardWriter
+    from .storage import IOStats, ReadLimits, RetryPolicy
+    from .writer import TarWriter
 
-# Imported on first use: the dataset subclasses ``torch.utils.data.Dataset`` when torch is
-# installed, and ``import wids`` must not import torch.
-_FROM_DATASET = ("DatasetStats", "MemberFile", "ShardListDataset", "WorkerStats")
-# Imported on first use too: it subclasses ``torch.utils.data.DistributedSampler`` when torch is
-# installed, so frameworks recognise it as already distributed.
-_FROM_SAMPLER = ("DistributedChunkedSampler",)
+# Where each public name lives, imported on first use (PEP 562): ``import wids`` and the
+# ``wids`` command import only what they use, so numpy, fsspec and torch come with the names
+# that need them (the dataset subclasses ``torch.utils.data.Dataset`` when torch is installed,
+# ``DistributedChunkedSampler`` its ``DistributedSampler``). The errors are imported above.
+_LAZY = {
+    "BuildReport": "index",
+    "ChunkedSampler": "sampler",
+    "Component": "index",
+    "DatasetStats": "dataset",
+    "Decoder": "decode",
+    "DistributedChunkedSampler": "sampler",
+    "Encoder": "encode",
+    "IOStats": "storage",
+    "IndexReader": "index",
+    "IndexWriter": "index",
+    "JsonIndex": "index",
+    "JsonIndexWriter": "index",
+    "MemberFile": "dataset",
+    "ReadLimits": "storage",
+    "RetryPolicy": "storage",
+    "ShardCache": "cache",
+    "ShardInfo": "index",
+    "ShardListDataset": "dataset",
+    "ShardMembers": "index",
+    "ShardWriter": "shardwriter",
+    "ShardedSampler": "sampler",
+    "Spec": "index",
+    "SqliteIndex": "index",
+    "SqliteIndexWriter": "index",
+    "TableIndex": "index",
+    "TableIndexWriter": "index",
+    "TarWriter": "writer",
+    "WorkerStats": "dataset",
+    "build_index": "index",
+    "convert_index": "index",
+    "create_index_writer": "index",
+    "default_decoders": "decode",
+    "expand_braces": "index",
+    "load_spec": "index",
+    "open_index": "index",
+    "write_index": "index",
+}
 
 __all__ = [
     "BuildReport",
@@ -152,28 +187,20 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Names resolved on first use: the dataset's (importing torch if installed), ``__version__``.
+    """A public name on first use (:data:`_LAZY`), the ``dataset`` package, ``__version__``.
 
     ``wids.__version__`` is read from the installed package's metadata: the version lives in one
     place, ``pyproject.toml``, and looking it up lazily keeps ``import wids`` free of file-system
     work.
     """
-    if name in _FROM_DATASET or name == "dataset":
-        # ``from .dataset import`` imports the submodule, which binds ``wids.dataset`` too.
-        from .dataset import DatasetStats, MemberFile, ShardListDataset, WorkerStats
+    import importlib
 
-        globals().update(
-            DatasetStats=DatasetStats,
-            MemberFile=MemberFile,
-            ShardListDataset=ShardListDataset,
-            WorkerStats=WorkerStats,
-        )
-        return globals()[name]
-    if name in _FROM_SAMPLER:
-        from .sampler import DistributedChunkedSampler
-
-        globals()["DistributedChunkedSampler"] = DistributedChunkedSampler
-        return DistributedChunkedSampler
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    if name == "dataset":  # the submodule, as ``import wids.dataset`` would bind it
+        return importlib.import_module(".dataset", __name__)
     if name != "__version__":
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from importlib.metadata import PackageNotFoundError, version
@@ -187,6 +214,6 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    """As if the dataset were imported eagerly, without this module's own helpers."""
-    helpers = {"Any", "TYPE_CHECKING", "_FROM_DATASET", "_FROM_SAMPLER", "__dir__"}
-    return sorted({*globals(), *_FROM_DATASET, *_FROM_SAMPLER, "dataset"} - helpers)
+    """The public names and the module's dunders, the same before and after any is first used."""
+    dunders = {n for n in globals() if n.startswith("__") and n != "__dir__"}
+    return sorted({*dunders, "__version__", *__all__, "dataset"})

@@ -18,7 +18,7 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from ..storage import RedactingFilter, Store, escape_controls, redact_text
+from ..storage import RedactingFilter, escape_controls, redact_text
 from . import cache, index, show, subset
 from .options import EPILOG_ENV, parse_storage_options
 
@@ -40,11 +40,22 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="show tracebacks and debug logs (also fsspec's, botocore's ...; credentials redacted)",
     )
-    parser.add_argument("--version", action="version", version=f"wids {_version()}")
+    parser.add_argument("--version", action=_Version, help="show the version and exit")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in _SUBCOMMANDS:
         add(sub)
     return parser
+
+
+class _Version(argparse.Action):
+    """``--version``, looking the version up only when asked (package metadata: start-up time)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help=str(kwargs.get("help")))
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        print(f"wids {_version()}")  # on stdout, as argparse's own version action
+        parser.exit()
 
 
 def _version() -> str:
@@ -58,8 +69,13 @@ _LIBRARY_LOGGERS = ("fsspec", "s3fs", "gcsfs", "aiohttp", "botocore", "urllib3")
 
 
 def _secrets_of(args: argparse.Namespace) -> list[str]:
+    given = getattr(args, "storage_option", None)
+    if not given:  # the usual case, without importing the storage layer (start-up time)
+        return []
+    from ..storage import Store
+
     try:
-        return Store(parse_storage_options(getattr(args, "storage_option", None))).secrets()
+        return Store(parse_storage_options(given)).secrets()
     except argparse.ArgumentTypeError:
         return []
 

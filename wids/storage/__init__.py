@@ -27,21 +27,68 @@ The only part of wids that imports fsspec. Other parts import from this package,
 
 from __future__ import annotations
 
-from . import forks
-from .answer import Answer, Check, Pin, check_answer, too_large
-from .backends import preload
-from .batch import Window, read_ranges
-from .descriptors import DescriptorPool
-from .globs import expand_glob, has_glob, natural_key
-from .limits import ReadLimits
-from .origins import named_by
-from .parts import read_whole
-from .publish import check_writable, destination, put_file, read_head, same_place
-from .redact import RedactingFilter, escape_controls, redact_text, redact_url, strip_credentials
-from .retry import RetryPolicy
-from .source import Source, Store
-from .stats import FileStat, IOStats, comparable_etag
-from .urls import is_local, is_remote, local_file, local_path, output_dir, stored_url, url_name
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from . import forks
+    from .answer import Answer, Check, Pin, check_answer, too_large
+    from .backends import preload
+    from .batch import Window, read_ranges
+    from .descriptors import DescriptorPool
+    from .globs import expand_glob, has_glob, natural_key
+    from .limits import ReadLimits
+    from .origins import named_by
+    from .parts import read_whole
+    from .publish import check_writable, destination, put_file, read_head, same_place
+    from .redact import RedactingFilter, escape_controls, redact_text, redact_url, strip_credentials
+    from .retry import RetryPolicy
+    from .source import Source, Store
+    from .stats import FileStat, IOStats, comparable_etag
+    from .urls import is_local, is_remote, local_file, local_path, output_dir, stored_url, url_name
+
+# Where each name lives, imported on first use (PEP 562): the command line's start-up and
+# ``import wids.storage.redact`` then import neither fsspec nor asyncio nor numpy.
+_LAZY = {
+    "Answer": "answer",
+    "Check": "answer",
+    "DescriptorPool": "descriptors",
+    "FileStat": "stats",
+    "IOStats": "stats",
+    "Pin": "answer",
+    "ReadLimits": "limits",
+    "RedactingFilter": "redact",
+    "RetryPolicy": "retry",
+    "Source": "source",
+    "Store": "source",
+    "Window": "batch",
+    "check_answer": "answer",
+    "check_writable": "publish",
+    "comparable_etag": "stats",
+    "destination": "publish",
+    "escape_controls": "redact",
+    "expand_glob": "globs",
+    "forks": "forks",
+    "has_glob": "globs",
+    "is_local": "urls",
+    "is_remote": "urls",
+    "local_file": "urls",
+    "local_path": "urls",
+    "named_by": "origins",
+    "natural_key": "globs",
+    "output_dir": "urls",
+    "preload": "backends",
+    "put_file": "publish",
+    "read_head": "publish",
+    "read_ranges": "batch",
+    "read_whole": "parts",
+    "redact_text": "redact",
+    "redact_url": "redact",
+    "same_place": "publish",
+    "stored_url": "urls",
+    "strip_credentials": "redact",
+    "too_large": "answer",
+    "url_name": "urls",
+}
 
 __all__ = [
     "Answer",
@@ -84,3 +131,15 @@ __all__ = [
     "too_large",
     "url_name",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A name of :data:`_LAZY`, imported from its module on first use."""
+    import importlib
+
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f".{_LAZY[name]}", __name__)
+    value = module if _LAZY[name] == name else getattr(module, name)
+    globals()[name] = value
+    return value

@@ -13,8 +13,6 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-import fsspec.asyn
-
 from .answer import Check, check_range
 from .retry import retry_async
 from .source import Source
@@ -150,6 +148,8 @@ def read_ranges(
         if fs is not None:
             jobs = [(*requests[i], checks[i] if checks else None) for i in idxs]
             gate = window.direct() if window is not None and direct else window
+            import fsspec.asyn  # here, not at import: local reads never need it
+
             results = fsspec.asyn.sync(fs.loop, _gather, jobs, stats, max_concurrency, gate)
             for i, data in zip(idxs, results, strict=True):
                 out[i] = data

@@ -34,8 +34,6 @@ import os
 import threading
 from typing import Any, Protocol
 
-import fsspec.asyn
-
 from .answer import Pin, check_answer, too_large
 from .clients import gate as process_gate
 from .objectstores import GcsTransport, S3Transport
@@ -158,6 +156,8 @@ def _fetch_all(
                 (s, e, source.attempts(f"could not read bytes {s}-{e}", stats)) for s, e in spans
             ]
             loop = transport.fs.loop
+            import fsspec.asyn  # here, not at import: local reads never need it
+
             fsspec.asyn.sync(loop, _fetch_parts, jobs, pin, transport, owner, connections)
     except BaseException:
         try:
@@ -290,6 +290,8 @@ def read_whole(source: Partable, stats: IOStats | None = None, limit: int | None
 
         def op() -> Any:
             return transport.get_whole(limit)
+
+        import fsspec.asyn  # here, not at import: local reads never need it
 
         data: bytes = fsspec.asyn.sync(
             transport.fs.loop, retry_async, attempts, op, _nbytes, transport.prepare

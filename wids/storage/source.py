@@ -33,8 +33,6 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any, BinaryIO
 
-import fsspec.asyn
-
 from .answer import Check, Pin, check_answer, check_range, checked
 from .backends import is_http, request_timeout, with_defaults
 from .clients import filesystem
@@ -363,6 +361,8 @@ class Source:
         stat_async = getattr(transport, "stat", None)
         if stat_async is not None:
             loop = transport.fs.loop
+            import fsspec.asyn  # here, not at import: local reads never need it
+
             found: FileStat = fsspec.asyn.sync(
                 loop, retry_async, attempts, stat_async, _zero, transport.prepare
             )
@@ -405,6 +405,8 @@ class Source:
                 return self.read_async(start, end, check)
 
             loop = transport.fs.loop
+            import fsspec.asyn  # here, not at import: local reads never need it
+
             data: bytes = fsspec.asyn.sync(
                 loop, retry_async, attempts, op, _nbytes, transport.prepare
             )

@@ -19,8 +19,6 @@ import shutil
 from collections.abc import Awaitable, Callable
 from typing import Any, BinaryIO, Protocol
 
-import fsspec.asyn
-
 from ..errors import CorruptReadError, IndexMismatchError, PermanentRemoteError, ShortReadError
 from .answer import Pin, changed, too_large
 from .redact import redact_url
@@ -144,6 +142,8 @@ class HttpStream(BlockStream):
         what = f"could not read on from byte {self.pos}"
         attempts = self.source.attempts(what, self.stats, count_requests=False)
         op = self._chunk_op(n)
+        import fsspec.asyn  # here, not at import: local reads never need it
+
         data: bytes = fsspec.asyn.sync(
             self.fs.loop, retry_async, attempts, op, _nbytes, self.fs.set_session
         )
