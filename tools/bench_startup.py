@@ -10,8 +10,9 @@ Times, as fresh processes (``python -m wids ...``, wall clock, one run each):
 
 ``python -c pass`` is timed too: the interpreter's own start, the floor under every command on
 this machine; and ``python -c "import numpy"``, the floor under every command that reads an
-index (member tables are numpy arrays). Prints a Markdown table (seconds, the goal, the ratio to the goal, and the
-ratio to the floor); on a shared machine compare ratios from one run, not seconds.
+index (member tables are numpy arrays). Prints a Markdown table (seconds, the goal, the ratio
+to the goal, and the ratio to the floor); on a shared machine compare ratios from one run, not
+seconds.
 
 Usage: python tools/bench_startup.py [--shards 32] [--per-shard 100]
 """
