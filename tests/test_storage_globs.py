@@ -167,3 +167,10 @@ def test_http_patterns_read_the_servers_directory_page(listing_server):
     assert got == [f"{listing_server}/{n}" for n in NATURAL]
     with pytest.raises(ShardNotFoundError, match="no file matches"):
         expand_glob(f"{listing_server}/none-*.tar")
+
+
+def test_gcs_patterns_list_the_bucket(gcs_server, folder):
+    for name in NAMES:
+        gcs_server.put(folder / name, f"gcs-globs/{name}")
+    got = expand_glob(gcs_server.url("gcs-globs/part-*.tar"), Store(gcs_server.storage_options))
+    assert got == [gcs_server.url(f"gcs-globs/{n}") for n in NATURAL]
