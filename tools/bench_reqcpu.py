@@ -17,6 +17,11 @@ ratios to ``aiohttp`` in the same run.
 Usage::
 
     python tools/bench_reqcpu.py [--requests 1024] [--repeat 5]
+    python tools/bench_reqcpu.py ds [--samples 2000] [--repeat 3] [--profile out.prof]
+
+The second form reads samples one at a time (``ds[i]`` in a loop, ``access="range"``, random
+order over 4 shards of 1,000 samples) against a keep-alive ``http.client`` Range GET of the
+same bytes per sample (the floor), in one run, and prints samples/s and the ratio.
 """
 
 from __future__ import annotations
@@ -103,5 +108,104 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     return best
 
 
-if __name__ == "__main__":
+# ---------------------------------------------------------------------------------------------
+# ds[i] one sample at a time against a keep-alive http.client Range GET per sample (the floor)
+
+
+def _shards(root: str, nshards: int, per: int, payload: int) -> list[tuple[str, int, int]]:
+    """Write ``nshards`` tars of ``per`` samples; each sample's (name, start, end) span."""
+    import io
+    import tarfile
+
+    spans: list[tuple[str, int, int]] = []
+    for s in range(nshards):
+        name = f"shard-{s:04d}.tar"
+        with tarfile.open(os.path.join(root, name), "w", format=tarfile.USTAR_FORMAT) as tf:
+            for i in range(per):
+                for ext, data in ((".cls", b"%d\n" % (i % 10)), (".bin", os.urandom(payload))):
+                    info = tarfile.TarInfo(f"s{s:04d}{i:06d}{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+        with tarfile.open(os.path.join(root, name)) as tf:
+            members = tf.getmembers()
+        for i in range(per):
+            first, last = members[2 * i], members[2 * i + 1]
+            spans.append((name, first.offset, last.offset_data + last.size))
+    return spans
+
+
+def _floor_round(base: str, spans: list[tuple[str, int, int]], order: list[int]) -> float:
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(base)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port)
+    t = time.perf_counter()
+    for k in order:
+        name, start, end = spans[k]
+        conn.request("GET", f"/{name}", headers={"Range": f"bytes={start}-{end - 1}"})
+        resp = conn.getresponse()
+        if len(resp.read()) != end - start or resp.status != 206:
+            raise RuntimeError("a wrong read")
+    conn.close()
+    return time.perf_counter() - t
+
+
+def _wids_ds_round(ds: object, order: list[int]) -> float:
+    t = time.perf_counter()
+    for k in order:
+        ds[k]  # type: ignore[index]
+    return time.perf_counter() - t
+
+
+def ds_loop(argv: list[str] | None = None) -> dict[str, float]:
+    """``ds[i]`` (``access="range"``) against the floor: samples per second, same run."""
+    p = argparse.ArgumentParser(description="ds[i] over nginx against http.client")
+    p.add_argument("--samples", type=int, default=2000)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--profile", default=None, help="write a cProfile of one wids round here")
+    args = p.parse_args(argv)
+    import random
+
+    from wids import ShardListDataset, build_index
+
+    rng = random.Random(0)
+    with tempfile.TemporaryDirectory() as root:
+        spans = _shards(root, 4, 1000, 2000)
+        nginx = Nginx(root)
+        try:
+            urls = [f"{nginx.base}/shard-{s:04d}.tar" for s in range(4)]
+            index = os.path.join(root, "index", "train.json")
+            os.makedirs(os.path.dirname(index))
+            build_index(urls, index)
+            ds = ShardListDataset(index, access="range", transformations=[])
+            order = [rng.randrange(len(spans)) for _ in range(args.samples)]
+            for k in order[:200]:
+                ds[k]  # opened, checked, connections made
+            _floor_round(nginx.base, spans, order[:50])
+            best = {"http.client": float("inf"), "wids ds[i]": float("inf")}
+            for _ in range(args.repeat):
+                best["http.client"] = min(
+                    best["http.client"], _floor_round(nginx.base, spans, order)
+                )
+                best["wids ds[i]"] = min(best["wids ds[i]"], _wids_ds_round(ds, order))
+            if args.profile:
+                import cProfile
+
+                cProfile.runctx("_wids_ds_round(ds, order)", globals(), locals(), args.profile)
+        finally:
+            nginx.stop()
+    load = os.getloadavg()[0]
+    print(f"{args.samples} samples one at a time (2 KB + label, random); load {load:.2f}")
+    for name, sec in best.items():
+        rate = args.samples / sec
+        floor = args.samples / best["http.client"]
+        print(f"{name:12} {rate:9.0f} samples/s  {rate / floor:5.2f}x the floor")
+    return best
+
+
+if __name__ == "__main__" and len(sys.argv) > 1 and sys.argv[1] == "ds":
+    ds_loop(sys.argv[2:])
+    sys.exit(0)
+elif __name__ == "__main__":
     main()

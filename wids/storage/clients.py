@@ -27,7 +27,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["filesystem", "gate", "session"]
+__all__ = ["filesystem", "gate", "get", "session"]
 
 T = TypeVar("T")
 
@@ -39,6 +39,11 @@ _clients: dict[tuple[Any, ...], Any] = {}
 def _token(options: Mapping[str, Any]) -> str:
     """A key for storage options (their ``repr``: options are plain data, compared by value)."""
     return repr(sorted(options.items(), key=lambda kv: str(kv[0])))
+
+
+def get(key: tuple[Any, ...], make: Callable[[], T]) -> T:
+    """The client under ``key`` (its first item the pid), made by ``make()`` on first use."""
+    return _get(key, make)
 
 
 def _get(key: tuple[Any, ...], make: Callable[[], T]) -> T:

@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import http.client
 import os
+import select
+import threading
 import urllib.parse
 from typing import Any
 
@@ -179,6 +182,78 @@ class Http1Pool:
         self.host_header = host if port == 80 else f"{host}:{port}"
         self._idle: list[_Conn] = []
         self._loop: asyncio.AbstractEventLoop | None = None  # where its connections live
+        # each thread's blocking connection (get_sync): this process's, shared by its stores
+        self._sync = blocking_connections(host, port)
+
+    def get_sync(self, target: str, headers: dict[str, str], limit: int, timeout: float) -> _Answer:
+        """:meth:`get` in the calling thread, on its own kept-alive blocking connection.
+
+        One sample read by ``ds[i]`` then costs no hop into the event loop's thread and back
+        (most of a loopback request's time). A connection the server closed while idle is
+        replaced once.
+
+        Raises:
+            AnswerTooLong, Unsupported: As :meth:`get` (the connection is closed).
+            ConnectionResetError, TimeoutError: The connection failed, stalled or closed.
+        """
+        sync = self._sync
+        for attempt in (0, 1):
+            conn = getattr(sync.local, "conn", None)
+            if conn is not None and _spoke(conn):  # closed, or bytes nobody asked for: never
+                self._drop(conn)  # read as the next answer
+                conn = None
+            reused = conn is not None and attempt == 0
+            if conn is None:
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+                sync.local.conn = conn
+                with sync.lock:
+                    sync.conns.append(conn)
+            try:
+                conn.request("GET", target, headers=headers)
+                resp = conn.getresponse()
+            except (ConnectionError, http.client.HTTPException) as exc:
+                self._drop(conn)
+                if reused:  # closed by the server while idle: a new connection, once
+                    continue
+                raise ConnectionResetError(errno.ECONNRESET, str(exc)) from None
+            except BaseException:
+                self._drop(conn)
+                raise
+            try:
+                return self._answer(conn, resp, limit)
+            except BaseException:
+                self._drop(conn)
+                raise
+        raise ConnectionResetError(errno.ECONNRESET, "no connection")  # not reached
+
+    def _answer(self, conn: Any, resp: Any, limit: int) -> _Answer:
+        status = resp.status
+        headers = {k.lower(): v for k, v in resp.getheaders()}
+        encoded = headers.get("content-encoding", "identity").lower() != "identity"
+        if 300 <= status < 400 or "transfer-encoding" in headers or encoded:
+            raise Unsupported(f"HTTP {status}, {headers.get('transfer-encoding')}")
+        length = headers.get("content-length")
+        if length is None or not _number(length, 18):
+            raise Unsupported("no Content-Length")
+        if int(length) > limit:
+            raise AnswerTooLong(int(length))
+        body = resp.read()
+        if len(body) != int(length):
+            raise ConnectionResetError(
+                errno.ECONNRESET, "connection closed before the answer ended"
+            )
+        if resp.will_close:
+            self._drop(conn)
+        return _Answer(status, headers, body)
+
+    def _drop(self, conn: Any) -> None:
+        conn.close()
+        sync = self._sync
+        if getattr(sync.local, "conn", None) is conn:
+            sync.local.conn = None
+        with sync.lock:
+            if conn in sync.conns:
+                sync.conns.remove(conn)
 
     async def _connect(self) -> _Conn:
         loop = self._loop = asyncio.get_running_loop()
@@ -242,6 +317,7 @@ class Http1Pool:
         loop = self._loop
         if loop is None or loop.is_closed():
             self._idle = []
+            self._close_idle()
             return
         try:
             running = asyncio.get_running_loop()
@@ -253,10 +329,39 @@ class Http1Pool:
             loop.call_soon_threadsafe(self._close_idle)
 
     def _close_idle(self) -> None:
+        with self._sync.lock:
+            blocking, self._sync.conns = self._sync.conns, []
+        for blocked in blocking:  # (a thread's next request opens a new one)
+            blocked.close()
         idle, self._idle = self._idle, []
         for conn in idle:
             if conn.transport is not None:
                 conn.transport.close()
+
+
+class _Blocking:
+    """A process's blocking connections to one ``host:port``: one per thread (``local``)."""
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.conns: list[http.client.HTTPConnection] = []
+        self.lock = threading.Lock()
+
+
+def blocking_connections(host: str, port: int) -> _Blocking:
+    """This process's blocking connections to ``host:port`` (a forked child makes its own)."""
+    from .clients import get
+
+    return get((os.getpid(), "http1-blocking", host, port), _Blocking)
+
+
+def _spoke(conn: Any) -> bool:
+    """Whether an idle connection has something to read (the server closed it, or sent junk)."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable)
 
 
 class Http1Pools:
@@ -301,6 +406,7 @@ class PlainTransport(Transport):
 
     checked = True
     asynchronous = True
+    direct = True  # one read at a time in the calling thread: get_sync (no hop into the loop)
 
     @classmethod
     def over(cls, http: Transport, pools: Http1Pools) -> Transport:
@@ -323,6 +429,28 @@ class PlainTransport(Transport):
     async def prepare(self) -> None:
         """Nothing to make: connections open on first use."""
 
+    def get_sync(self, start: int, end: int, pin: Pin) -> Answer:
+        """:meth:`get` in the calling thread, on its blocking keep-alive connection."""
+        pool = self.pool
+        if pool is None:
+            return self._via_aiohttp(start, end, pin)
+        conditions = self.http.conditions(pin)
+        headers = {"Range": f"bytes={start}-{end - 1}", **conditions}
+        try:
+            answer = pool.get_sync(self.target, headers, max(end - start, 1 << 16), self.timeout)
+        except AnswerTooLong as e:
+            raise ignores_range(pin.url, start, end, e.length) from None
+        except Unsupported:  # a redirect, another framing: aiohttp from now on
+            self.pool = None
+            return self._via_aiohttp(start, end, pin)
+        return self._answer(pin, answer, conditions, start, end)
+
+    def _via_aiohttp(self, start: int, end: int, pin: Pin) -> Answer:
+        import fsspec.asyn
+
+        got: Answer = fsspec.asyn.sync(self.fs.loop, self.http.get, start, end, pin)
+        return got
+
     async def get_whole(self, limit: int | None) -> bytes:
         """A whole file, through aiohttp."""
         return await self.http.get_whole(limit)
@@ -343,6 +471,11 @@ class PlainTransport(Transport):
         except Unsupported:  # a redirect, another framing: aiohttp from now on
             self.pool = None
             return await self.http.get(start, end, pin)
+        return self._answer(pin, answer, conditions, start, end)
+
+    def _answer(
+        self, pin: Pin, answer: _Answer, conditions: dict[str, str], start: int, end: int
+    ) -> Answer:
         status, got = answer.status, answer.headers
         if status == 412:
             raise pin.refused(

@@ -399,7 +399,7 @@ class Source:
             return self._local.read(start, end, stats)
         transport = self.transport()
         attempts = self.attempts(f"could not read bytes {start}-{end}", stats)
-        if transport.asynchronous:
+        if transport.asynchronous and not transport.direct:
 
             def op() -> Any:
                 return self.read_async(start, end, check)

@@ -67,6 +67,8 @@ class Transport:
     """Whether answers say the file's size and version (what a first-touch check needs)."""
     asynchronous = False
     """Whether :meth:`get` is a coroutine to run on ``fs.loop``."""
+    direct = False
+    """Whether one read at a time goes through :meth:`get_sync` in the calling thread."""
 
     def __init__(self, url: str, fs: Any, path: str, timeout: float = 30.0) -> None:
         self.url, self.fs, self.path, self.timeout = url, fs, path, timeout
