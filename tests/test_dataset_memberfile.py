@@ -188,8 +188,14 @@ def test_stream_over_local(shard):
     # decoders decode the small members and leave the handle alone
     decoded = ShardListDataset(str(d / "train.json"), stream_over=1 << 20)[0]
     assert decoded[".json"] == {"k": 0} and isinstance(decoded[".bin"], MemberFile)
-    with pytest.raises(ValueError, match="stream_over"):
-        ShardListDataset(str(d / "train.json"), stream_over=-1)
+    # per field: only .wav as a file, however small; .bin (larger) stays bytes
+    per_field = ShardListDataset(str(d / "train.json"), transformations=[], stream_over={".wav": 0})
+    s = per_field[1]
+    assert isinstance(s[".wav"], MemberFile) and s[".bin"] == oracle[("sample001", ".bin")]
+    assert s[".wav"].read() == oracle[("sample001", ".wav")]
+    for bad in (-1, True, 1.5, {"wav": 0}, {".wav": -1}):
+        with pytest.raises(ValueError, match="stream_over"):
+            ShardListDataset(str(d / "train.json"), stream_over=bad)
 
 
 def test_handles_do_not_count_against_max_sample_bytes(shard):
@@ -338,7 +344,7 @@ def _as_list(batch):
     return batch
 
 
-@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+@pytest.mark.parametrize("ctx", ["fork", "forkserver", "spawn"])
 @pytest.mark.parametrize("where", ["local", "http"])
 def test_dataloader_workers(ctx, where, shard, request):
     torch = pytest.importorskip("torch")

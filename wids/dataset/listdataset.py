@@ -32,7 +32,7 @@ from .catalog import MAX_SAMPLE_BYTES, Catalog, display_url
 from .description import DatasetComponent
 from .exclusions import parse_exclude
 from .localcache import LocalCache
-from .memberfile import MemberFile, member_file, streamed_sample
+from .memberfile import MemberFile, check_stream_over, member_file, streamed_sample
 from .pool import ACCESS_MODES, ReaderPool
 from .shardview import ShardView
 from .stats import DatasetStats
@@ -153,8 +153,9 @@ class ShardListDataset(_DatasetBase[T_co]):
             and size, before anything is read. ``None`` for no bound.
         stream_over: Members larger than this many bytes come in ``ds[i]`` as seekable file
             objects (:class:`~wids.dataset.memberfile.MemberFile`, as :meth:`open` returns)
-            instead of bytes; ``None`` (the default): every member as bytes. Samples with
-            such a member are read member by member, without the lookahead.
+            instead of bytes; a mapping (``{".mp4": 0}``) sets it per field (other fields
+            stay bytes); ``None`` (the default): every member as bytes. Samples with such a
+            member are read member by member, without the lookahead.
         exclude: Samples to leave out, no shard touched (see ``docs/exclusions.md``): a path
             of a file with one entry per line (``KEY``, ``SHARD/KEY`` or ``SHARD<TAB>KEY``;
             ``#`` comment lines and blank lines skipped) or an iterable of such strings,
@@ -195,7 +196,7 @@ class ShardListDataset(_DatasetBase[T_co]):
         url_map: Mapping[str, str] | None = None,
         allow_local_shards: bool = False,
         max_sample_bytes: int | None = MAX_SAMPLE_BYTES,
-        stream_over: int | None = None,
+        stream_over: int | Mapping[str, int] | None = None,
         exclude: Any = None,
         exclude_strict: bool = False,
     ) -> None:
@@ -215,10 +216,7 @@ class ShardListDataset(_DatasetBase[T_co]):
             raise ValueError(
                 f"max_sample_bytes must be an int >= 1 or None, not {max_sample_bytes!r}"
             )
-        if stream_over is not None and (
-            isinstance(stream_over, bool) or not isinstance(stream_over, int) or stream_over < 0
-        ):
-            raise ValueError(f"stream_over must be an int >= 0 or None, not {stream_over!r}")
+        stream_over = check_stream_over(stream_over)
         if cache_size is not None and cache_size < 0:
             raise ValueError(f"cache_size must be >= 0 or None, not {cache_size!r}")
         if retry is not None and not isinstance(retry, RetryPolicy):

@@ -35,6 +35,7 @@ import copy
 import io
 import os
 import threading
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IndexMismatchError, WidsError
@@ -47,7 +48,14 @@ if TYPE_CHECKING:
     from .catalog import Catalog
     from .pool import ReaderPool
 
-__all__ = ["DEFAULT_READAHEAD", "MAX_READAHEAD", "MemberFile", "member_file", "streamed_sample"]
+__all__ = [
+    "DEFAULT_READAHEAD",
+    "MAX_READAHEAD",
+    "MemberFile",
+    "check_stream_over",
+    "member_file",
+    "streamed_sample",
+]
 
 HEADER = 512
 DEFAULT_READAHEAD = 64 << 10
@@ -401,9 +409,16 @@ def member_file(
 
 
 def streamed_sample(
-    catalog: Catalog, pool: ReaderPool, i: int, shard: int, j: int, threshold: int
+    catalog: Catalog,
+    pool: ReaderPool,
+    i: int,
+    shard: int,
+    j: int,
+    threshold: int | Mapping[str, int],
 ) -> dict[str, Any] | None:
     """Sample ``j`` of ``shard`` with members over ``threshold`` bytes as handles.
+
+    ``threshold`` is one size for every field, or a size per field (other fields: bytes).
 
     ``None`` when no member is over it (the caller reads the sample as usual). Smaller
     members are read whole, one verified read each, so the sample's bytes in memory are its
@@ -414,9 +429,10 @@ def streamed_sample(
     """
     members = catalog.members(shard)[0]
     rows = members.members(j)
-    if all(size <= threshold for _, _, size in rows):
+    big = [_over(threshold, field, size) for field, _, size in rows]
+    if not any(big):
         return None
-    held = sum(size for _, _, size in rows if size <= threshold)
+    held = sum(size for (_, _, size), b in zip(rows, big, strict=True) if not b)
     bound = catalog.max_sample_bytes  # handles do not count: only the bytes read into memory
     if bound is not None and held > bound:
         raise catalog.too_large(shard, j, held)
@@ -424,9 +440,9 @@ def streamed_sample(
     info = catalog.load().infos[shard]
     key = members.key(j)
     sample: dict[str, Any] = {}
-    for field, offset, size in rows:
+    for (field, offset, size), b in zip(rows, big, strict=True):
         f = MemberFile(catalog.source(info.url, info), offset, size, key=key, field=field)
-        if size > threshold:
+        if b:
             sample[field] = f
         else:
             with f:
@@ -437,3 +453,32 @@ def streamed_sample(
     sample["__shardindex__"] = j
     sample["__dataset__"] = catalog.load().dataset_of[shard]
     return sample
+
+
+def _over(threshold: int | Mapping[str, int], field: str, size: int) -> bool:
+    if isinstance(threshold, int):
+        return size > threshold
+    limit = threshold.get(field)
+    return limit is not None and size > limit
+
+
+def check_stream_over(value: Any) -> int | dict[str, int] | None:
+    """``stream_over`` validated: ``None``, a size, or a mapping of fields to sizes.
+
+    Raises:
+        ValueError: Anything else (a negative size, a field without its leading dot).
+    """
+
+    def size(v: Any) -> bool:
+        return not isinstance(v, bool) and isinstance(v, int) and v >= 0
+
+    if value is None or size(value):
+        return value  # type: ignore[no-any-return]
+    if isinstance(value, Mapping) and all(
+        isinstance(k, str) and k.startswith(".") and size(v) for k, v in value.items()
+    ):
+        return dict(value)
+    raise ValueError(
+        "stream_over must be None, an int >= 0, or a mapping of fields ('.mp4') to ints >= 0, "
+        f"not {value!r}"
+    )
