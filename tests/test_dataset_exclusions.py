@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import pickle
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -212,3 +216,41 @@ def test_subset_exclude_writes_an_index_that_opens_without_exclude(data, tmp_pat
     with pytest.raises(OutputExistsError, match="exclude"):
         make_subset(index, lone, shards=slice(1, 3), exclude=ex)
     assert sorted(os.listdir(lone)) == ["train.json.exclude"]
+
+
+def test_the_documented_example_runs(tmp_path, monkeypatch):
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "exclusions.md").read_text()
+    code = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "docs/exclusions.md", "exec"), scope)
+    assert len(scope["ds"]) == 27
+    # the page's shell example: a subset that records the exclusion, opened without exclude=
+    shell = doc.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    argv = shlex.split(shell[0])
+    assert argv[:2] == ["wids", "subset"]
+    with pytest.warns(UserWarning, match="1 of 3 entries"):
+        assert main(argv[1:]) == 0
+    assert len(ShardListDataset("small/train.json")) == 18
+
+
+@pytest.mark.slow
+def test_bench_exclude_runs_tiny(tmp_path):
+    bench = Path(__file__).resolve().parent.parent / "tools" / "bench_exclude.py"
+    env = {**os.environ, "PYTHONPATH": str(bench.parent.parent)}
+    argv = [sys.executable, str(bench), "--shards", "40", "--samples", "50", "--exclude", "300"]
+    r = subprocess.run(
+        [*argv, "--dir", str(tmp_path), "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads(r.stdout.strip().splitlines()[-1])
+    # the tool checks each run read the expected kept sample; lengths add up
+    assert rows["none"]["samples"] == 2000 and rows["none"]["excluded"] == 0
+    assert rows["array"]["samples"] == 2000 - rows["array"]["excluded"] > 2000 - 300
+    assert rows["list"]["samples"] == rows["array"]["samples"]
+    assert "goals (array)" in r.stdout

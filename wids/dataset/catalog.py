@@ -229,6 +229,10 @@ class Catalog:
         if not 0 <= i < n:
             raise IndexError(f"index {index} out of range for a dataset of {n} samples")
         g = kept.raw(i)
+        per = loaded.per_shard
+        if per:
+            shard = min(g // per, loaded.last)
+            return i, shard, g - shard * per
         shard = loaded.locate(g)
         return i, shard, g - int(loaded.starts[shard])
 
