@@ -139,8 +139,8 @@ def parse_exclude(value: Any, *, strict: bool = False) -> ExcludeSpec | None:
     if isinstance(value, (str, os.PathLike)):
         where = os.fspath(value)
         value = read_exclude_file(value)
-    if isinstance(value, (list, tuple)) and value and type(value[0]) is int:
-        as_array = np.asarray(value)  # a list of sample numbers: one conversion, no loop
+    if isinstance(value, (list, tuple)) and all(type(x) is int for x in value):
+        as_array = np.asarray(value)  # a list of sample numbers: one conversion
         if as_array.dtype.kind in "iu":
             value = as_array
     if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
