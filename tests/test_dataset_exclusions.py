@@ -200,6 +200,10 @@ def test_subset_exclude_writes_an_index_that_opens_without_exclude(data, tmp_pat
     assert _keys(sub) == kept and sub.lengths == [9, 8]
     assert (to / "train.json.exclude").read_text().startswith("# wids-exclude 1")
     assert _digest(d) == before  # no source shard touched
+    # wids show reads the subset as the dataset does: the kept samples only
+    assert main(["show", str(to / "train.json"), "-n", "100"]) == 0
+    shown = [ln.split()[1] for ln in capsys.readouterr().out.splitlines()[1:]]
+    assert shown == kept
     # exclude= adds to the recorded exclusion
     more = ShardListDataset(str(to / "train.json"), transformations=[], exclude=["000010"])
     assert _keys(more) == kept[1:]

@@ -62,7 +62,7 @@ class SampleReader:
         self._pool = ReaderPool(self._catalog, lru_size=10, access="auto", promote_share=0.05)
 
     def __len__(self) -> int:
-        return int(self._catalog.load().total)
+        return int(self._catalog.counts().total)
 
     def read(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """The samples at ``indices`` (fields as ``bytes``), read as one batch."""
