@@ -228,13 +228,13 @@ def test_the_lookahead_follows_the_stride_it_sees_and_backs_off_when_it_misses()
     assert ahead.stride == 8 and ahead.reach == 2
     ahead.observe(plan, 32, 8)  # another worker took three batches meanwhile
     assert ahead.stride == 32 and ahead.reach == 1
-    for position in (64, 96, 128):
+    for position in (64, 96, 128, 160):
         ahead.observe(plan, position, 8)
     assert ahead.reach == 4
-    assert [p for p, _ in ahead.upcoming(ahead.reach)] == [160, 192, 224, 256]
-    assert ahead.upcoming(1)[0][1] == plan.order[160:168].tolist()
-    ahead.observe(plan, 136, 8)  # off the stride: half as far
-    ahead.observe(plan, 150, 8)
+    assert [p for p, _ in ahead.upcoming(ahead.reach)] == [192, 224, 256, 288]
+    assert ahead.upcoming(1)[0][1] == plan.order[192:200].tolist()
+    ahead.observe(plan, 168, 8)  # off the stride: half as far
+    ahead.observe(plan, 180, 8)
     assert ahead.reach == 1
     other = Plan(8, 0, plan.order)  # the next iteration: its first batch again
     ahead.observe(other, 8, 8)

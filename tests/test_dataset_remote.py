@@ -405,9 +405,18 @@ def test_one_connection_per_process_for_many_reads(proxied, local):
     assert proxy.connections <= 3
 
 
-def test_a_batch_fetches_its_shards_member_tables_at_once(http_server, local, fault_proxy):
+@pytest.mark.parametrize("at", ["batch", "load"])
+def test_a_batch_fetches_its_shards_member_tables_at_once(
+    http_server, local, fault_proxy, monkeypatch, at
+):
+    """A batch's first touches of several shards fetch their tables at once; a small remote
+    index (up to PICKLED_TABLES shards) fetches them all at once when it loads."""
     from faultproxy import FaultPlan
 
+    import wids.dataset.catalog as catalog_module
+
+    if at == "batch":  # a larger index: nothing fetched with it
+        monkeypatch.setattr(catalog_module, "PICKLED_TABLES", NS - 1)
     d, _, oracle = local
     prefix, _ = _upload(http_server, d)
     # every member-table sidecar request waits 0.3 s: fetched one after another, they never
@@ -416,11 +425,18 @@ def test_a_batch_fetches_its_shards_member_tables_at_once(http_server, local, fa
     proxy = fault_proxy(http_server.base, plan)
     ds = ShardListDataset(proxy.url(f"{prefix}/train.json"), transformations=[])
     len(ds)
+    loaded = [p for p in proxy.paths if ".members/" in p]
+    if at == "load":
+        assert len(loaded) == NS
+        assert proxy.peak_delayed >= 2, proxy.peak_delayed  # sidecar requests overlapped
     proxy.reset_counts()
     batch = [s * NSAMPLES + 3 for s in range(NS)]
     assert [strip_meta(x) for x in ds.__getitems__(batch)] == [oracle[i] for i in batch]
     sidecars = [p for p in proxy.paths if ".members/" in p]
-    assert len(sidecars) == NS
+    if at == "load":
+        assert not sidecars  # the batch had them already
+        return
+    assert not loaded and len(sidecars) == NS
     assert proxy.peak_delayed >= 2, proxy.peak_delayed  # sidecar requests overlapped
 
 

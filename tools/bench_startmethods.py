@@ -19,7 +19,9 @@ batches of 32, raw bytes, one epoch per contender in its own process). Contender
 - ``auto-second@CTX`` / ``range-second@CTX``: the default row, with a second (validation)
   sampler built over the same dataset after the training one; the training loader is measured.
 
-Then the goals of issue 25 as ratios in this run: per start method, ``auto`` against
+With ``--before DIR`` (a checkout of another wids, e.g. a ``git worktree`` of an older commit),
+each wids contender also runs on that code as ``NAME@CTX+before``: a before/after comparison in
+one run. Then the goals of issue 25 as ratios in this run: per start method, ``auto`` against
 webdataset (samples/s >= 1.2x, first batch no later), and each off-path row against its default
 row (>= 0.9x). Timings on a shared machine are noisy: compare ratios of one run.
 
@@ -98,6 +100,8 @@ def contenders(contexts: list[str], offpath: list[str], modes: list[str]) -> lis
 def run_one(name: str, args: argparse.Namespace, base: dict, proxy: Any) -> dict | None:
     """One epoch of contender ``name`` in its own process; its figures, or ``None``."""
     what, ctx = name.split("@")
+    ctx, _, before = ctx.partition("+")
+    repo = args.before if before else str(REPO)
     work = Path(tempfile.mkdtemp(prefix="wids-sm-"))
     clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     cfg = {**base, "ctx": ctx, "cache": str(work / "cache")}
@@ -110,7 +114,7 @@ def run_one(name: str, args: argparse.Namespace, base: dict, proxy: Any) -> dict
     else:
         access, _, variant = what.partition("-")
         cfg.update(access=access, variant=variant or "default")
-        python, script, env = sys.executable, WIDS, {**clean, "PYTHONPATH": str(REPO)}
+        python, script, env = sys.executable, WIDS, {**clean, "PYTHONPATH": repo}
     try:
         os.sync()
         proxy.reset_counts()
@@ -162,6 +166,10 @@ def ratios(results: dict[str, dict], contexts: list[str], offpath: list[str]) ->
                 "<= 1.0",
             )
         )
+    for name in results:
+        if name.endswith("+before"):
+            now = name[: -len("+before")]
+            checks.append((f"{now} / the same before", r(now, name), "> 1 is faster"))
     for ctx in offpath:
         for mode in ("auto", "range"):
             for v in OFFPATH:
@@ -193,6 +201,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     p.add_argument("--offpath", default="fork", help="contexts of the off-path rows ('' none)")
     p.add_argument("--modes", default="auto,range")
     p.add_argument("--wds-venv", default="/tmp/venv-wds")
+    p.add_argument("--before", help="another wids checkout: its contenders run too (+before)")
     p.add_argument("--data")
     p.add_argument("--timeout", type=float, default=600.0)
     args = p.parse_args(argv)
@@ -202,6 +211,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     contexts = [c for c in args.contexts.split(",") if c]
     offpath = [c for c in args.offpath.split(",") if c]
     names = contenders(contexts, offpath, args.modes.split(","))
+    if args.before:
+        names = [m for n in names for m in ([n] if n.startswith("web") else [n, n + "+before"])]
     data, shard_names, size = bench_latency._prepare(args)
     sample_bytes = bench_latency._sample_bytes(os.path.join(data, "bench.json"))
     args.delay_ms, args.mbps = float(args.delay_ms), float(args.mbps)

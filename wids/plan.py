@@ -37,7 +37,7 @@ class Plan:
     Args:
         token: Tells iterations apart (a random 62-bit number per iteration).
         start: The position in the iteration of ``order[0]``.
-        order: The indices from ``start`` on (int64; at most ``2 * STEP``).
+        order: The indices from ``start`` on (int32 or int64; at most ``2 * STEP``).
     """
 
     __slots__ = ("order", "start", "token")
@@ -112,7 +112,9 @@ def planned_order(indices: Iterator[int], start: int) -> Iterator[int]:
     base = start
     window = np.fromiter(itertools.islice(indices, 2 * STEP), dtype=np.int64)
     while len(window):
-        plan = Plan(token, base, window)
+        # sent with every batch: half the bytes where the indices allow
+        small = int(window.max()) < 1 << 31 and int(window.min()) >= 0
+        plan = Plan(token, base, window.astype(np.int32) if small else window)
         values = window[:STEP].tolist()
         for k, value in enumerate(values):
             yield PlannedIndex(value, plan, base + k)

@@ -15,8 +15,8 @@ its blocks are identical (same shard, same byte range) to blocks prefetched for 
 position in exactly its iteration; the rest is read directly, and prefetches of positions the
 process was not given are dropped. A wrong guess costs bytes (bounded by the window), never a
 wrong sample, and it reads less far ahead while its guesses miss (half as far after each miss,
-nothing after a few in a row; twice as far again, up to ``depth``, after each batch that comes
-at the stride), as with ``in_order=False`` on a busy machine, where batches go to whichever
+nothing after a few in a row; one batch further again, up to ``depth``, after each batch that
+comes at the stride), as with ``in_order=False`` on a busy machine, where batches go to whichever
 worker has room.
 
 :class:`Lookahead` keeps a bounded window of batches in flight in background threads
@@ -102,14 +102,16 @@ class Lookahead:
         self.depth, self.max_bytes, self.max_requests = depth, max_bytes, max_requests
         self.horizon = horizon
         self.merge_gap = 0  # the dataset's, set before each batch
-        self.announce_share = 0.5
+        # the window is the whole loader's order (every worker's batches): a shard dealt to
+        # one of several workers shows a quarter of its samples in it well before its end
+        self.announce_share = 0.25
         self._stats = stats
         # where this process stands: the plan of its last batch, its position, size, stride
         self.plan: Plan | None = None
         self.position = self.size = self.stride = 0
         self.batches = 0  # batches observed
-        # batches read ahead now: twice as many after a batch at the stride (up to depth), half
-        # as many after one elsewhere; kept across iterations (it is the loader's dispatch)
+        # batches read ahead now: one more after a batch at the stride (up to depth), half as
+        # many after one elsewhere; kept across iterations (it is the loader's dispatch)
         self.reach = min(2, depth)
         self._jobs: dict[tuple[int, int], Future[Prefetched]] = {}  # (token, position) -> job
         self._held = 0  # bytes held or in flight
@@ -138,7 +140,7 @@ class Lookahead:
         if last is not None and last.token == plan.token and position > self.position:
             # the guess was right: read further ahead; wrong: less far (none after a few)
             if position == self.position + self.stride:
-                self.reach = min(self.depth, max(1, 2 * self.reach))
+                self.reach = min(self.depth, self.reach + 1)
             else:
                 self.reach //= 2
             self.stride = position - self.position
@@ -184,8 +186,8 @@ class Lookahead:
 
         Args:
             depth: Batches to prefetch this time (default and at most :attr:`reach`: up to
-                :attr:`depth`, twice as many after each batch that came at the stride, half as
-                many after each that did not).
+                :attr:`depth`, one more after each batch that came at the stride, half as many
+                after each that did not).
         """
         depth = self.reach if depth is None else min(depth, self.reach)
         plan = self.plan
