@@ -26,7 +26,7 @@ import numpy as np
 
 __all__ = ["STEP", "Plan", "PlannedIndex", "planned_order", "plan_of"]
 
-STEP = 1024
+STEP = 2048
 """A plan is made every ``STEP`` positions and covers ``2 * STEP`` of them: every index sees at
 least ``STEP`` positions ahead (but at the end of the iteration)."""
 

@@ -94,7 +94,7 @@ class Lookahead:
         depth: int = 4,
         max_bytes: int = 64 << 20,
         max_requests: int = 32,
-        horizon: int = 2048,
+        horizon: int = 4096,
         stats: Any = None,
     ) -> None:
         self._prepare, self._announce, self._locate = prepare, announce, locate
@@ -102,9 +102,7 @@ class Lookahead:
         self.depth, self.max_bytes, self.max_requests = depth, max_bytes, max_requests
         self.horizon = horizon
         self.merge_gap = 0  # the dataset's, set before each batch
-        # the window is the whole loader's order (every worker's batches): a shard dealt to
-        # one of several workers shows a quarter of its samples in it well before its end
-        self.announce_share = 0.25
+        self.announce_share = 0.5
         self._stats = stats
         # where this process stands: the plan of its last batch, its position, size, stride
         self.plan: Plan | None = None
