@@ -227,14 +227,16 @@ def test_the_lookahead_follows_the_stride_it_sees_and_backs_off_when_it_misses()
     ahead.observe(plan, 0, 8)  # the first batch: the workers (here 1) take turns
     assert ahead.stride == 8 and ahead.reach == 2
     ahead.observe(plan, 32, 8)  # another worker took three batches meanwhile
-    assert ahead.stride == 32 and ahead.reach == 1
+    assert ahead.stride == 32 and ahead.reach == 0
+    assert ahead.upcoming(ahead.reach) == []
     for position in (64, 96, 128, 160):
         ahead.observe(plan, position, 8)
     assert ahead.reach == 4
     assert [p for p, _ in ahead.upcoming(ahead.reach)] == [192, 224, 256, 288]
     assert ahead.upcoming(1)[0][1] == plan.order[192:200].tolist()
-    ahead.observe(plan, 168, 8)  # off the stride: half as far
-    ahead.observe(plan, 180, 8)
+    ahead.observe(plan, 168, 8)  # off the stride: nothing read ahead until one comes at it
+    assert ahead.reach == 0
+    ahead.observe(plan, 176, 8)
     assert ahead.reach == 1
     other = Plan(8, 0, plan.order)  # the next iteration: its first batch again
     ahead.observe(other, 8, 8)

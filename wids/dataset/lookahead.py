@@ -14,10 +14,9 @@ guess about bandwidth, never about samples: a batch is read from prefetched byte
 its blocks are identical (same shard, same byte range) to blocks prefetched for exactly its
 position in exactly its iteration; the rest is read directly, and prefetches of positions the
 process was not given are dropped. A wrong guess costs bytes (bounded by the window), never a
-wrong sample, and it reads less far ahead while its guesses miss (half as far after each miss,
-nothing after a few in a row; one batch further again, up to ``depth``, after each batch that
-comes at the stride), as with ``in_order=False`` on a busy machine, where batches go to whichever
-worker has room.
+wrong sample, and it stops reading ahead after a guess misses (the guesses go on: one batch
+further again, up to ``depth``, after each batch that comes at the stride), as happens with
+``in_order=False`` on a busy machine, where batches go to whichever worker has room.
 
 :class:`Lookahead` keeps a bounded window of batches in flight in background threads
 (``depth`` batches, ``max_bytes``, ``max_requests``): each is planned exactly as the read of
@@ -108,8 +107,8 @@ class Lookahead:
         self.plan: Plan | None = None
         self.position = self.size = self.stride = 0
         self.batches = 0  # batches observed
-        # batches read ahead now: one more after a batch at the stride (up to depth), half as
-        # many after one elsewhere; kept across iterations (it is the loader's dispatch)
+        # batches read ahead now: one more after a batch at the stride (up to depth), none
+        # after one elsewhere; kept across iterations (it is the loader's dispatch)
         self.reach = min(2, depth)
         self._jobs: dict[tuple[int, int], Future[Prefetched]] = {}  # (token, position) -> job
         self._held = 0  # bytes held or in flight
@@ -140,7 +139,7 @@ class Lookahead:
             if position == self.position + self.stride:
                 self.reach = min(self.depth, self.reach + 1)
             else:
-                self.reach //= 2
+                self.reach = 0
             self.stride = position - self.position
         else:  # a new iteration (or its start again): the DataLoader's workers take turns
             self.stride = size * _workers()
@@ -184,8 +183,8 @@ class Lookahead:
 
         Args:
             depth: Batches to prefetch this time (default and at most :attr:`reach`: up to
-                :attr:`depth`, one more after each batch that came at the stride, half as many
-                after each that did not).
+                :attr:`depth`, one more after each batch that came at the stride, none after
+                one that did not).
         """
         depth = self.reach if depth is None else min(depth, self.reach)
         plan = self.plan
