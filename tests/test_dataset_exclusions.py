@@ -98,6 +98,9 @@ def test_unknown_entries_warn_with_a_count_or_are_refused(data):
     ds = ShardListDataset(index, transformations=[], exclude=["000001", "nokey", 10**9, "x.tar/1"])
     with pytest.warns(UserWarning, match="3 of 4 entries name no sample"):
         assert len(ds) == len(keys) - 1
+    ds = ShardListDataset(index, exclude=[2**70, 2**71, -1, 1])  # no int64 holds the first two
+    with pytest.warns(UserWarning, match="3 of 4 entries name no sample"):
+        assert len(ds) == len(keys) - 1
     strict = ShardListDataset(index, exclude=["000001", "nokey"], exclude_strict=True)
     with pytest.raises(ExclusionError, match="1 of 2 entries"):
         len(strict)

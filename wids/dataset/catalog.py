@@ -253,12 +253,11 @@ class Catalog:
         beside = parse_exclude(path + SIDECAR, strict=True)
         if beside is None or spec is None:
             return beside or spec
-        # the sidecar names shards of this index: its entries are known; the user's may not be
-        extra = ExcludeSpec(beside.samples, beside.keys, beside.pairs, strict=False)
+        # a file holds keys and pairs only; strict stays the user's (the file names this index)
         merged = {**spec.pairs}
-        for shard, keys in extra.pairs.items():
+        for shard, keys in beside.pairs.items():
             merged[shard] = merged.get(shard, frozenset()) | keys
-        return ExcludeSpec(spec.samples, spec.keys | extra.keys, merged, spec.strict)
+        return ExcludeSpec(spec.samples, spec.keys | beside.keys, merged, spec.strict, spec.beyond)
 
     def _resolve_exclusion(self, loaded: Description) -> None:
         spec = self._exclusion()

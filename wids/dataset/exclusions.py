@@ -66,15 +66,18 @@ class ExcludeSpec:
         keys: Keys excluded in whichever shard holds them.
         pairs: Shard name (as the index records it, or its basename) -> keys in that shard.
         strict: Refuse entries that name no sample, rather than warn.
+        beyond: Sample numbers given that no int64 holds (they name no sample).
     """
 
     samples: np.ndarray
     keys: frozenset[str] = frozenset()
     pairs: dict[str, frozenset[str]] = field(default_factory=dict)
     strict: bool = False
+    beyond: int = 0
 
     def __len__(self) -> int:
-        return len(self.samples) + len(self.keys) + sum(len(v) for v in self.pairs.values())
+        named = len(self.keys) + sum(len(v) for v in self.pairs.values())
+        return len(self.samples) + named + self.beyond
 
 
 def _sorted_unique(values: Any) -> np.ndarray:
@@ -148,12 +151,16 @@ def parse_exclude(value: Any, *, strict: bool = False) -> ExcludeSpec | None:
     if not isinstance(value, Iterable):
         raise TypeError(f"exclude must be a file path or an iterable, not {type(value).__name__}")
     numbers: list[int] = []
+    beyond = 0
     keys: set[str] = set()
     pairs: dict[str, set[str]] = {}
     for item in value:
         if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
             number = int(item)
-            numbers.append(number if 0 <= number < 1 << 63 else -1)  # -1: names no sample
+            if -(1 << 63) <= number < 1 << 63:
+                numbers.append(number)
+            else:
+                beyond += 1
             continue
         if isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, str) for x in item):
             shard, key = item
@@ -170,6 +177,7 @@ def parse_exclude(value: Any, *, strict: bool = False) -> ExcludeSpec | None:
         frozenset(keys),
         {s: frozenset(k) for s, k in pairs.items()},
         strict,
+        beyond,
     )
 
 
@@ -221,7 +229,7 @@ def resolve(
     total = int(starts[-1])
     nums = spec.samples
     inside = (nums >= 0) & (nums < total)
-    unknown = int(len(nums) - np.count_nonzero(inside))
+    unknown = int(len(nums) - np.count_nonzero(inside)) + spec.beyond
     parts = [nums[inside]]
     named = _shards_named(spec.pairs, url, len(starts) - 1) if spec.pairs else {}
     for shard, keys in spec.pairs.items():
