@@ -114,6 +114,7 @@ class Catalog:
         self.src = src
         self.exclude = exclude
         self._kept: Kept | None = None  # the description without the exclusions, once loaded
+        self._excluded = False  # whether the exclusion was resolved (_kept stays None if empty)
         self.local = local
         self.dataset_name = dataset_name
         self.base = base
@@ -125,6 +126,8 @@ class Catalog:
         self.max_sample_bytes = max_sample_bytes
         self._largest: dict[int, int] = {}  # bytes of each loaded table's largest sample
         self._loaded: Description | None = None
+        self._ready: Description | None = None  # _loaded once its exclusion is resolved too
+        self._resolving = False
         # table, end of its last member's data
         self._members: dict[int, tuple[ShardMembers, int]] = {}
         self._scanned: set[int] = set()  # member tables that came from scanning (costly)
@@ -172,7 +175,7 @@ class Catalog:
         keep = {i: m for i, m in self._members.items() if i in self._scanned}
         if loaded is not None and loaded.indexed is not None:
             if len(loaded.lengths) > PICKLED_SHARDS:
-                state["_loaded"] = None  # a large index reopens faster than it pickles
+                state["_loaded"] = state["_ready"] = None  # reopens faster than it pickles
                 keep = {}
             else:
                 room = PICKLED_BYTES
@@ -202,7 +205,7 @@ class Catalog:
         """
         # The hot path of random access: keep it flat (see tools/bench_read.py).
         i = index if type(index) is int else operator.index(index)
-        loaded = self._loaded or self.load()
+        loaded = self._ready or self.load()
         if self._kept is not None:
             return self._locate_kept(self._kept, i, index, loaded)
         n = loaded.total
@@ -238,7 +241,7 @@ class Catalog:
 
     def counts(self) -> Description | Kept:
         """What the dataset's ``lengths``, ``cum``, ``total`` and ``components`` are: the kept."""
-        loaded = self._loaded or self.load()
+        loaded = self._ready or self.load()
         return self._kept if self._kept is not None else loaded
 
     def _exclusion(self) -> ExcludeSpec | None:
@@ -260,8 +263,11 @@ class Catalog:
         return ExcludeSpec(spec.samples, spec.keys | beside.keys, merged, spec.strict, spec.beyond)
 
     def _resolve_exclusion(self, loaded: Description) -> None:
+        if self._excluded:  # once: a copy for a worker comes resolved (and warned) already
+            return
         spec = self._exclusion()
-        if spec is None or self._kept is not None:
+        if spec is None:
+            self._excluded = True
             return
         infos = loaded.infos
         excluded, unknown = resolve(
@@ -272,6 +278,7 @@ class Catalog:
             self._kept = Kept(
                 excluded, np.asarray(loaded.lengths, dtype=np.int64), loaded.components
             )
+        self._excluded = True  # only now: a refused exclusion is refused again, never skipped
 
     # -- the description ----------------------------------------------------------------------
 
@@ -296,8 +303,15 @@ class Catalog:
                 loaded = self._loaded
             if self._first and self.remote_tables:  # outside the lock: members() takes it
                 self.prefetch_members(self._first, at_least=1)
-            with self._lock:
-                self._resolve_exclusion(loaded)
+        if self._ready is None:
+            with self._lock:  # other threads wait; this one's members() calls come back here
+                if self._ready is None and not self._resolving:
+                    self._resolving = True
+                    try:
+                        self._resolve_exclusion(loaded)
+                    finally:
+                        self._resolving = False
+                    self._ready = loaded  # locate() and counts() see the exclusion from now
         return loaded
 
     def _load_description(self) -> Description:
