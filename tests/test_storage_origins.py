@@ -7,6 +7,7 @@ reach that origin only; another origin gets its own entry, or nothing.
 
 from __future__ import annotations
 
+import io
 import pickle
 import threading
 from collections.abc import Iterator
@@ -101,9 +102,10 @@ def test_scope_gives_flat_options_to_named_origins_and_entries_to_their_origin()
     }
     assert "withheld" in scope.withheld("http://c/x.tar")
     assert scope.withheld("http://a/x.tar") == "" and scope.withheld("http://b.example:8080/") == ""
-    # unscoped (no named URLs, or local ones only): everywhere, as a bare Store
+    # unscoped (named=None): everywhere, as a bare Store; local URLs only name no origin
     assert Scope(flat).options_for("http://c/x.tar") == flat
-    assert Scope(flat, named={"source_url": "local.json", "name": "x"}).named is None
+    local_only = Scope(flat, named={"source_url": "local.json", "name": "x"})
+    assert local_only.named == frozenset() and local_only.options_for("http://c/x.tar") == {}
     with pytest.raises(TypeError, match="mapping of options"):
         Scope({"http://b": "nope"})
 
@@ -314,3 +316,28 @@ def test_dataloader_workers_keep_the_credentials_at_home(
 
 def _keys(batch: list[dict]) -> list[str]:
     return [s["__key__"] for s in batch]
+
+
+def test_a_remote_index_named_by_a_local_description_names_only_its_own_origin(
+    two_servers: tuple[RecordingServer, RecordingServer], tmp_path: Path
+) -> None:
+    """A local file's ``source_url`` on A names A, not the servers A's file names (B)."""
+    a, b = two_servers
+    mine = tmp_path / "mine.json"
+    mine.write_text(
+        '{"__kind__": "wids-shard-index-v1", "wids_version": 1, "name": "mine",'
+        f' "datasets": [{{"source_url": "{a.base}/train.json"}}]}}'
+    )
+    opts = {"headers": {"Authorization": SECRET_A}}
+    assert len(_read_all(ShardListDataset(str(mine), storage_options=opts))) == 12
+    assert a.auth_seen() == {SECRET_A}
+    assert b.seen and b.auth_seen() == {None}
+    assert SECRET_A not in b.all_header_values()
+
+
+def test_a_stream_names_no_origin(two_servers: tuple[RecordingServer, RecordingServer]) -> None:
+    """A description read from an open stream names no URL: no remote origin is trusted."""
+    store = Store({"headers": {"Authorization": SECRET_A}}, named=(io.StringIO("{}"),))
+    a, _ = two_servers
+    assert store.named == frozenset()
+    assert "headers" not in store.options_for(f"{a.base}/a.tar")

@@ -24,12 +24,14 @@ A scope made without named URLs (``named=None``) gives the flat options to every
 behaviour of a bare :class:`~wids.storage.source.Store`. Every public entry point that reads
 URLs out of a file (a dataset, ``open_index``, ``verify_index``, ``subset``, the CLI) names the
 URLs it was given (:func:`named_by`). A local file the user points at is the user's own: the
-URLs it names count as named (a local index of S3 or HTTP shards gets the options), whereas a
-file fetched from a server names servers of its author's choosing.
+URLs written in it count as named (a local index of S3 or HTTP shards gets the options), whereas
+a file fetched from a server (also one a local file names through ``source_url``) names servers
+of its author's choosing. What names no remote URL (an open stream) names no origin.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -100,12 +102,62 @@ def _kind(o: str | None) -> str:
 def named_by(src: Any, *more: Any) -> Any:
     """A store's ``named`` URLs for what the user passed (``src``, then ``base``, ``url_map``).
 
-    ``src`` is an index, a description or a shard list. ``None`` (every origin) when ``src``
-    is a local path: what a local file names, the user named. Otherwise ``(src, *more)``.
+    ``src`` is an index, a description or a shard list. When ``src`` is a local path, the
+    file is the user's own: every URL written in it is named, and so are those written in the
+    local descriptions it names through ``source_url``; a remote ``source_url`` names only its
+    own origin, not the servers written inside that fetched file. Otherwise ``(src, *more)``.
     """
     if isinstance(src, (str, os.PathLike)) and origin(os.fspath(src)) is None:
-        return None
+        return (*_local_names(os.fspath(src)), *more)
     return (src, *more)
+
+
+# URLs written in a local file (``\/`` is JSON's escape of ``/``)
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>/?#]*")
+_MAX_LOCAL_FILES = 64  # local descriptions followed through source_url
+_MAX_LOCAL_BYTES = 1 << 28
+
+
+def _local_names(path: str) -> list[str]:
+    """The URLs written in the local file ``path`` and the local descriptions it names."""
+    path = path.removeprefix("file://")
+    if path.endswith((".tar", ".tgz", ".tar.gz")):  # a shard, not a description
+        return []
+    found: list[str] = []
+    todo, seen = [path], set[str]()
+    while todo and len(seen) < _MAX_LOCAL_FILES:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open(p, "rb") as f:
+                text = f.read(_MAX_LOCAL_BYTES).decode("utf-8", "replace").replace("\\/", "/")
+        except (OSError, ValueError):
+            continue  # whoever reads it reports the error
+        found.extend(_URL_IN_TEXT.findall(text))
+        if '"source_url"' in text:
+            todo.extend(_local_refs(text, os.path.dirname(p)))
+    return found
+
+
+def _local_refs(text: str, here: str) -> Iterable[str]:
+    """The local ``source_url`` files a description's text names (resolved against ``here``)."""
+    try:
+        desc = json.loads(text)
+    except ValueError:
+        return
+    stack = [desc]
+    while stack:
+        d = stack.pop()
+        if not isinstance(d, Mapping):
+            continue
+        ref = d.get("source_url")
+        if isinstance(ref, str) and ref and origin(ref) is None:
+            yield os.path.join(here, ref.removeprefix("file://"))
+        datasets = d.get("datasets")
+        if isinstance(datasets, list):
+            stack.extend(datasets)
 
 
 def is_origin_key(key: object) -> bool:
@@ -154,8 +206,8 @@ class Scope:
     Args:
         options: The storage options: flat entries, and entries keyed by an origin.
         named: The URLs the flat options are for (strings, or lists and mappings holding
-            them: a shard list or spec given in Python names all its URLs); ``None``, or
-            URLs of local files only, gives the flat options to every origin.
+            them: a shard list or spec given in Python names all its URLs); ``None`` gives the
+            flat options to every origin, URLs of local files only (or none) to none.
 
     Raises:
         TypeError: An origin's entry is not a mapping.
@@ -179,8 +231,8 @@ class Scope:
         self.named: frozenset[str] | None = None
         if named is not None:
             found = (origin(u) for u in _urls(named))
-            # no remote URL among them (local files only): the options are for what those name
-            self.named = frozenset(o for o in found if o is not None) or None
+            # none remote (a stream, local files only): no remote origin gets the options
+            self.named = frozenset(o for o in found if o is not None)
         # whether any URL could be refused for want of withheld credentials (checked per request)
         self._withholds = self.named is not None and without_credentials(self.flat) != self.flat
 
