@@ -38,6 +38,7 @@ EXPECTED = [
     "OutputExistsError",
     "PermanentRemoteError",
     "PipeCommandError",
+    "RangeNotSupportedError",
     "ReadLimits",
     "RemoteError",
     "RetriesExhaustedError",

@@ -18,7 +18,8 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     ├── ShardNotFoundError(FileNotFoundError) a shard (or index) does not exist
     ├── RemoteError(OSError)                  reading from storage failed
     │   ├── PermanentRemoteError              retrying cannot help (403, 416, no bucket ...)
-    │   │   └── TooLargeError                 a whole-file read over its kind's bound
+    │   │   ├── TooLargeError                 a whole-file read over its kind's bound
+    │   │   └── RangeNotSupportedError        the server ignores Range (sends the whole file)
     │   ├── RetriesExhaustedError             transient failures outlasted the retry policy
     │   ├── ShortReadError                    fewer bytes arrived than were asked for
     │   └── CorruptReadError                  bytes arrived that are not the ones asked for
@@ -64,6 +65,7 @@ __all__ = [
     "OutputExistsError",
     "PermanentRemoteError",
     "PipeCommandError",
+    "RangeNotSupportedError",
     "RemoteError",
     "RetriesExhaustedError",
     "SampleLayoutError",
@@ -236,6 +238,15 @@ class TooLargeError(PermanentRemoteError):
 
     The bounds are :class:`wids.ReadLimits`; the file is refused from its announced size, or
     once its body passes the bound, never read whole.
+    """
+
+
+class RangeNotSupportedError(PermanentRemoteError):
+    """The server answered a range request with the whole file: it ignores ``Range``.
+
+    ``python -m http.server`` is such a server. Index building then streams each shard once,
+    and the dataset reads whole shards instead (see ``docs/storage.md``); this error reaches
+    the caller only where neither is possible (a shard over the in-memory bound, for one).
     """
 
 

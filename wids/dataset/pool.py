@@ -27,6 +27,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..errors import RangeNotSupportedError
 from ..storage import DescriptorPool, is_local, strip_credentials
 from .catalog import Catalog
 from .localread import LocalShard, read_local_batch
@@ -44,6 +45,7 @@ from .readers import (
 )
 from .stats import DatasetStats
 from .tables import MemberTable
+from .wholeshard import ignores_range, probe_range, whole_reader
 
 if TYPE_CHECKING:
     from ..cache import Promoter
@@ -206,7 +208,11 @@ class ReaderPool:
         try:
             if self._promotable:  # before the read: a promotion then overlaps with it
                 self.requested(shard, reader, end - start)
-            buf = reader.read_span(start, end, self.catalog.store.stats, check)
+            try:
+                buf = reader.read_span(start, end, self.catalog.store.stats, check)
+            except RangeNotSupportedError:  # the same error again unless reopened whole
+                reader = self._without_range([shard]).get(shard, reader)
+                buf = reader.read_span(start, end, self.catalog.store.stats, check)
         finally:
             if len(self.readers) > self.lru_size:
                 self.evict()
@@ -244,9 +250,13 @@ class ReaderPool:
                 for blk in blocks:
                     self.requested(blk.shard, readers[blk.shard], blk.end - blk.start)
             stats = self.catalog.store.stats
-            data = fetch_prefetched(
-                blocks, readers, stats, checks=checks, prefetched=prefetched, window=window
-            )
+            try:
+                data = fetch_prefetched(
+                    blocks, readers, stats, checks=checks, prefetched=prefetched, window=window
+                )
+            except RangeNotSupportedError:  # read whole, one block at a time (below)
+                readers.update(self._without_range(list(readers)))
+                data = [None] * len(blocks)
             uses = [0] * len(blocks)
             for b, _ in where:
                 uses[b] += 1
@@ -448,12 +458,26 @@ class ReaderPool:
                     cached.close()
                     raise
                 return CachedReader(cached)
+        if not source.is_local and ignores_range(info.url):  # seen by _without_range
+            return whole_reader(catalog, source, info, table, check)
         local.check_online(info.url)
         if check:
             catalog.check_fingerprint(info, data_end, None if source.is_local else source)
         if source.is_local:
             return LocalReader(source, self.descriptors)
         return RangeReader(source)
+
+    def _without_range(self, shards: list[int]) -> dict[int, ShardReader]:
+        """A server ignored ``Range``: reopen whole the shards it serves (:mod:`.wholeshard`)."""
+        infos, out = self.catalog.load().infos, {}
+        for shard in shards:
+            old = self.readers.get(shard)
+            if isinstance(old, RangeReader) and probe_range(infos[shard].url, old, self.local):
+                with self._lock:
+                    self.readers.pop(shard, None), self._tables.pop(shard, None)
+                old.close()
+                out[shard] = self.reader(shard, count=False)
+        return out
 
     # -- promotion (access="auto") ------------------------------------------------------------
 

@@ -9,12 +9,16 @@
   to the stat's etag, reading a small fraction of the shard. Small members: one sequential
   streaming pass (``Source.open_stream``), never a request per member and nothing written to
   local disk. The member table is the same either way.
+- A server that ignores ``Range`` (``python -m http.server``) answers the probe with the whole
+  file (:class:`~wids.errors.RangeNotSupportedError`, refused from the announced length): the
+  shard is then streamed once from its start, which such a server serves.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..errors import RangeNotSupportedError
 from ..samples import (
     DuplicatePolicy,
     GroupedColumns,
@@ -129,7 +133,12 @@ def _scan_remote(
         # Every read pinned to what was stat'ed: a shard replaced meanwhile fails, never mixes.
         pinned = source.store.source(source.url, size=stat.size, etag=stat.etag)
         try:
-            head = pinned.read_range(0, min(stat.size, PROBE), stats)
+            try:
+                head = pinned.read_range(0, min(stat.size, PROBE), stats)
+            except RangeNotSupportedError:
+                if hop:
+                    raise  # asked to hop, which needs ranges
+                head, hop = b"", False  # no ranges: one sequential stream (below)
             if hop is None:
                 stride = header_stride(head, stat.size, shard=name)
                 hop = stride is None or stride >= HOP_STRIDE  # None: all headers are in head

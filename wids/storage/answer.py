@@ -6,7 +6,7 @@ its modification time) and of itself (the range it holds). :func:`check_answer` 
 check of an answer against what was asked and against the file's :class:`Pin`:
 
 - the body is exactly as long as the range (short: :class:`~wids.errors.ShortReadError`,
-  retried; longer: the server ignores ``Range``, :class:`~wids.errors.PermanentRemoteError`);
+  retried; longer: the server ignores ``Range``, :class:`~wids.errors.RangeNotSupportedError`);
 - the answer's ``Content-Range`` is the range asked for (else
   :class:`~wids.errors.CorruptReadError`, retried); a whole file (HTTP 200) for a range that
   does not start at 0 is refused the same way;
@@ -32,7 +32,7 @@ from email.utils import formatdate
 from ..errors import (
     CorruptReadError,
     IndexMismatchError,
-    PermanentRemoteError,
+    RangeNotSupportedError,
     ShortReadError,
     TooLargeError,
 )
@@ -242,9 +242,9 @@ def changed(url: str, what: str) -> IndexMismatchError:
     )
 
 
-def ignores_range(url: str, start: int, end: int, got: int) -> PermanentRemoteError:
+def ignores_range(url: str, start: int, end: int, got: int) -> RangeNotSupportedError:
     """The error for an answer longer than the range ``[start, end)`` asked for."""
-    return PermanentRemoteError(
+    return RangeNotSupportedError(
         f"range {start}-{end}: got {got} bytes for {end - start}; the server ignores Range",
         shard=redact_url(url),
     )

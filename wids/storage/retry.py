@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from ..errors import (
     CorruptReadError,
     PermanentRemoteError,
+    RangeNotSupportedError,
     RemoteError,
     RetriesExhaustedError,
     ShardNotFoundError,
@@ -257,7 +258,8 @@ class Attempts:
     def failed(self, exc: BaseException) -> float:
         """Raise the final error for ``exc``, or return the delay before the next attempt."""
         kind = classify(exc)
-        if kind == _UNKNOWN or isinstance(exc, TooLargeError):  # the latter names its bound
+        if kind == _UNKNOWN or isinstance(exc, (TooLargeError, RangeNotSupportedError)):
+            # the latter two keep their type: callers read whole files instead
             self._count_error()
             raise exc
         if isinstance(exc, (TimeoutError, asyncio.TimeoutError)) and not str(exc):

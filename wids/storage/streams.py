@@ -19,7 +19,12 @@ import shutil
 from collections.abc import Awaitable, Callable
 from typing import Any, BinaryIO, Protocol
 
-from ..errors import CorruptReadError, IndexMismatchError, PermanentRemoteError, ShortReadError
+from ..errors import (
+    CorruptReadError,
+    IndexMismatchError,
+    RangeNotSupportedError,
+    ShortReadError,
+)
 from .answer import Pin, changed, too_large
 from .redact import redact_url
 from .retry import Attempts, retry_async
@@ -187,7 +192,7 @@ class HttpStream(BlockStream):
                 raise changed(self.source.url, f"HTTP 412 for {sent}")
             resp.raise_for_status()
             if resp.status != 206 and self.pos > 0:
-                raise PermanentRemoteError(
+                raise RangeNotSupportedError(
                     f"asked for bytes {self.pos}- and got status {resp.status}: the server "
                     "ignores Range",
                     shard=redact_url(self.source.url),

@@ -1,0 +1,193 @@
+"""A server that ignores ``Range`` (``python -m http.server``): index, read, show.
+
+``python -m http.server`` answers every GET with 200 and the whole file. wids builds the
+index by streaming each shard once, and ``range``/``auto`` read whole shards (into the cache
+when the dataset has one, else into memory), with one warning naming the server.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.request
+import warnings
+from pathlib import Path
+
+import pytest
+from serverfixtures import free_port
+from tarfixtures import make_samples, write_shard
+
+from wids import RangeNotSupportedError, ShardListDataset, build_index
+from wids.dataset.wholeshard import RangeFallbackWarning
+from wids.errors import PermanentRemoteError
+from wids.storage import Store
+
+NAMES = ["a-0.tar", "a-1.tar", "a-2.tar"]
+TABLE = ("nsamples", "size", "fields", "keys", "sample_start", "member_field", "member_offset")
+TABLE += ("member_size",)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("norange")
+    for i, name in enumerate(NAMES):
+        write_shard(d / name, make_samples(5, start=10 * i))
+    return d
+
+
+@pytest.fixture(scope="module")
+def plain_server(folder: Path):
+    """``python -m http.server`` over the folder: 200 and the whole file for any Range."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=folder,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(base + "/", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _expected(folder: Path) -> list[dict[str, bytes]]:
+    """Every sample's bytes, as tarfile reads them, in shard order."""
+    out: list[dict[str, bytes]] = []
+    for name in NAMES:
+        with tarfile.open(folder / name) as tf:
+            sample: dict[str, bytes] = {}
+            key = None
+            for m in tf.getmembers():
+                k, ext = m.name.split(".", 1)
+                if k != key and sample:
+                    out.append(sample)
+                    sample = {}
+                key = k
+                data = tf.extractfile(m)
+                assert data is not None
+                sample["." + ext] = data.read()
+            out.append(sample)
+    return out
+
+
+def test_the_server_really_ignores_range(plain_server):
+    req = urllib.request.Request(f"{plain_server}/{NAMES[0]}", headers={"Range": "bytes=0-9"})
+    with urllib.request.urlopen(req) as r:
+        assert r.status == 200 and len(r.read()) > 10
+
+
+def test_a_range_read_raises_the_typed_error(plain_server):
+    src = Store().source(f"{plain_server}/{NAMES[0]}")
+    with pytest.raises(RangeNotSupportedError, match="ignores Range") as e:
+        src.read_range(0, 10)
+    assert isinstance(e.value, PermanentRemoteError) and isinstance(e.value, OSError)
+    assert plain_server.split("//")[1] in str(e.value)
+
+
+def _index(path: Path) -> tuple[list[dict], list[object]]:
+    """An index's shard records (remote ones have no md5sum) and each shard's member table."""
+    d = json.loads(path.read_text())
+    shards, tables = [], []
+    for rec in d["shardlist"]:
+        table = json.loads((path.parent / rec["members"]).read_text())
+        tables.append({k: v for k, v in table.items() if k in TABLE})
+        shards.append({k: rec.get(k) for k in ("nsamples", "filesize")})
+    return shards, tables
+
+
+def test_index_create_equals_the_local_index(plain_server, folder, tmp_path):
+    build_index([f"{plain_server}/{n}" for n in NAMES], str(tmp_path / "r.json"))
+    build_index([str(folder / n) for n in NAMES], str(tmp_path / "l.json"))
+    remote, local = _index(tmp_path / "r.json"), _index(tmp_path / "l.json")
+    assert remote == local
+    assert sum(s["nsamples"] for s in remote[0]) == 15
+
+
+def test_cli_index_create_and_show(plain_server, folder, tmp_path):
+    urls = [f"{plain_server}/{n}" for n in NAMES]
+    out = tmp_path / "cli.json"
+    run = _wids("index", "create", *urls, "-o", str(out), cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    shown = _wids("show", str(out), "-n", "15", cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    keys = [line.split()[1] for line in shown.stdout.splitlines()[1:]]
+    assert keys == [f"{10 * s + i:06d}" for s in range(3) for i in range(5)]
+
+
+def _wids(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "wids", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.fixture(scope="module")
+def remote_index(plain_server, tmp_path_factory: pytest.TempPathFactory) -> str:
+    out = tmp_path_factory.mktemp("norange-index") / "r.json"
+    build_index([f"{plain_server}/{n}" for n in NAMES], str(out))
+    return str(out)
+
+
+def _fresh_process_state() -> None:
+    """Forget the servers seen ignoring Range (per process), so each test sees its warning."""
+    from wids.dataset import wholeshard
+
+    wholeshard._IGNORING.clear()
+
+
+@pytest.mark.parametrize("access", ["range", "auto"])
+@pytest.mark.parametrize("cached", [False, True], ids=["memory", "cache_dir"])
+def test_every_sample_reads_right_with_one_warning(
+    access, cached, remote_index, plain_server, folder, tmp_path
+):
+    _fresh_process_state()
+    cache_dir = str(tmp_path / "cache") if cached else None
+    ds = ShardListDataset(remote_index, access=access, cache_dir=cache_dir, transformations=None)
+    expected = _expected(folder)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = [ds[i] for i in range(len(ds))]
+        got_batch = ds.__getitems__(list(range(len(ds) - 1, -1, -1)))
+    ds.close()
+    for sample, want in zip(got, expected, strict=True):
+        assert {k: sample[k] for k in want} == want
+    for sample, want in zip(reversed(got_batch), expected, strict=True):
+        assert {k: sample[k] for k in want} == want
+    ours = [w for w in seen if issubclass(w.category, RangeFallbackWarning)]
+    assert len(ours) == 1, [str(w.message) for w in seen]
+    assert plain_server in str(ours[0].message) and "ignores Range" in str(ours[0].message)
+    if cached:  # read through the shard cache: one copy per shard there
+        assert len(list((tmp_path / "cache").rglob("*a-*.tar*"))) >= len(NAMES)
+
+
+def test_batches_alone_fall_back(remote_index, folder):
+    _fresh_process_state()
+    ds = ShardListDataset(remote_index, access="range", transformations=None)
+    with pytest.warns(RangeFallbackWarning):
+        got = ds.__getitems__([0, 5, 10, 14])
+    expected = _expected(folder)
+    for sample, j in zip(got, [0, 5, 10, 14], strict=True):
+        assert {k: sample[k] for k in expected[j]} == expected[j]
+
+
+def test_a_shard_over_the_memory_bound_is_refused_naming_the_fix(remote_index):
+    _fresh_process_state()
+    ds = ShardListDataset(
+        remote_index, access="range", transformations=None, max_sample_bytes=10_000
+    )
+    with (
+        pytest.warns(RangeFallbackWarning),
+        pytest.raises(RangeNotSupportedError, match="cache_dir"),
+    ):
+        ds[0]
