@@ -24,6 +24,7 @@ range) are counted and reported by one warning, or refused (``ExclusionError``) 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 import re
 import warnings
@@ -137,7 +138,7 @@ def parse_exclude(value: Any, *, strict: bool = False) -> ExcludeSpec | None:
     if value is None:
         return None
     if isinstance(value, ExcludeSpec):
-        return value
+        return dataclasses.replace(value, strict=value.strict or strict)
     where = "exclude"
     if isinstance(value, (str, os.PathLike)):
         where = os.fspath(value)
@@ -299,7 +300,7 @@ class Kept:
         small = self._before_list
         if small is not None:
             return i + bisect.bisect_right(small, i)
-        return i + int(np.searchsorted(self._before, i, side="right"))
+        return i + int(self._before.searchsorted(i, side="right"))  # the method: no dispatch
 
 
 def warn_unknown(unknown: int, spec: ExcludeSpec, stacklevel: int) -> None:
