@@ -395,3 +395,30 @@ def test_a_writer_that_failed_before_its_first_shard_leaves_no_index(tmp_path):
             w.write({"__key__": "b", "jpg": object()})
         w.abort()
     assert len(ShardListDataset(str(tmp_path / "train.json"))) == 2
+
+
+def test_a_description_with_a_missing_source_url_is_not_replaced(tmp_path):
+    """A sub-dataset that is unreachable now does not make the description "no index"."""
+    desc = tmp_path / "train.json"
+    text = (
+        '{"__kind__": "wids-shard-index-v1", "wids_version": 1, '
+        f'"datasets": [{{"source_url": "{tmp_path / "gone.json"}"}}]}}'
+    )
+    desc.write_text(text)
+    with pytest.raises(OutputExistsError, match="cannot be read.*overwrite=True"):
+        write_all(str(tmp_path / "train-%06d.tar"), 3, maxcount=2)
+    assert desc.read_text() == text and not list(tmp_path.glob("train-*.tar"))
+
+
+def test_resume_refuses_an_index_it_cannot_read(tmp_path):
+    """The shards it lists below start_shard would silently drop out of the rewritten index."""
+    pattern = str(tmp_path / "train-%06d.tar")
+    write_all(pattern, 30, maxcount=10)
+    index = tmp_path / "train.json"
+    damaged = index.read_bytes()[:-40]
+    index.write_bytes(damaged)
+    with pytest.raises(OutputExistsError, match="cannot be read"):
+        ShardWriter(pattern, maxcount=10, start_shard=2, resume=True).open()
+    assert index.read_bytes() == damaged
+    write_all(pattern, 0, maxcount=10, resume=True, overwrite=True)  # on purpose: scanned again
+    assert len(ShardListDataset(str(index))) == 30

@@ -211,7 +211,14 @@ class ShardWriter:
         from .writer_keep import whole_shards
 
         kept = 0
-        shards = whole_shards(self.pattern, self.shard, self.index, self.store, resume=self.resume)
+        shards = whole_shards(
+            self.pattern,
+            self.shard,
+            self.index,
+            self.store,
+            resume=self.resume,
+            overwrite=self.overwrite,
+        )
         for url, stat, members in shards:
             if self._keeper is not None:
                 self._keeper.add(url, stat, members, checkpoint=False)

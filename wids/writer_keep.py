@@ -38,6 +38,7 @@ def whole_shards(
     store: Store,
     *,
     resume: bool = True,
+    overwrite: bool = False,
 ) -> Iterator[tuple[str, Any, ShardMembers]]:
     """The shards a writer of ``pattern`` from ``start`` on keeps, with their member tables.
 
@@ -53,10 +54,10 @@ def whole_shards(
     Raises:
         OutputExistsError: The existing index lists a shard that is not ``pattern % n`` (of
             another writer), or, without ``resume``, one this writer would write again
-            (``n >= start``), or it cannot be read and ``resume`` is off.
+            (``n >= start``), or it exists but cannot be read (without ``overwrite``).
         ShardNotFoundError: A shard the index lists below ``start`` is missing.
     """
-    reader, known = _old_index(index, store, strict=not resume)
+    reader, known = _old_index(index, store, strict=not overwrite)
     try:
         numbers = _shard_numbers(known, pattern, index)
         if not resume and any(n >= start for n in numbers.values()):
@@ -142,17 +143,18 @@ def _shard_numbers(known: dict[str, int], pattern: str, index: str | None) -> di
 
 
 def _old_index(
-    index: str | None, store: Store, *, strict: bool = False
+    index: str | None, store: Store, *, strict: bool = True
 ) -> tuple[IndexReader | None, dict[str, int]]:
-    """The old index and its shards' numbers by URL (read one record at a time), if usable.
+    """The old index and its shards' numbers by URL (read one record at a time), if any.
 
-    Unreadable: with ``strict``, :class:`~wids.errors.OutputExistsError` (it may list shards
-    of another writer), else a warning and no index (the shards are scanned).
+    An index that exists but cannot be read whole (damaged, or a ``source_url`` of it missing
+    now) is :class:`~wids.errors.OutputExistsError`: it may list shards this writer would drop
+    from it. Only with ``strict`` off (``overwrite=True``) is it a warning, and no index.
     """
     from .index import iter_shards, open_index
     from .storage import is_remote
 
-    if index is None or (not is_remote(index) and not os.path.exists(index)):
+    if index is None or not _exists(index, store, is_remote(index)):
         return None, {}
     reader = None
     try:
@@ -165,25 +167,34 @@ def _old_index(
             )
         # every record read now, so a damaged index is noticed here
         return reader, {info.url: i for i, info in enumerate(iter_shards(reader))}
-    except ShardNotFoundError:
-        pass
     except OutputExistsError:
         if reader is not None:
             reader.close()
         raise
     except WidsError as e:
+        if reader is not None:
+            reader.close()
         if strict:
-            if reader is not None:
-                reader.close()
             raise OutputExistsError(
-                f"exists and cannot be read ({e}); pass overwrite=True to replace it or "
-                "resume=True to index the shards there again",
+                f"exists and cannot be read ({e}); pass overwrite=True to replace it",
                 shard=_redact(index),
             ) from None
         logger.warning("existing index %s unusable (%s); scanning shards", index, e)
-    if reader is not None:
-        reader.close()
     return None, {}
+
+
+def _exists(index: str, store: Store, remote: bool) -> bool:
+    """Whether the index file itself is there (a missing ``source_url`` in it is not this)."""
+    if not remote:
+        return os.path.exists(index)
+    src = store.source(index)
+    try:
+        src.info()
+    except ShardNotFoundError:
+        return False
+    finally:
+        src.close()
+    return True
 
 
 def _scan(src: Any) -> tuple[Any, ShardMembers]:
