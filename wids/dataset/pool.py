@@ -239,10 +239,9 @@ class ReaderPool:
         prefetched = None
         if ahead is not None and plan is not None:
             prefetched = ahead.observe(plan[0], plan[1], len(located))
+        # the next batches are planned once this one's reads are out: before, the first
+        # batch's own requests queued behind a round of prefetches in the window
         window = ahead.window if ahead is not None else None
-        early = ahead is not None and not prefetched
-        if ahead is not None and early:  # nothing prefetched (the first batch): plan the next
-            ahead.schedule_soon()  # ones during its reads, which count in the window
         readers, tables, spans, blocks, where, checks = self.plan_reads(located, merge_gap)
         raws = []
         try:  # readers stay open until every block is read: evict only afterwards
@@ -275,7 +274,7 @@ class ReaderPool:
                 self.counts["cache_hits"] += readers[shard].cached
         finally:
             self.evict()
-            if ahead is not None and not early:
+            if ahead is not None:
                 ahead.schedule_soon()
         return raws
 
