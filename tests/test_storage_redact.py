@@ -82,6 +82,13 @@ HOSTILE_PASSWORDS = [
     "pa/ss99SECRET",
     "pa#ss99SECRET",
     "pa?ss99SECRET",
+    # what ends a URL in running text after a "/" (review-1 #3)
+    "pa/ss)w99SECRET",
+    "pa/ss'w99SECRET",
+    'pa/ss"w99SECRET',
+    "pa/ss<w99SECRET",
+    "pa/ss>w99SECRET",
+    "pa ss99SECRET",
 ]
 
 
@@ -164,3 +171,8 @@ def test_samples_name_their_shard_without_credentials(http_server, tmp_path) -> 
         finally:
             ds.close()
         assert shards == {url + "?v=1"} == {strip_credentials(signed)}, access
+
+
+def test_redact_text_keeps_ports_and_at_signs_in_paths() -> None:
+    for text in ["see http://h:8080/a@b ok", "mail https://h/users/bob@example.com/x.tar"]:
+        assert redact_text(text) == text

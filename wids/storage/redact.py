@@ -69,6 +69,8 @@ _SECRET_PART = re.compile(
     r"(?P<value>[^\s,&'\"]+)",
     re.IGNORECASE,
 )
+# The start of a URL's ``user:`` (its password follows), to find userinfo in running text
+_USER_START = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/?#@:'\"<>()\[\]]*:")
 _BEARER = re.compile(r"\b(Bearer|Basic)\s+[A-Za-z0-9._~+/=-]{8,}")
 
 
@@ -201,13 +203,43 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
         >>> redact_text("GET https://u:pw@h/x?sig=1 failed; Authorization: Bearer abcdefgh12")
         'GET https://h/x failed; Authorization: ***'
     """
-    text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+    text = _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), _without_userinfo(text))
     text = _SECRET_HEADER.sub(lambda m: m.group("name") + MASK, text)
     text = _SECRET_PART.sub(lambda m: m.group("name") + MASK, text)
     text = _BEARER.sub(lambda m: f"{m.group(1)} {MASK}", text)
     for s in secrets:
         text = text.replace(s, MASK)
     return text
+
+
+def _without_userinfo(text: str) -> str:
+    """``text`` without the ``user:password@`` of its URLs, before URLs are cut out of it.
+
+    A password may hold what ends a URL in running text (``/``, ``)``, quotes, a space), so
+    the userinfo is found first: from ``scheme://user:`` to the last ``@`` before whitespace
+    (or, for a password with a space, the first ``@`` on the line), unless what follows the
+    ``:`` is a port.
+    """
+    if "@" not in text:
+        return text
+    out, pos = [], 0
+    for m in _USER_START.finditer(text):
+        if m.start() < pos:
+            continue
+        after = m.end()
+        token = re.match(r"\S*", text[after:]).group(0)  # type: ignore[union-attr]
+        at = token.rfind("@")
+        if at < 0:
+            line = text[after:].split("\n", 1)[0]
+            at = line.find("@")
+            if at < 0 or "://" in line[:at]:
+                continue
+        port = re.match(r"[^/?#\s]*", text[after : after + at]).group(0)  # type: ignore[union-attr]
+        if port.isdigit():  # host:port, then an "@" in the path
+            continue
+        out.append(text[pos : m.start()] + text[m.start() : m.end()].partition("://")[0] + "://")
+        pos = after + at + 1
+    return "".join(out) + text[pos:]
 
 
 def _scrub(text: str, secrets: Iterable[str]) -> str:
