@@ -173,6 +173,20 @@ def test_samples_name_their_shard_without_credentials(http_server, tmp_path) -> 
         assert shards == {url + "?v=1"} == {strip_credentials(signed)}, access
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "aws_secret_access_key=SECRET123",
+        "api_key=SECRET123",
+        "config: aws_secret_access_key = SECRET123, region=us-east-1",
+        "X-Amz-Signature=SECRET123&v=1",
+    ],
+)
+def test_redact_text_masks_secret_names_after_a_prefix(text: str) -> None:
+    """``\\b`` does not match after ``_``: ``aws_secret_access_key=`` was shown whole."""
+    assert "SECRET123" not in redact_text(text), redact_text(text)
+
+
 def test_redact_text_keeps_ports_and_at_signs_in_paths() -> None:
     for text in ["see http://h:8080/a@b ok", "mail https://h/users/bob@example.com/x.tar"]:
         assert redact_text(text) == text

@@ -63,9 +63,12 @@ _SECRET_HEADER = re.compile(
     r"""(?P<value>b?'[^']*'|b?"[^"]*"|[^\r\n,}]+)""",
     re.IGNORECASE,
 )
+# ``name=value`` pairs whose name ends in a secret's name, after any prefix of word characters
+# (``aws_secret_access_key=``, ``X-Amz-Signature=``, ``api_key=``); not after a letter or digit.
 _SECRET_PART = re.compile(
-    r"(?P<name>\b(?:signature|credential|x-amz-signature|x-amz-credential|x-amz-security-token"
-    r"|x-goog-signature|x-goog-credential|sig|token|access_token|password|secret)=)"
+    r"(?P<name>(?<![A-Za-z0-9])[\w-]*?(?:signature|credential|security-token|security_token|sig"
+    r"|token|password|passwd|secret|secret_access_key|secret_key|api_key|api-key|apikey"
+    r"|access_key)\s*=\s*)"
     r"(?P<value>[^\s,&'\"]+)",
     re.IGNORECASE,
 )
