@@ -191,3 +191,37 @@ def test_a_shard_over_the_memory_bound_is_refused_naming_the_fix(remote_index):
         pytest.raises(RangeNotSupportedError, match="cache_dir"),
     ):
         ds[0]
+
+
+def _identity(batch):
+    return batch
+
+
+@pytest.mark.parametrize("access", ["range", "auto"])
+def test_dataloader_workers_with_a_chunked_plan(access, remote_index, folder, tmp_path):
+    """Forked workers, batches that carry a plan (the lookahead prefetches): every sample right."""
+    from torch.utils.data import DataLoader
+
+    from wids import ChunkedSampler
+
+    _fresh_process_state()
+    cache_dir = str(tmp_path / "cache") if access == "auto" else None
+    ds = ShardListDataset(remote_index, access=access, cache_dir=cache_dir, transformations=None)
+    sampler = ChunkedSampler(ds, chunksize=4, seed=3, num_workers=2, batch_size=3)
+    loader = DataLoader(
+        ds,
+        sampler=sampler,
+        batch_size=3,
+        num_workers=2,
+        collate_fn=_identity,
+        multiprocessing_context="fork",
+        timeout=120,
+    )
+    expected = _expected(folder)
+    seen = []
+    for batch in loader:
+        for sample in batch:
+            want = expected[sample["__index__"]]
+            assert {k: sample[k] for k in want} == want
+            seen.append(sample["__index__"])
+    assert sorted(seen) == list(range(len(expected)))

@@ -211,7 +211,7 @@ class ReaderPool:
             try:
                 buf = reader.read_span(start, end, self.catalog.store.stats, check)
             except RangeNotSupportedError:  # the same error again unless reopened whole
-                reader = self._without_range([shard]).get(shard, reader)
+                reader = self._without_range({shard: reader}).get(shard, reader)
                 buf = reader.read_span(start, end, self.catalog.store.stats, check)
         finally:
             if len(self.readers) > self.lru_size:
@@ -254,7 +254,7 @@ class ReaderPool:
                     blocks, readers, stats, checks=checks, prefetched=prefetched, window=window
                 )
             except RangeNotSupportedError:  # read whole, one block at a time (below)
-                readers.update(self._without_range(list(readers)))
+                readers.update(self._without_range(readers))
                 data = [None] * len(blocks)
             uses = [0] * len(blocks)
             for b, _ in where:
@@ -466,11 +466,10 @@ class ReaderPool:
             return LocalReader(source, self.descriptors)
         return RangeReader(source)
 
-    def _without_range(self, shards: list[int]) -> dict[int, ShardReader]:
+    def _without_range(self, readers: dict[int, ShardReader]) -> dict[int, ShardReader]:
         """A server ignored ``Range``: reopen whole the shards it serves (:mod:`.wholeshard`)."""
         infos, out = self.catalog.load().infos, {}
-        for shard in shards:
-            old = self.readers.get(shard)
+        for shard, old in readers.items():
             if isinstance(old, RangeReader) and probe_range(infos[shard].url, old, self.local):
                 with self._lock:
                     self.readers.pop(shard, None), self._tables.pop(shard, None)
