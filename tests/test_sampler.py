@@ -222,7 +222,7 @@ class TestShardedSampler:
         assert list(s) == oracle(s.ranges, 0, 4, False, False, sharded=True)
         assert ShardedSampler(None, lengths=[5, 0, 5]).ranges == [(0, 5), (5, 5), (5, 10)]
 
-    def test_each_pass_advances_the_epoch_until_set_epoch(self):
+    def test_each_pass_advances_the_epoch(self):
         """The reference's bump: code that never calls set_epoch gets a new order every pass."""
         s = ShardedSampler(Shards([100, 100, 3]))
         with warnings.catch_warnings():
@@ -234,8 +234,17 @@ class TestShardedSampler:
         it = iter(s)
         next(it)
         assert s.epoch == 2  # only a complete pass advances
-        s.set_epoch(1)  # an explicit epoch wins, and ends the automatic advance
-        assert list(s) == b and list(s) == b and s.epoch == 1
+        s.set_epoch(1)  # an explicit epoch wins for the next pass; passes go on from there
+        assert list(s) == b and s.epoch == 2
+        assert list(s) == oracle(s.ranges, 0, 2, False, False, sharded=True)
+
+    def test_set_epoch_once_then_passes_keep_advancing(self):
+        """set_epoch(start) once, on resume (review-1 #4): later passes must not repeat it."""
+        s = ChunkedSampler(Sized(12), chunksize=4, seed=0)
+        s.set_epoch(3)
+        a, b, c = list(s), list(s), list(s)
+        assert s.epoch == 6 and a != b and b != c
+        assert [a, b, c] == [oracle(s.ranges, 0, e, True, False) for e in (3, 4, 5)]
 
     def test_auto_epoch_false_repeats_an_epoch(self):
         s = ShardedSampler(Shards([100, 100, 3]), auto_epoch=False)
@@ -257,9 +266,11 @@ class TestShardedSampler:
             warnings.simplefilter("error")
             for epoch in range(3):
                 s.set_epoch(epoch)
-                assert list(s) == oracle(s.ranges, 0, epoch, True, False)
-                assert s.epoch == epoch  # a state_dict saved late in the epoch names it
-            assert list(s) == oracle(s.ranges, 0, 2, True, False)  # evaluation: same epoch
+                it = iter(s)
+                head = [next(it) for _ in range(5)]
+                assert s.state_dict()["epoch"] == epoch  # saved inside the epoch: names it
+                assert head + list(it) == oracle(s.ranges, 0, epoch, True, False)
+                assert s.epoch == epoch + 1  # and set_epoch(epoch + 1) changes nothing
 
     def test_a_resumed_automatic_sampler_goes_on_to_the_next_epoch(self):
         s = ChunkedSampler(Sized(40), chunksize=8)
@@ -444,6 +455,7 @@ def test_resume_at_any_position(cfg, where, workers, via_json):
     num_workers, batch_size = workers
     for s in ranks(cfg, num_workers=num_workers, batch_size=batch_size):
         full = list(s)
+        s.set_epoch(cfg["epoch"])  # the pass advanced it
         position = int(where * len(s))
         it = iter(s)
         for _ in range(position):
@@ -462,7 +474,9 @@ def test_resume_at_any_position(cfg, where, workers, via_json):
         other.load_state_dict(state)
         other.set_epoch(cfg["epoch"])  # setting the saved epoch keeps the position
         assert list(other) == full[position:]
-        assert list(other) == full  # the next pass starts the epoch over
+        assert other.epoch == cfg["epoch"] + 1  # the next pass is the next epoch
+        other.set_epoch(cfg["epoch"])
+        assert list(other) == full  # an epoch set again starts over
         other.set_epoch(cfg["epoch"] + 1)
         s.set_epoch(cfg["epoch"] + 1)
         assert list(other) == list(s)
@@ -472,6 +486,7 @@ def test_resume_with_explicit_position_and_set_epoch_clears():
     s = ChunkedSampler(Shards([40, 40]), chunksize=8)
     s.set_epoch(2)
     full = list(s)
+    s.set_epoch(2)  # the pass advanced it
     state = s.state_dict(position=30)  # e.g. steps * batch_size, not what was prefetched
     t = ChunkedSampler(Shards([40, 40]), chunksize=8)
     t.load_state_dict(state)

@@ -8,9 +8,9 @@ Every sampler here turns a dataset's shard lengths into one order of sample indi
 - each epoch draws from ``random.Random(seed + 1289738273 * epoch)``: first the chunk order is
   shuffled (only when ``shuffle`` and either ``shufflefirst`` or ``epoch > 0``), then the
   indices inside each chunk, chunk by chunk, when ``shuffle``;
-- a complete pass advances the epoch by one (the reference's behaviour) until ``set_epoch`` is
-  first called; from then on the epoch changes only through ``set_epoch`` (``auto_epoch``
-  chooses otherwise); every rank makes the same passes, so every rank has the same epoch;
+- a complete pass advances the epoch by one (the reference's behaviour), also after a
+  ``set_epoch`` call, which sets the epoch of the next pass (``auto_epoch=False``: never
+  advance); every rank makes the same passes, so every rank has the same epoch;
 - ``len(sampler)`` is exact and the same on every rank; ``state_dict()`` /
   ``load_state_dict()`` resume in the middle of an epoch.
 

@@ -131,10 +131,10 @@ class ChunkedSampler:
             still orders the indices so that each of ``num_workers`` workers taking turns
             reads its own chunks (0 or 1: plain order).
         batch_size: The DataLoader's ``batch_size`` (used only when ``num_workers > 1``).
-        auto_epoch: After a complete pass, advance the epoch by one. ``None`` (the default,
-            the reference's behaviour): advance until ``set_epoch`` is first called, after
-            which the epoch changes only through ``set_epoch``. ``True``: always advance;
-            ``False``: never (torch's samplers).
+        auto_epoch: After a complete pass, advance the epoch by one. ``None`` (the default)
+            or ``True``: always, as the reference does (a ``set_epoch`` call sets the epoch of
+            the next pass; passes after it advance from there). ``False``: never (torch's
+            samplers).
 
     Raises:
         ValueError: For a ``num_samples`` outside the dataset or a bad option.
@@ -205,7 +205,6 @@ class ChunkedSampler:
             self.ranges = self._chunk(lo, hi)
         self._position = 0  # indices handed out by the current iterator
         self._resume = 0  # indices to skip at the start of the next iterator
-        self._epoch_set = False  # set_epoch was called: no automatic advance under None
         # read, never configured: the dataset learns the plan from the indices handed out
         reads_plans = getattr(dataset, "_reads_plans", None)
         self._reader = dataset if callable(reads_plans) else None
@@ -237,14 +236,14 @@ class ChunkedSampler:
         """Use the order of ``epoch`` from the next iteration on.
 
         Setting the epoch that a loaded state holds keeps its resume position; any other epoch
-        starts at the beginning. With ``auto_epoch=None`` (the default), the first call ends
-        the automatic advance after each pass: from then on the epoch is what was set.
+        starts at the beginning. Unless ``auto_epoch=False``, each complete pass still adds one
+        to the epoch afterwards (as in the reference), so calling it once, on resume, does not
+        make later passes repeat an order.
         """
         epoch = operator.index(epoch)
         if epoch != self.epoch:
             self._resume = 0
         self.epoch = epoch
-        self._epoch_set = True
 
     def _pieces(self) -> Iterator[list[int]]:
         """This replica's indices for the current epoch, as lists taken from single chunks."""
@@ -296,7 +295,7 @@ class ChunkedSampler:
         for index in order:
             self._position += 1
             yield index
-        if self.auto_epoch or (self.auto_epoch is None and not self._epoch_set):
+        if self.auto_epoch is not False:
             self.epoch += 1
             self._position = 0
 
