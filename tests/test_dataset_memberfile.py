@@ -242,6 +242,29 @@ def test_local_truncated_shard_raises(tmp_path):
         f.read()
 
 
+def test_local_member_over_2gib_reads_whole(tmp_path):
+    """One pread returns at most about 2 GiB on Linux: read(-1) and readinto read on (sparse)."""
+    n = (2 << 30) + 4096
+    path = tmp_path / "big-0.tar"
+    info = tarfile.TarInfo("v.mp4")
+    info.size = n
+    with open(path, "wb") as out:
+        out.write(info.tobuf(format=tarfile.GNU_FORMAT))
+        out.seek(512 + n - 1)
+        out.write(b"E")
+        out.write(b"\0" * ((512 - n % 512) % 512 + 1024))
+    build_index([str(path)], str(tmp_path / "big.json"), md5=False)
+    ds = ShardListDataset(str(tmp_path / "big.json"), max_sample_bytes=None, transformations=[])
+    with ds.open(0, ".mp4") as f:
+        data = f.read(-1)
+        assert len(data) == n and data[-1:] == b"E" and f.tell() == n
+        del data
+        f.seek(0)
+        buf = bytearray(n)
+        assert f.readinto(buf) == n and buf[-1:] == b"E" and buf[:1] == b"\0"
+        del buf
+
+
 def _remote_ds(server, d, **kw) -> ShardListDataset:
     _, index = _upload(server, d)
     return ShardListDataset(index, transformations=[], storage_options=server.storage_options, **kw)

@@ -271,10 +271,15 @@ class MemberFile(io.RawIOBase):
         """Exactly ``n`` bytes of the member at ``start`` (within it)."""
         if self.source.is_local:
             fd = self._descriptor()
-            data = os.pread(fd, n, self.offset + start)
-            if len(data) != n:
-                raise self._short(start, len(data), n)
-            return data
+            parts: list[bytes] = []
+            got = 0
+            while got < n:  # one pread returns at most about 2 GiB (Linux): read on
+                part = os.pread(fd, n - got, self.offset + start + got)
+                if not part:
+                    raise self._short(start, got, n)
+                parts.append(part)
+                got += len(part)
+            return parts[0] if len(parts) == 1 else b"".join(parts)
         a = start - self._buf_start
         buf = self._buf
         if 0 <= a and a + n <= len(buf):
@@ -356,9 +361,12 @@ class MemberFile(io.RawIOBase):
 
     def _preadinto(self, view: memoryview, start: int) -> int:
         fd = self._descriptor()
-        got: int = os.preadv(fd, [view], self.offset + start)
-        if got != len(view):
-            raise self._short(start, got, len(view))
+        got = 0
+        while got < len(view):  # one preadv returns at most about 2 GiB (Linux): read on
+            part: int = os.preadv(fd, [view[got:]], self.offset + start + got)
+            if part == 0:
+                raise self._short(start, got, len(view))
+            got += part
         return got
 
     def _short(self, start: int, got: int, n: int) -> WidsError:
