@@ -214,6 +214,36 @@ def test_a_shard_replaced_behind_a_server_without_etag_is_not_served_from_the_ca
     ds.close()
 
 
+def _held_evicted(cache_dir: str) -> int:
+    """Bytes of unlinked cache files this process still holds open."""
+    total = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if target.startswith(cache_dir) and target.endswith("(deleted)"):
+                total += os.fstat(int(fd)).st_size
+        except OSError:
+            pass
+    return total
+
+
+def test_single_sample_reads_close_evicted_copies(shards, tmp_path):
+    """ds[i] one at a time closes the readers of copies the cache evicted, as batches do
+    (main kept them open: with a budget of 2 shards, 8 shards' worth of disk in use)."""
+    cache_dir = str(tmp_path / "cache")
+    budget = 2 * shards["size"]
+    ds = ShardListDataset(
+        shards["index"], access="shard", cache_dir=cache_dir, cache_size=budget, transformations=[]
+    )
+    peak = 0
+    for i in range(len(ds)):
+        assert ds[i]["__index__"] == i
+        peak = max(peak, _bytes_in(cache_dir, "data") + _held_evicted(cache_dir))
+    assert _held_evicted(cache_dir) == 0
+    assert peak <= budget, (peak, budget)
+    ds.close()
+
+
 def test_a_download_with_wrong_bytes_is_fetched_again_not_raised(http_server, tmp_path):
     """A wrong answer during a cache download failed the training step with CorruptReadError
     (31-37 errors in the soak's shard process); it is retried within the retry policy."""

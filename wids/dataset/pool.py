@@ -214,8 +214,7 @@ class ReaderPool:
                 reader = self._without_range({shard: reader}).get(shard, reader)
                 buf = reader.read_span(start, end, self.catalog.store.stats, check)
         finally:
-            if len(self.readers) > self.lru_size:
-                self.evict()
+            self.evict()  # beyond lru_size, and copies the cache evicted (an fstat each)
         counts = self.counts
         counts["samples"] += 1
         if reader.cached:
