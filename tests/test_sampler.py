@@ -288,6 +288,16 @@ class TestShardedSampler:
 # -- inputs, locality, no torch ---------------------------------------------------------------
 
 
+def test_lengths_that_are_not_shard_lengths_are_one_shard():
+    """``.lengths`` of tokens per sample (an NLP dataset) handed out indices past len()."""
+    for other in ([512, 87, 301, 44, 120], [1.5, 2, 1, 0.5, 0], ["a"] * 5):
+        text = type("Text", (Sized,), {"lengths": other})(5)
+        sampler = ChunkedSampler(text, chunksize=100)
+        assert sampler.ranges == [(0, 5)] and sorted(sampler) == list(range(5)) == list(
+            range(len(sampler))
+        )
+
+
 def test_dataset_kinds():
     import torch.utils.data
 

@@ -54,20 +54,42 @@ Partition = Literal["block", "global"]
 def _shard_lengths(dataset: Any) -> Any:
     """Per-shard sample counts as an int64 array.
 
-    From ``dataset.lengths`` (``ShardListDataset``, ``ConcatDataset``-like objects), else
-    ``[len(dataset)]``: a list, a range or a user's ``Dataset`` is one shard of ``len()``
-    samples, as in the reference (a list of ints is a dataset of ints, not of shard lengths).
+    From ``dataset.lengths`` (``ShardListDataset``, ``ConcatDataset``-like objects) when they
+    are shard lengths: non-negative ints summing to ``len(dataset)``. Else ``[len(dataset)]``:
+    a list, a range or a user's ``Dataset`` is one shard of ``len()`` samples, as in the
+    reference (a list of ints is a dataset of ints, not of shard lengths), and so is a dataset
+    whose ``.lengths`` means something else (tokens per sample).
     """
     import numpy as np
 
     lengths = getattr(dataset, "lengths", None)
-    if lengths is None:
-        if not hasattr(dataset, "__len__"):
-            raise TypeError(
-                f"need a sized dataset (len()) or one with shard lengths (.lengths), not "
-                f"{type(dataset).__name__}"
-            )
-        lengths = [len(dataset)]
+    sized = hasattr(dataset, "__len__")
+    if lengths is not None:
+        try:
+            result = _as_ints(lengths)
+        except (TypeError, ValueError, OverflowError):
+            if not sized:
+                raise
+        else:
+            if not sized or int(result.sum()) == len(dataset):
+                if len(result) and result.min() < 0:
+                    bad = int(np.argmax(result < 0))
+                    raise ValueError(
+                        f"shard lengths must be >= 0, got {int(result[bad])} for shard {bad}"
+                    )
+                return result
+    if not sized:
+        raise TypeError(
+            f"need a sized dataset (len()) or one with shard lengths (.lengths), not "
+            f"{type(dataset).__name__}"
+        )
+    return np.array([len(dataset)], dtype=np.int64)
+
+
+def _as_ints(lengths: Any) -> Any:
+    """``lengths`` as an int64 array (``TypeError`` for a value that is not an int)."""
+    import numpy as np
+
     if not isinstance(lengths, (list, tuple, np.ndarray)):
         lengths = list(lengths)
     as_array = np.asarray(lengths) if len(lengths) else np.zeros(0, dtype=np.int64)
@@ -78,9 +100,6 @@ def _shard_lengths(dataset: Any) -> Any:
         for start in range(0, len(lengths), 1 << 16):
             block = [operator.index(n) for n in lengths[start : start + (1 << 16)]]
             result[start : start + len(block)] = block
-    if len(result) and result.min() < 0:
-        bad = int(np.argmax(result < 0))
-        raise ValueError(f"shard lengths must be >= 0, got {int(result[bad])} for shard {bad}")
     return result
 
 
