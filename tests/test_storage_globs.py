@@ -46,6 +46,19 @@ def test_natural_order_and_what_counts_as_a_wildcard():
     assert not has_glob("simplecache::s3://b/*.tar")
 
 
+def test_natural_key_takes_digit_runs_of_any_length():
+    """A hostile listing's name with 5000 digits: int() refuses over 4300 (ValueError)."""
+    huge = "9" * 5000
+    names = [f"s-{huge}.tar", "s-10.tar", f"s-1{huge}.tar", "s-2.tar", "s-0002.tar"]
+    assert sorted(names, key=natural_key) == [
+        "s-0002.tar",
+        "s-2.tar",
+        "s-10.tar",
+        f"s-{huge}.tar",
+        f"s-1{huge}.tar",
+    ]
+
+
 def test_local_patterns_in_natural_order(folder, monkeypatch):
     got = expand_glob(str(folder / "part-*.tar"))
     assert got == [str(folder / n) for n in NATURAL]

@@ -44,10 +44,18 @@ def has_glob(url: str) -> bool:
 def natural_key(text: str) -> tuple[Any, ...]:
     """Sort key putting ``name-2`` before ``name-10`` (digit runs compare as numbers).
 
-    Ties (``a01`` and ``a1``) fall back to the text itself, so the order is total.
+    Ties (``a01`` and ``a1``) fall back to the text itself, so the order is total. A digit
+    run compares by its length without leading zeros, then its digits: no ``int()`` of a
+    hostile listing's thousands of digits (Python refuses more than 4300).
     """
     parts = _DIGITS.split(text)
-    return (tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), text)
+    key = tuple(_number(p) if i % 2 else p for i, p in enumerate(parts))
+    return (key, text)
+
+
+def _number(digits: str) -> tuple[int, str]:
+    significant = digits.lstrip("0")
+    return len(significant), significant
 
 
 def expand_glob(pattern: str, store: Store | None = None) -> list[str]:
