@@ -12,6 +12,7 @@ import os
 import pickle
 import random
 import tarfile
+import threading
 import time
 import uuid
 import wave
@@ -228,6 +229,48 @@ def test_local_wrong_header_raises(shard):
     missing = MemberFile(Store().source(str(d / "nope.tar")), 512, 10, key="k", field=".bin")
     with pytest.raises(ShardNotFoundError, match=r"nope\.tar"):
         missing.read()
+
+
+def test_shared_handle_reads_only_the_member_across_threads(shard):
+    """A seek in one thread while another is inside a read: the read takes the position
+    under the handle's lock (main computed its length before, and read the next member's
+    tar header); offsets must be integers; close waits for a read in progress."""
+    d, _, oracle = shard
+    ds = ShardListDataset(str(d / "train.json"), transformations=[])
+    f = ds.open(0, ".bin")
+    want = oracle[("sample000", ".bin")]
+    f.seek(f.size - 100)
+    out: dict[str, bytes] = {}
+    f._lock.acquire()  # stands for another thread inside a read or seek
+    t = threading.Thread(target=lambda: out.setdefault("r", f.read(100)))
+    t.start()
+    time.sleep(0.2)
+    f.seek(f.size)
+    f._lock.release()
+    t.join()
+    assert out["r"] == b"" and f.tell() == f.size
+    for bad in (1.5, "3"):
+        with pytest.raises(TypeError):
+            f.seek(bad)  # type: ignore[arg-type]
+    assert f.tell() == f.size
+    f.seek(0)
+    chunks: list[tuple[int, bytes]] = []
+
+    def reader() -> None:
+        for _ in range(200):
+            pos = f.tell()
+            chunks.append((pos, f.read(997)))
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for _ in range(200):
+        f.seek(random.randrange(f.size + 10))
+    for th in threads:
+        th.join()
+    assert f.tell() <= f.size
+    assert all(len(c) <= 997 and c in want for _, c in chunks)
+    f.close()
 
 
 def test_local_truncated_shard_raises(tmp_path):

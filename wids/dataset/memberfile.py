@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import io
+import operator
 import os
 import threading
 from collections.abc import Mapping
@@ -176,37 +177,44 @@ class MemberFile(io.RawIOBase):
     def tell(self) -> int:
         """The position in the member."""
         self._check_open()
-        return self._pos
+        with self._lock:
+            self._check_open()
+            return self._pos
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         """Move to ``offset`` from the start, the current position or the end; no I/O.
 
         Raises:
+            TypeError: An offset that is not an integer (``1.5``).
             ValueError: A negative resulting position or an unknown ``whence``.
         """
+        offset = operator.index(offset)
         self._check_open()
-        if whence == io.SEEK_SET:
-            pos = offset
-        elif whence == io.SEEK_CUR:
-            pos = self._pos + offset
-        elif whence == io.SEEK_END:
-            pos = self.size + offset
-        else:
-            raise ValueError(f"invalid whence {whence!r}")
-        if pos < 0:
-            raise ValueError(f"negative seek position {pos}")
-        self._pos = pos
-        return pos
+        with self._lock:
+            self._check_open()
+            if whence == io.SEEK_SET:
+                pos = offset
+            elif whence == io.SEEK_CUR:
+                pos = self._pos + offset
+            elif whence == io.SEEK_END:
+                pos = self.size + offset
+            else:
+                raise ValueError(f"invalid whence {whence!r}")
+            if pos < 0:
+                raise ValueError(f"negative seek position {pos}")
+            self._pos = pos
+            return pos
 
     def read(self, size: int | None = -1) -> bytes:
         """Up to ``size`` bytes from the position (all the rest for ``-1``/``None``)."""
+        want = -1 if size is None else operator.index(size)
         self._check_open()
-        n = self.size - self._pos if size is None or size < 0 else size
-        n = max(0, min(n, self.size - self._pos))
-        if n == 0:
-            return b""
-        with self._lock:
+        with self._lock:  # the position is read and moved under the lock: one reader at a time
+            self._check_open()
             start = self._pos
+            n = max(0, min(self.size - start if want < 0 else want, self.size - start))
+            if n == 0:
+                return b""
             data = self._read_at(start, n)
             self._pos = start + len(data)
             return data
@@ -219,11 +227,12 @@ class MemberFile(io.RawIOBase):
         """Read into ``buffer``; the number of bytes read (0 at the end of the member)."""
         self._check_open()
         view = memoryview(buffer).cast("B")
-        n = max(0, min(len(view), self.size - self._pos))
-        if n == 0:
-            return 0
         with self._lock:
+            self._check_open()
             start = self._pos
+            n = max(0, min(len(view), self.size - start))
+            if n == 0:
+                return 0
             if self.source.is_local:
                 got = self._preadinto(view[:n], start)
             else:
@@ -235,12 +244,17 @@ class MemberFile(io.RawIOBase):
 
     def close(self) -> None:
         """Close the descriptor and drop the read-ahead; the file cannot be read afterwards."""
-        if not self.closed:
-            fd, self._fd = self._fd, None
-            if fd is not None and self._made == forks.generation:
-                os.close(fd)
-            self._buf = b""
-        super().close()
+        lock = getattr(self, "_lock", None)
+        if lock is None:  # __init__ failed before there was anything to close
+            super().close()
+            return
+        with lock:  # never while another thread reads through the descriptor
+            if not self.closed:
+                fd, self._fd = self._fd, None
+                if fd is not None and self._made == forks.generation:
+                    os.close(fd)
+                self._buf = b""
+            super().close()
 
     def __del__(self) -> None:
         try:
