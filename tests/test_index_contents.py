@@ -236,3 +236,23 @@ def test_verify_on_an_executor_reports_copies_and_leaves_nothing_beside_the_inde
     assert [n.kind for n in notes] == ["COPY"] * N
     assert [n.url for n in notes] == [str(tmp_path / "b" / f"train-{k:04d}.tar") for k in range(N)]
     assert not list((tmp_path / "b" / "train.members").glob("*.md5.json"))
+
+
+def test_digests_go_only_into_a_members_dir_the_index_names(tmp_path):
+    """A user's train.members/ beside a reference-format train.json is not wids's to fill."""
+    _, out = _dataset(tmp_path / "a")
+    desc = json.loads(out.read_text())
+    del desc["wids_index"]  # not made by wids: no members_dir of its own
+    desc["shardlist"] = [
+        {k: e[k] for k in ("url", "nsamples", "filesize", "md5sum", "mtime")}
+        for e in desc["shardlist"]
+    ]
+    shutil.rmtree(tmp_path / "a" / "train.members")
+    out.write_text(json.dumps(desc))
+    _copy(tmp_path / "a", tmp_path / "b", "cp -r")
+    users = tmp_path / "b" / "train.members"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+    assert len(_read_all(tmp_path / "b" / out.name)) == N * PER
+    verify_index(str(tmp_path / "b" / out.name))
+    assert sorted(os.listdir(users)) == ["notes.txt"]

@@ -48,6 +48,7 @@ logger = logging.getLogger(__name__)
 
 DIGEST_FORMAT = "wids-content-digest"
 """``format`` of a remembered MD5 (``version`` 1)."""
+_HEAD_LINES = 16  # lines before a wids JSON index's "shardlist": its head, one key a line
 _MAX_KNOWN = 1 << 16  # versions remembered in memory (a few MB), then forgotten and read again
 _MAX_RECORD = 4096  # bytes of a remembered MD5's file: more is not ours
 
@@ -184,15 +185,38 @@ class ContentMemo:
 
 
 def index_digests_dir(index: object) -> str | None:
-    """The ``*.members/`` directory of a local JSON index (wids made it), if there is one."""
+    """The ``*.members/`` directory of a local JSON index, if the index names it as its own.
+
+    Only a directory wids made: the index's ``wids_index.members_dir`` must name it (a user's
+    unrelated ``X.members/`` beside a reference-format ``X.json`` receives nothing).
+    """
     from ..storage import is_local, local_path
     from .jsonformat import members_dir
 
     src = os.fspath(index) if isinstance(index, (str, os.PathLike)) else ""
     if not (src.endswith(".json") and is_local(src)):
         return None
-    where = members_dir(local_path(src))
-    return where if os.path.isdir(where) else None
+    path = local_path(src)
+    where = members_dir(path)
+    if not os.path.isdir(where) or _named_members_dir(path) != os.path.basename(where):
+        return None
+    return where
+
+
+def _named_members_dir(path: str) -> str | None:
+    """``wids_index.members_dir`` from the head of a JSON index wids wrote (one key a line)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for _, line in zip(range(_HEAD_LINES), f, strict=False):
+                if line.startswith('"wids_index": '):
+                    head = json.loads(line[len('"wids_index": ') :].rstrip().rstrip(","))
+                    named = head.get("members_dir") if isinstance(head, dict) else None
+                    return named if isinstance(named, str) else None
+                if line.startswith('"shardlist"'):
+                    return None
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def settle(
