@@ -492,6 +492,18 @@ def test_resume_at_any_position(cfg, where, workers, via_json):
         assert list(other) == list(s)
 
 
+def test_len_after_a_resume_is_the_full_epoch_as_torchdata_does():
+    """len() after load_state_dict counts the whole epoch, the resumed pass only the rest."""
+    samplers = pytest.importorskip("torchdata.stateful_dataloader.sampler")
+    s = DistributedChunkedSampler(Shards([7, 5, 9]), num_replicas=3, rank=1, chunksize=4)
+    t = DistributedChunkedSampler(Shards([7, 5, 9]), num_replicas=3, rank=1, chunksize=4)
+    t.load_state_dict(s.state_dict(position=2))
+    assert len(t) == len(s) == 7 and len(list(t)) == 5
+    theirs = samplers.StatefulDistributedSampler(range(21), num_replicas=3, rank=1)
+    theirs.load_state_dict({"yielded": 2})
+    assert len(theirs) == 7 and len(list(theirs)) == 5
+
+
 def test_resume_with_explicit_position_and_set_epoch_clears():
     s = ChunkedSampler(Shards([40, 40]), chunksize=8)
     s.set_epoch(2)

@@ -249,6 +249,13 @@ class ChunkedSampler:
         return result
 
     def __len__(self) -> int:
+        """The number of indices in a full epoch on this rank (the same on every rank).
+
+        Also after :meth:`load_state_dict`, when the resumed pass yields only the rest of the
+        epoch: ``len(DataLoader)`` and a trainer's batches per epoch count the whole epoch, and
+        the batches already done before the state was saved (as torchdata's
+        ``StatefulDistributedSampler`` does).
+        """
         return self._length
 
     def set_epoch(self, epoch: int) -> None:
