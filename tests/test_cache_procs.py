@@ -232,3 +232,48 @@ def test_a_process_exiting_without_close_leaves_the_cache_within_budget(
     assert _data_bytes(cache_dir) <= budget  # after exit, with no other process
     assert _names(cache_dir, "tmp") == []
     assert len(ShardCache(cache_dir).entries()) >= 1
+
+
+def _two_caches(cache_dir: str, ready, done) -> None:
+    caches = [ShardCache(cache_dir, max_bytes=10_000) for _ in range(2)]
+    for c in caches:
+        c.active_readers()
+    ready.set()
+    done.wait(30)
+
+
+def _marks(cache_dir: str) -> list[str]:
+    return [n for n in _names(cache_dir, "locks") if n.startswith(".reader.")]
+
+
+def test_reader_marks_count_processes_and_go_with_their_cache(tmp_path):
+    """Caches made and dropped one after another count as one reader, not one each (main:
+    six dropped caches made active_readers 7 and roomy False with room for 10 shards); a
+    process with two caches is one reader; close() and collection remove the mark."""
+    import gc
+
+    d = str(tmp_path / "cache")
+    for k in range(6):
+        c = ShardCache(d, max_bytes=10_000)
+        assert c.active_readers() == 1
+        if k % 2:
+            c.close()
+        del c
+        gc.collect()
+    assert _marks(d) == []
+    c = ShardCache(d, max_bytes=10_000)
+    assert c.active_readers() == 1 and c.roomy(1000)
+    ctx = mp.get_context("spawn")
+    ready, done = ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_two_caches, args=(d, ready, done))
+    p.start()
+    try:
+        assert ready.wait(60)
+        time.sleep(1.1)  # past the reuse of the last count
+        assert c.active_readers() == 2 and len(_marks(d)) == 3
+        assert c.roomy(2500) and not c.roomy(2501)
+    finally:
+        done.set()
+        p.join(30)
+    c.close()
+    assert _marks(d) == []

@@ -4,8 +4,10 @@ Each :class:`~wids.cache.shards.ShardCache` that asks (promotion does) marks its
 with a file ``locks/.reader.<pid>.<random>`` it holds an exclusive ``flock`` on for as long as
 its process lives; counting tries each mark's lock without blocking. A mark whose lock is free
 belongs to a process that is gone (killed ones included: the kernel drops their locks) and is
-removed. The count is what the budget's promotion rule divides by (:mod:`wids.cache.promote`):
-a budget that does not hold two shards per reader active at once is not used for promotion.
+removed. Marks are counted by process (the pid in their name): a process with several caches
+over the directory is one reader; a cache's mark goes with it (``close()`` or collection).
+The count is what the budget's promotion rule divides by (:mod:`wids.cache.promote`): a budget
+that does not hold two shards per reader active at once is not used for promotion.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 
 __all__ = ["ReaderMarks"]
 
@@ -37,6 +40,7 @@ class ReaderMarks:
         self._pid = 0
         self._count = (0.0, 0)  # (when, count)
         self._mutex = threading.Lock()
+        self._drop: weakref.finalize[[int, str, int], ReaderMarks] | None = None
 
     def count(self) -> int:
         """Readers active now, this process included (its mark is made on first use)."""
@@ -45,17 +49,24 @@ class ReaderMarks:
             when, n = self._count
             if time.monotonic() - when < _RECOUNT:
                 return n
-            n = max(1, sum(self._live(name) for name in self._names()))
+            pids = {_pid_of(name) for name in self._names() if self._live(name)}
+            n = len(pids | {str(os.getpid())})
             self._count = (time.monotonic(), n)
             return n
 
     def _hold(self) -> None:
         if self._fd is not None and self._pid == os.getpid():
             return
-        path = os.path.join(self.locks_dir, f"{_PREFIX}{os.getpid()}.{uuid.uuid4().hex[:8]}")
+        pid = os.getpid()
+        path = os.path.join(self.locks_dir, f"{_PREFIX}{pid}.{uuid.uuid4().hex[:8]}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: nobody else holds it
-        self._fd, self._pid, self._count = fd, os.getpid(), (0.0, 0)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: nobody else holds it
+        except BaseException:
+            _drop_mark(fd, path, pid)
+            raise
+        self._fd, self._pid, self._count = fd, pid, (0.0, 0)
+        self._drop = weakref.finalize(self, _drop_mark, fd, path, pid)
 
     def _names(self) -> list[str]:
         try:
@@ -82,8 +93,23 @@ class ReaderMarks:
             os.close(fd)
 
     def close(self) -> None:
-        """Drop this process's mark."""
+        """Drop this process's mark (also done when the object is collected)."""
         with self._mutex:
-            fd, self._fd = self._fd, None
-            if fd is not None and self._pid == os.getpid():
-                os.close(fd)
+            self._fd = None
+            drop, self._drop = self._drop, None
+            if drop is not None:
+                drop()
+
+
+def _pid_of(name: str) -> str:
+    return name[len(_PREFIX) :].split(".", 1)[0]
+
+
+def _drop_mark(fd: int, path: str, pid: int) -> None:
+    """Remove and close a mark, in the process that made it only (a forked child's copy stays)."""
+    if os.getpid() != pid:
+        return
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    with contextlib.suppress(OSError):
+        os.close(fd)

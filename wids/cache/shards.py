@@ -490,8 +490,9 @@ class ShardCache:
         return self._readers.count()
 
     def close(self) -> None:
-        """Stop background fetches (waiting for those running)."""
+        """Stop background fetches (waiting for those running) and drop this reader mark."""
         self._background.close()
+        self._readers.close()
 
 
 def _expectation(
