@@ -490,6 +490,37 @@ def test_prefetch_in_background(tmp_path):
     fs.rm("/wids-prefetch", recursive=True)
 
 
+def test_shards_fetched_ahead_stop_counting_when_failed_or_gone(tmp_path):
+    """Shards counted as fetched ahead but never opened here (their fetch failed, another
+    process read and evicted them) give their room back (main kept them counted: after a
+    few announcements no shard could ever be fetched ahead again)."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    size = 10_000
+    for k in range(3):
+        fs.pipe_file(f"/wids-ahead/s{k}.tar", blob(size, k))
+    cache = ShardCache(tmp_path / "c", max_bytes=5 * size)  # a share of 3 shards ahead
+    missing = [
+        cache.prefetch(Source(f"memory://wids-ahead/no{k}.tar"), size=size) for k in range(3)
+    ]
+    for f in missing:
+        with pytest.raises(FileNotFoundError):
+            f.result(30)
+    src = [Source(f"memory://wids-ahead/s{k}.tar") for k in range(3)]
+    for f in [cache.prefetch(s, size=size) for s in src]:
+        assert f.result(30) is None
+    assert all(cache.contains(s.url) for s in src)
+    assert not cache.may_fetch_ahead("memory://wids-ahead/next.tar", size)  # 3 held: full
+    other = ShardCache(tmp_path / "c", max_bytes=5 * size)
+    other.evict_to(0)  # another process's reads took the room: the copies are gone
+    assert not any(cache.contains(s.url) for s in src)
+    assert cache.may_fetch_ahead("memory://wids-ahead/next.tar", size)
+    cache.close()
+    other.close()
+    fs.rm("/wids-ahead", recursive=True)
+
+
 def test_pickling(tmp_path):
     cache = ShardCache(tmp_path, max_bytes=10, keep=True, lock_timeout=5, offline=True)
     clone = pickle.loads(pickle.dumps(cache))

@@ -57,6 +57,7 @@ __all__ = ["ShardCache"]
 
 log = logging.getLogger(__name__)
 
+_AHEAD_AGE = 120.0  # seconds a shard fetched ahead counts against the share if never opened
 _MAX_ATTEMPTS = 5  # fetches of one entry in one open before giving up (eviction thrash)
 
 
@@ -101,7 +102,8 @@ class ShardCache:
         self._ready = False  # the directory was checked (and marked) by this object
         self._downloading = threading.Lock()
         self._readers = ReaderMarks(os.path.join(self.cache_dir, "locks"))
-        self._ahead: dict[str, int] = {}  # fetched ahead, not yet opened by a read: url -> bytes
+        # fetched ahead, not yet opened by a read: url -> (bytes, when, fetched)
+        self._ahead: dict[str, tuple[int, float, bool]] = {}
         self.files = EntryFiles(self.cache_dir)
 
     def __repr__(self) -> str:
@@ -449,7 +451,16 @@ class ShardCache:
 
         def job() -> None:
             log.debug("cache: fetching %s ahead of its reads", redact_url(source.url))
-            self._open_source(source, expect, stats, verify).close()
+            try:
+                self._open_source(source, expect, stats, verify).close()
+            except BaseException:
+                with self._mutex:  # nothing was fetched: it holds no room
+                    self._ahead.pop(source.url, None)
+                raise
+            with self._mutex:
+                held = self._ahead.get(source.url)
+                if held is not None:
+                    self._ahead[source.url] = (held[0], held[1], True)
 
         return self._background.submit(source.url, job)
 
@@ -469,10 +480,25 @@ class ShardCache:
         with self._mutex:
             if url in self._ahead:
                 return True
-            if sum(self._ahead.values()) + size > share:
+            if sum(self._held_ahead()) + size > share:
                 return False
-            self._ahead[url] = size
+            self._ahead[url] = (size, time.monotonic(), False)
             return True
+
+    def _held_ahead(self) -> list[int]:
+        """Sizes of shards fetched ahead that still hold room (under the mutex).
+
+        A shard stops counting when a read here opens it, its fetch fails, its copy is no
+        longer in the cache (evicted, or read and dropped by another process), or it was
+        announced more than ``_AHEAD_AGE`` seconds ago (the plan's guess was wrong).
+        """
+        now = time.monotonic()
+        for url, (_, when, fetched) in list(self._ahead.items()):
+            if now - when > _AHEAD_AGE or (
+                fetched and not os.path.exists(self.files.data(url_name(url)))
+            ):
+                del self._ahead[url]
+        return [size for size, _, _ in self._ahead.values()]
 
     def roomy(self, shard_bytes: int) -> bool:
         """Whether the budget holds two shards of ``shard_bytes`` per reader active now."""
