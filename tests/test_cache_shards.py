@@ -521,6 +521,27 @@ def test_shards_fetched_ahead_stop_counting_when_failed_or_gone(tmp_path):
     fs.rm("/wids-ahead", recursive=True)
 
 
+def test_files_eviction_cannot_remove_do_not_count_against_the_budget(tmp_path):
+    """A data file whose record is damaged (or a user's pair of files) is neither counted nor
+    removed (main counted it forever and evicted every real entry to make room for it)."""
+    d = tmp_path / "c"
+    cache = ShardCache(d, max_bytes=3000)
+
+    def fill(n: int, byte: bytes):
+        return lambda dest: open(dest, "wb").write(byte * n)
+
+    for i in range(2):
+        cache.open_with(f"http://h/s{i}.tar", fill(1000, b"x"), size=1000).close()
+    (d / "data" / "mine.bin").write_bytes(b"u" * 2500)
+    (d / "meta" / "mine.bin.json").write_text("{not json")
+    assert cache.total_bytes() == 2000
+    assert cache.evict_to(3000) == []
+    cache.open_with("http://h/s9.tar", fill(1000, b"y"), size=1000).close()
+    assert len(cache.entries()) == 3 and cache.total_bytes() == 3000
+    assert (d / "data" / "mine.bin").read_bytes() == b"u" * 2500
+    cache.close()
+
+
 def test_pickling(tmp_path):
     cache = ShardCache(tmp_path, max_bytes=10, keep=True, lock_timeout=5, offline=True)
     clone = pickle.loads(pickle.dumps(cache))

@@ -86,6 +86,7 @@ class EntryFiles:
 
     def __init__(self, cache_dir: str) -> None:
         self.cache_dir = cache_dir
+        self._readable: dict[str, tuple[int, int, int]] = {}  # key -> its record file's stat
 
     # -- paths ------------------------------------------------------------------------------
 
@@ -208,14 +209,35 @@ class EntryFiles:
             return 0.0
 
     def sizes(self) -> dict[str, int]:
-        """Sizes of the data files that have a record file: what the budget limits."""
+        """Sizes of the entries eviction can remove: what the budget limits.
+
+        An entry is a data file with a readable record of this format; other files in
+        ``data/`` (a damaged record, files wids did not write) are neither counted nor removed.
+        """
         recorded = {n[: -len(".json")] for n in listdir(os.path.join(self.cache_dir, "meta"))}
         sizes = {}
+        readable = {}
         for key in listdir(os.path.join(self.cache_dir, "data")):
-            size = regular_size(self.data(key)) if key in recorded else None
-            if size is not None:
+            if key not in recorded:
+                continue
+            sig = self._record_readable(key)
+            size = regular_size(self.data(key)) if sig is not None else None
+            if sig is not None and size is not None:
                 sizes[key] = size
+                readable[key] = sig
+        self._readable = readable
         return sizes
+
+    def _record_readable(self, key: str) -> tuple[int, int, int] | None:
+        """The record file's (inode, size, mtime) if it is readable, read again only if changed."""
+        try:
+            st = os.stat(self.meta(key))
+        except OSError:
+            return None
+        sig = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._readable.get(key) == sig or self.read_record(key) is not None:
+            return sig
+        return None
 
     # -- removal ----------------------------------------------------------------------------
 
