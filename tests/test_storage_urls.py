@@ -58,12 +58,12 @@ def test_url_name_is_hash_of_the_url_without_credentials_and_a_readable_tail() -
     digest = hashlib.sha256(url.encode()).hexdigest()[:24]
     assert name == f"{digest}-train-000001.tar.json"
     # re-signed and user:password URLs name the same file; no secret reaches a file name
-    for signed in (
-        "https://host/data/train-000001.tar?X-Amz-Signature=SECRET1&X-Amz-Credential=SECRET2",
-        "https://user:SECRET1@host/data/train-000001.tar",
-    ):
-        assert url_name(signed, ".json") == name
-        assert "SECRET" not in url_name(signed)
+    signed = "https://host/data/train-000001.tar?X-Amz-Signature=SECRET1&X-Amz-Credential=SECRET2"
+    assert url_name(signed, ".json") == name and "SECRET" not in url_name(signed)
+    # a user's password is not part of it (the user name is: another user's file)
+    user = url_name("https://user:SECRET1@host/data/train-000001.tar", ".json")
+    assert user == url_name("https://user@host/data/train-000001.tar", ".json")
+    assert "SECRET" not in user
     # other query parameters are part of the identity (another version), not of the tail
     versioned = url_name("https://host/data/train-000001.tar?versionId=7")
     assert versioned != url_name(url) and versioned.endswith("-train-000001.tar")
@@ -132,7 +132,6 @@ def test_urls_that_differ_in_any_ordinary_parameter_name_different_files(param: 
         ),
         ("https://h/x.tar?GoogleAccessId=g&Expires=1&Signature=S", "https://h/x.tar"),
         ("https://h/x.tar?Expires=1&Signature=S&Key-Pair-Id=K&Policy=P", "https://h/x.tar"),
-        ("https://alice:p)w'@h/x.tar?k=1#frag", "https://h/x.tar?k=1#frag"),
     ],
 )
 def test_known_signatures_and_userinfo_are_not_identity(signed: str, plain: str) -> None:
@@ -212,3 +211,27 @@ def test_shards_differing_only_in_a_query_parameter_stay_apart(tmp_path) -> None
                 assert text.startswith(f"from-{shard[-1]}-"), (access, shard, text)
     finally:
         server.stop()
+
+
+def test_two_users_urls_are_two_files_and_plain_urls_keep_their_names() -> None:
+    """ftp://alice@h/x and ftp://bob@h/x: each path is in that user's home (review-1 #9)."""
+    import hashlib
+
+    for scheme in ("ftp", "sftp", "https"):
+        alice, bob = f"{scheme}://alice@h/x.tar", f"{scheme}://bob@h/x.tar"
+        assert url_name(alice) != url_name(bob)
+        assert url_name(f"{scheme}://alice:pw1@h/x.tar") == url_name(alice)  # not the password
+        assert url_name(f"{scheme}://alice:pw2@h/x.tar") == url_name(alice)
+        assert url_name(f"{scheme}://alice:p)w'@h/x.tar") == url_name(alice)
+        assert (
+            strip_credentials(f"{scheme}://alice:p)w'@h/x.tar?k=1#f") == f"{scheme}://h/x.tar?k=1#f"
+        )
+        assert "alice" not in url_name(alice) and "pw1" not in url_name(
+            f"{scheme}://alice:pw1@h/x.tar"
+        )
+    # no user name: the name is what it always was (existing cache entries are found)
+    for url in ("https://h/x.tar", "https://h/get?key=a&X-Amz-Signature=s", "s3://b/x.tar"):
+        old = hashlib.sha256(strip_credentials(url).encode()).hexdigest()[:24]
+        assert url_name(url).startswith(old + "-")
+    # an object store's key id is not a home: rotating keys keeps the cache
+    assert url_name("s3://AKIA1:s@b/x.tar") == url_name("s3://AKIA2:t@b/x.tar")

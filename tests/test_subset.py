@@ -391,8 +391,8 @@ def test_snapshot_stores_no_secrets_and_works_offline(tmp_path):
             found += [(n, s) for s in secrets if s in data or s.decode() in n]
     assert found == []
     assert os.listdir(cache_dir / "indexes")  # there is a snapshot, and it is clean
-    # Offline, with the same URL or a re-signed one: the snapshot and the shards are found.
-    for url in (index_url, f"http://bob:other@{host}/train.json?X-Amz-Security-Token=NEWTOKEN"):
+    # Offline, with the same URL or a re-signed one (a new password, a new token): found.
+    for url in (index_url, f"http://alice:newpw@{host}/train.json?X-Amz-Security-Token=NEWTOKEN"):
         ds = ShardListDataset(url, cache_dir=cache_dir, offline=True, transformations=[])
         assert [strip_meta(ds[i]) for i in range(len(ds))] == oracle
         ds.close()

@@ -22,7 +22,7 @@ from typing import Any
 from ..atomic import atomic_write
 from ..index import Fingerprint
 from ..lock import FileLock
-from ..storage import comparable_etag, redact_url, strip_credentials
+from ..storage import comparable_etag, file_identity, redact_url
 from . import layout as cachedir
 
 __all__ = [
@@ -45,7 +45,7 @@ ENTRY_SUBDIRS = ("data", "meta", "locks", "tmp")  # the entries' part of the cac
 
 def _url_hash(url: str) -> str:
     """The full SHA-256 of ``url`` without credentials: the record's proof of identity."""
-    return hashlib.sha256(strip_credentials(url).encode("utf-8", "surrogatepass")).hexdigest()
+    return hashlib.sha256(file_identity(url).encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)

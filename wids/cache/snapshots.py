@@ -96,7 +96,9 @@ def save_snapshot(
                 if num > 0:
                     writer.start_component(comp.name or f"component{num}", comp.weight)
                 for info in shards[comp.first_shard : comp.stop_shard]:
-                    writer.add(dataclasses.replace(info, url=redact_url(info.url)), None)
+                    writer.add(
+                        dataclasses.replace(info, url=redact_url(info.url, keep_user=True)), None
+                    )
             writer.set_report(ident)
             # atomic, not flushed to disk: it is made while a dataset loads (before its first
             # batch; a flush cost tens of ms on a busy disk), and a machine crash at worst
@@ -135,8 +137,11 @@ def _save_table(
     meta = {
         **ident,
         "kind": _TABLE_SNAPSHOT,
-        "base": redact_url(root),
-        "url_map": [[redact_url(a), redact_url(b)] for a, b in reader.url_map],
+        "base": redact_url(root, keep_user=True),
+        "url_map": [
+            [redact_url(a, keep_user=True), redact_url(b, keep_user=True)]
+            for a, b in reader.url_map
+        ],
         "allow_local_shards": reader.allow_local_shards,
     }
     if os.path.exists(table) and _read_json(about) == meta:

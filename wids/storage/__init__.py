@@ -16,7 +16,7 @@ The only part of wids that imports fsspec. Other parts import from this package,
 - :mod:`.globs`: wildcards in shard URLs (:func:`expand_glob`), in natural order;
 - :mod:`.publish`: writing: :func:`check_writable`, :func:`put_file`, :func:`destination`;
 - :mod:`.redact`: what is safe to show: :func:`redact_url`, :func:`redact_text` ...; a URL's
-  identity without known credentials: :func:`strip_credentials`;
+  identity without known credentials: :func:`strip_credentials`, :func:`file_identity`;
 - :mod:`.origins`: which storage options a URL is opened with (credentials per origin);
 - inside: :mod:`.retry` (policy, failure kinds, retry loops), :mod:`.backends` (fsspec
   backend specifics), :mod:`.transport` and :mod:`.objectstores` (one transport per backend),
@@ -40,7 +40,14 @@ if TYPE_CHECKING:
     from .origins import named_by
     from .parts import read_whole
     from .publish import check_writable, destination, put_file, read_head, same_place
-    from .redact import RedactingFilter, escape_controls, redact_text, redact_url, strip_credentials
+    from .redact import (
+        RedactingFilter,
+        escape_controls,
+        file_identity,
+        redact_text,
+        redact_url,
+        strip_credentials,
+    )
     from .retry import RetryPolicy
     from .source import Source, Store
     from .stats import FileStat, IOStats, comparable_etag
@@ -67,6 +74,7 @@ _LAZY = {
     "destination": "publish",
     "escape_controls": "redact",
     "expand_glob": "globs",
+    "file_identity": "redact",
     "forks": "forks",
     "has_glob": "globs",
     "is_local": "urls",
@@ -109,6 +117,7 @@ __all__ = [
     "destination",
     "escape_controls",
     "expand_glob",
+    "file_identity",
     "forks",
     "has_glob",
     "is_local",

@@ -19,15 +19,28 @@ This is the one module that knows what a secret looks like.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 from urllib.parse import unquote_plus, urlsplit
 
-__all__ = ["RedactingFilter", "escape_controls", "redact_text", "redact_url", "strip_credentials"]
+__all__ = [
+    "RedactingFilter",
+    "escape_controls",
+    "file_identity",
+    "redact_text",
+    "redact_url",
+    "strip_credentials",
+]
 
 MASK = "***"
+_PLAIN_USER = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=%-]+")  # a user name kept as written
+# Schemes whose URL names the server, so a user name selects what a path means (ftp: the home)
+_SERVER_SCHEMES = frozenset(
+    {"http", "https", "ftp", "ftps", "sftp", "ssh", "smb", "webdav", "dav", "davs", "webhdfs"}
+)
 
 _SECRET_PARAM = re.compile(r"^(x-amz-|x-goog-)|sig|token|key|secret|passw|credential|auth|session")
 # A URL in running text: its authority runs to the first "/", "?", "#" or space (a password may
@@ -124,7 +137,9 @@ def _secret_looking(name: str, names: set[str]) -> bool:
     return _signed(name, names) or _SECRET_PARAM.search(name) is not None
 
 
-def _clean(url: str, drop: Callable[[str, set[str]], bool], *, shown: bool) -> str:
+def _clean(
+    url: str, drop: Callable[[str, set[str]], bool], *, shown: bool, keep_user: bool = False
+) -> str:
     """``url`` without userinfo and the query parameters ``drop`` names.
 
     For display (``shown``), also without its fragment, and a URL that does not parse is
@@ -132,12 +147,16 @@ def _clean(url: str, drop: Callable[[str, set[str]], bool], *, shown: bool) -> s
     URLs that differ in anything but credentials stay different).
     """
     if _CHAIN.search(url):
-        return "::".join(_clean(part, drop, shown=shown) for part in _CHAIN.split(url))
+        parts = _CHAIN.split(url)
+        return "::".join(_clean(p, drop, shown=shown, keep_user=keep_user) for p in parts)
     split = _split(url)
     if split is None:
         return url
-    scheme, _, rest = split
+    scheme, userinfo, rest = split
     scheme = scheme.lower()
+    user = userinfo.partition(":")[0] if keep_user and scheme in _SERVER_SCHEMES else ""
+    if user and _PLAIN_USER.fullmatch(user):
+        rest = f"{user}@{rest}"
     if shown:
         try:
             urlsplit(f"{scheme}://{rest}")
@@ -167,8 +186,34 @@ def strip_credentials(url: str) -> str:
     return _clean(url, _signed, shown=False)
 
 
-def redact_url(url: str) -> str:
+def file_identity(url: str) -> str:
+    """The string a file's identity (cache entry, sidecar and digest names) is a hash of.
+
+    :func:`strip_credentials`, plus, for a URL whose server is part of it (``http``, ``ftp``,
+    ``sftp`` ...) and that names a user, a hash of the user name: ``ftp://alice@h/x`` and
+    ``ftp://bob@h/x`` are two files (each path is relative to that user's home), while the
+    password stays out. Without a user name it is :func:`strip_credentials` exactly, so those
+    URLs keep their names.
+    """
+    clean = strip_credentials(url)
+    users = []
+    for part in _CHAIN.split(url):
+        split = _split(part)
+        if split is None or not split[1] or split[0].lower() not in _SERVER_SCHEMES:
+            continue
+        user = split[1].partition(":")[0]
+        if user:
+            users.append(hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()[:16])
+    # NUL never occurs in a URL: no other URL's identity can equal this one
+    return clean + "".join(f"\0user={u}" for u in users)
+
+
+def redact_url(url: str, *, keep_user: bool = False) -> str:
     """Return ``url`` without credentials: no ``user:password@``, no secret query parameters.
+
+    With ``keep_user``, the user name of a URL naming its server stays (``user@host``; the
+    password goes): what an offline copy of an index records, so each shard keeps its
+    :func:`file_identity`.
 
     Query parameters that look like signatures or tokens (``X-Amz-*``, ``X-Goog-*``, ``sig``,
     ``token``, ``key`` ...) and those of known signing schemes (:func:`strip_credentials`) are
@@ -179,7 +224,7 @@ def redact_url(url: str) -> str:
         >>> redact_url("https://u:pw@host/a.tar?X-Amz-Signature=abc&v=1")
         'https://host/a.tar?v=1'
     """
-    return _clean(url, _secret_looking, shown=True)
+    return _clean(url, _secret_looking, shown=True, keep_user=keep_user)
 
 
 def _secret_values(options: Any) -> list[str]:

@@ -17,7 +17,7 @@ import hashlib
 import os
 import re
 
-from .redact import strip_credentials
+from .redact import file_identity, strip_credentials
 
 __all__ = [
     "is_local",
@@ -104,7 +104,8 @@ def url_name(url: str, suffix: str = "") -> str:
         '-train-0.tar.json'
     """
     clean = strip_credentials(url)
-    digest = hashlib.sha256(clean.encode("utf-8", "surrogatepass")).hexdigest()[:24]
+    identity = file_identity(url)  # a user name's hash too: alice's and bob's ftp homes differ
+    digest = hashlib.sha256(identity.encode("utf-8", "surrogatepass")).hexdigest()[:24]
     tail = re.split(r"[?#]", clean, maxsplit=1)[0].rstrip("/").rsplit("/", 1)[-1]
     tail = _UNSAFE.sub("_", tail)[-80:].lstrip(".")
     return f"{digest}-{tail or 'file'}{suffix}"
