@@ -542,6 +542,36 @@ def test_files_eviction_cannot_remove_do_not_count_against_the_budget(tmp_path):
     cache.close()
 
 
+def test_a_download_without_etag_is_not_recorded_with_the_index_etag(tmp_path):
+    """An answer without an ETag (a proxy dropping it, a server ignoring If-Match) is served
+    only when its Last-Modified (or MD5) says it is the indexed version (main recorded the
+    index's etag for it and served a same-size replacement)."""
+    cache = ShardCache(tmp_path / "c", max_bytes=10**6)
+    calls = []
+
+    def answer(etag, mtime):
+        def download(dest):
+            calls.append(dest)
+            open(dest, "wb").write(b"NEW!" * 250)
+            return FileStat(1000, etag, mtime)
+
+        return download
+
+    url = "http://h/s0.tar"
+    with pytest.raises(IndexMismatchError, match="no etag, date or MD5"):
+        cache.open_with(url, answer(None, 1.7e9), expected=Fingerprint(1000, '"v1"'))
+    with pytest.raises(IndexMismatchError, match="modified"):
+        cache.open_with(url, answer(None, 1.8e9), expected=Fingerprint(1000, '"v1"', 1.7e9))
+    assert not cache.contains(url) and len(calls) == 2
+    expected = Fingerprint(1000, '"v1"', 1.7e9)
+    for _ in range(2):  # the same date: the indexed version, downloaded once
+        with cache.open_with(url, answer(None, 1.7e9), expected=expected) as sh:
+            assert sh.read_range(0, 4) == b"NEW!"
+    assert len(calls) == 3
+    assert [e.etag for e in cache.entries()] == [None]
+    cache.close()
+
+
 def test_pickling(tmp_path):
     cache = ShardCache(tmp_path, max_bytes=10, keep=True, lock_timeout=5, offline=True)
     clone = pickle.loads(pickle.dumps(cache))

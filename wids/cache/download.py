@@ -21,7 +21,7 @@ from ..storage import redact_url
 from . import budget
 from . import layout as cachedir
 from .budget import check_fits
-from .entries import ENTRY_SUBDIRS, EntryFiles, new_record, published
+from .entries import ENTRY_SUBDIRS, EntryFiles, new_record, published, version_mismatch
 
 if TYPE_CHECKING:
     from ..storage import FileStat, IOStats, Source
@@ -81,7 +81,8 @@ def download_entry(
             result = download(tmp.path)
             got = os.stat(tmp.path).st_size
             got_etag = getattr(result, "etag", None)
-            _check(url, expected, Fingerprint(got, got_etag))
+            mtime = getattr(result, "mtime", None)
+            _check(url, expected, Fingerprint(got, got_etag, mtime))
             check_fits(url, got, max_bytes)
             if expected.md5 is not None:
                 _check(url, expected, Fingerprint(md5=md5_file(tmp.path)))
@@ -93,9 +94,16 @@ def download_entry(
             # recorded entries. Neither the record nor the rename is fsynced (two fsyncs per
             # download doubled the cost of small entries): after a crash, losing either only
             # makes the entry invalid, refetched and replaced on its next open.
-            etag = expected.etag if got_etag is None else got_etag
-            mtime = getattr(result, "mtime", None)
-            rec = new_record(url, os.fstat(tmp.fd), etag, expected.md5, mtime)
+            # Only the etag the answer gave is recorded: an answer without one (a proxy that
+            # drops it, a server ignoring If-Match) is the indexed version only if its
+            # Last-Modified or MD5 says so.
+            rec = new_record(url, os.fstat(tmp.fd), got_etag, expected.md5, mtime)
+            problem = version_mismatch(rec, expected)
+            if problem is not None:
+                raise IndexMismatchError(
+                    f"the download is not known to be the indexed shard: {problem}",
+                    shard=redact_url(url),
+                )
             fd = os.open(tmp.path, os.O_RDONLY | os.O_CLOEXEC)
             try:
                 if max_bytes is None:

@@ -333,7 +333,10 @@ def version_mismatch(rec: dict[str, Any], expected: Fingerprint) -> str | None:
     if expected.md5 is not None and have.md5 is None:
         return "never checked against the index's md5"
     if expected.etag is not None and have.etag is None:
-        return "the copy records no etag to compare with the index's"
+        by_md5 = expected.md5 is not None and have.md5 is not None
+        by_date = expected.mtime is not None and have.mtime is not None
+        if not (by_md5 or by_date):  # the answer gave no etag: its date or MD5 must tell
+            return "the copy records no etag, date or MD5 to compare with the index's etag"
     if expected.etag is None and expected.mtime is not None and have.etag is None:
         if have.mtime is None:  # a server without etags: the date is the version
             return "the copy records no modification time to compare with the index's"
