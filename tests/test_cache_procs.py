@@ -277,3 +277,45 @@ def test_reader_marks_count_processes_and_go_with_their_cache(tmp_path):
         p.join(30)
     c.close()
     assert _marks(d) == []
+
+
+def _slow_counter(cache_dir: str, started, stop) -> None:
+    """What another process's count does to each mark (try its lock), slowed down."""
+    import fcntl
+
+    locks = os.path.join(cache_dir, "locks")
+    started.set()
+    while not stop.is_set():
+        for name in [n for n in _names(cache_dir, "locks") if n.startswith(".reader.")]:
+            try:
+                fd = os.open(os.path.join(locks, name), os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                time.sleep(0.002)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+
+def test_a_new_reader_mark_waits_for_a_process_counting_marks(tmp_path):
+    """Another process counting marks may hold a fresh mark's lock for a moment: making the
+    mark waits for it (main raised BlockingIOError into the read path, about 1 in 300)."""
+    d = str(tmp_path / "cache")
+    ShardCache(d, max_bytes=10**6).total_bytes()
+    ctx = mp.get_context("spawn")
+    started, stop = ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_slow_counter, args=(d, started, stop))
+    p.start()
+    try:
+        assert started.wait(60)
+        for _ in range(3000):
+            c = ShardCache(d, max_bytes=10**6)
+            assert c.active_readers() >= 1
+            c.close()
+    finally:
+        stop.set()
+        p.join(30)
+    assert _marks(d) == []

@@ -60,8 +60,8 @@ class ReaderMarks:
         pid = os.getpid()
         path = os.path.join(self.locks_dir, f"{_PREFIX}{pid}.{uuid.uuid4().hex[:8]}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: nobody else holds it
+        try:  # blocking: a process counting marks holds a fresh one's lock for a moment
+            fcntl.flock(fd, fcntl.LOCK_EX)
         except BaseException:
             _drop_mark(fd, path, pid)
             raise
