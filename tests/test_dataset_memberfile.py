@@ -349,6 +349,24 @@ def test_remote_reads_about_what_is_consumed(http_server, shard):
         assert ds.stats.bytes_read - before[1] == 512 + 1000 + (1 << 20)
 
 
+def test_access_shard_handles_read_the_cached_copy(http_server, shard, tmp_path):
+    """With access="shard" the shard is downloaded once and handles read that copy (main read
+    each handle's bytes by range again after downloading the whole shard)."""
+    d, path, oracle = shard
+    ds = _remote_ds(http_server, d, access="shard", cache_dir=str(tmp_path / "cache"))
+    before = ds.stats.bytes_read
+    with ds.open(1, ".bin") as f:
+        f.seek(100_000)
+        assert f.read(1 << 20) == oracle[("sample001", ".bin")][100_000 : 100_000 + (1 << 20)]
+        moved = ds.stats.bytes_read - before
+        with ds.open(1, ".wav") as g:
+            assert g.read() == oracle[("sample001", ".wav")]
+        again = pickle.loads(pickle.dumps(f))  # another process's handle reads the storage
+        assert again.read(1000) == f.read(1000)
+        again.close()
+    assert moved == os.path.getsize(path), (moved, os.path.getsize(path))
+
+
 @pytest.mark.parametrize("server", ["http_server", "s3_server"])
 def test_remote_replaced_mid_stream_raises(server, shard, request):
     srv = request.getfixturevalue(server)

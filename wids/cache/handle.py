@@ -68,6 +68,17 @@ class CachedShard:
         """Whether :meth:`close` was called."""
         return self._fd is None
 
+    def fileno(self) -> int:
+        """The copy's read-only descriptor (valid until :meth:`close`; evicted or not).
+
+        Raises:
+            ValueError: The shard is closed.
+        """
+        fd = self._fd
+        if fd is None:
+            raise ValueError(f"{self!r} is closed")
+        return fd
+
     @property
     def evicted(self) -> bool:
         """Whether the cache evicted this copy while it is open (its file is unlinked).

@@ -42,12 +42,14 @@ from typing import TYPE_CHECKING, Any
 from ..errors import IndexMismatchError, WidsError
 from ..storage import Source, forks, redact_url, strip_credentials
 from ..tar import header_mismatch
+from .readers import CachedReader
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
     from .catalog import Catalog
     from .pool import ReaderPool
+    from .readers import ShardReader
 
 __all__ = [
     "DEFAULT_READAHEAD",
@@ -79,6 +81,9 @@ class MemberFile(io.RawIOBase):
         field: The member's field, with its leading dot (``".mp4"``).
         readahead: A remote handle's first read-ahead in bytes (grows along sequential reads).
         max_readahead: The most a remote handle fetches beyond a read.
+        copy: A descriptor of a verified local copy of the whole shard (the shard cache's,
+            ``access="shard"``), which the handle then owns and reads by ``os.pread``; in
+            another process (pickled, forked) the handle reads ``source`` again.
 
     Attributes:
         name: ``key + field``, the member's name in the shard.
@@ -103,6 +108,7 @@ class MemberFile(io.RawIOBase):
         field: str,
         readahead: int = DEFAULT_READAHEAD,
         max_readahead: int = MAX_READAHEAD,
+        copy: int | None = None,
     ) -> None:
         super().__init__()
         if not isinstance(source, Source):
@@ -123,11 +129,14 @@ class MemberFile(io.RawIOBase):
         self.readahead = readahead
         self.max_readahead = max(max_readahead, readahead)
         self._pos = 0
+        self._fd: int | None = None
         self._reset_process()
+        if copy is not None:  # already verified against the index: no header check
+            self._fd, self._checked = copy, True
 
     def _reset_process(self) -> None:
         self._made = forks.stamp()
-        self._fd: int | None = None
+        self._fd = None
         self._checked = False  # the member's header, once per process
         self._buf = b""
         self._buf_start = 0
@@ -233,7 +242,7 @@ class MemberFile(io.RawIOBase):
             n = max(0, min(len(view), self.size - start))
             if n == 0:
                 return 0
-            if self.source.is_local:
+            if self._fd is not None or self.source.is_local:
                 got = self._preadinto(view[:n], start)
             else:
                 data = self._read_at(start, n)
@@ -283,7 +292,7 @@ class MemberFile(io.RawIOBase):
 
     def _read_at(self, start: int, n: int) -> bytes:
         """Exactly ``n`` bytes of the member at ``start`` (within it)."""
-        if self.source.is_local:
+        if self._fd is not None or self.source.is_local:
             fd = self._descriptor()
             parts: list[bytes] = []
             got = 0
@@ -412,13 +421,14 @@ def member_file(
     """A :class:`MemberFile` for ``field`` of sample ``j`` of ``shard``, checked on first touch.
 
     The shard is opened through the pool as any read would (the first-touch checks against
-    the index; ``offline`` refuses a remote shard), but the handle reads the shard's storage
-    itself, never the shard cache.
+    the index; ``offline`` refuses a remote shard). The handle reads the shard's storage
+    itself, or the shard cache's copy when the pool reads the shard from it
+    (``access="shard"``): then no byte is fetched again.
 
     Raises:
         KeyError: The sample has no such field (the message lists the fields it has).
     """
-    pool.reader(shard)  # the first-touch checks, the offline rule
+    reader = pool.reader(shard)  # the first-touch checks, the offline rule
     members = catalog.members(shard)[0]
     key = members.key(j)
     found = [(off, size) for f, off, size in members.members(j) if f == field]
@@ -427,7 +437,20 @@ def member_file(
         raise KeyError(f"sample {key!r} has no field {field!r} (it has {have})")
     info = catalog.load().infos[shard]
     offset, size = found[0]
-    return MemberFile(catalog.source(info.url, info), offset, size, key=key, field=field, **options)
+    source = catalog.source(info.url, info)
+    copy = _copy_of(reader) if not source.is_local else None
+    return MemberFile(source, offset, size, key=key, field=field, copy=copy, **options)
+
+
+def _copy_of(reader: ShardReader) -> int | None:
+    """A descriptor of the cache's copy a cached reader holds (``access="shard"``), or ``None``."""
+    if not isinstance(reader, CachedReader):
+        return None
+    fileno = getattr(reader.shard, "fileno", None)
+    try:
+        return None if fileno is None else os.dup(fileno())
+    except (OSError, ValueError):  # closed meanwhile: read the storage
+        return None
 
 
 def streamed_sample(
@@ -458,12 +481,14 @@ def streamed_sample(
     bound = catalog.max_sample_bytes  # handles do not count: only the bytes read into memory
     if bound is not None and held > bound:
         raise catalog.too_large(shard, j, held)
-    pool.reader(shard)  # the first-touch checks, the offline rule
+    reader = pool.reader(shard)  # the first-touch checks, the offline rule
     info = catalog.load().infos[shard]
     key = members.key(j)
     sample: dict[str, Any] = {}
     for (field, offset, size), b in zip(rows, big, strict=True):
-        f = MemberFile(catalog.source(info.url, info), offset, size, key=key, field=field)
+        source = catalog.source(info.url, info)
+        copy = _copy_of(reader) if not source.is_local else None
+        f = MemberFile(source, offset, size, key=key, field=field, copy=copy)
         if b:
             sample[field] = f
         else:
