@@ -103,12 +103,15 @@ def named_by(src: Any, *more: Any) -> Any:
     """A store's ``named`` URLs for what the user passed (``src``, then ``base``, ``url_map``).
 
     ``src`` is an index, a description or a shard list. When ``src`` is a local path, the
-    file is the user's own: every URL written in it is named, and so are those written in the
-    local descriptions it names through ``source_url``; a remote ``source_url`` names only its
-    own origin, not the servers written inside that fetched file. Otherwise ``(src, *more)``.
+    file is the user's own. If neither it nor a local description it names through
+    ``source_url`` names a *remote* ``source_url``, every URL they lead to was written by the
+    user: ``None`` (the options go to every origin). Otherwise the URLs written in those local
+    files are named, and a remote ``source_url`` names only its own origin, not the servers
+    written inside that fetched file. Anything else: ``(src, *more)``.
     """
     if isinstance(src, (str, os.PathLike)) and origin(os.fspath(src)) is None:
-        return (*_local_names(os.fspath(src)), *more)
+        names = _local_names(os.fspath(src))
+        return None if names is None else (*names, *more)
     return (src, *more)
 
 
@@ -116,14 +119,21 @@ def named_by(src: Any, *more: Any) -> Any:
 _URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>/?#]*")
 _MAX_LOCAL_FILES = 64  # local descriptions followed through source_url
 _MAX_LOCAL_BYTES = 1 << 28
+_HEAD = 4096  # enough to tell a JSON description from a SQLite or .widx index
 
 
-def _local_names(path: str) -> list[str]:
-    """The URLs written in the local file ``path`` and the local descriptions it names."""
+def _local_names(path: str) -> list[str] | None:
+    """The URLs written in the local file ``path`` and the local descriptions it names.
+
+    ``None`` when no remote ``source_url`` is on the way (the common case: nothing to scan).
+    Only JSON descriptions have ``source_url``; a SQLite or ``.widx`` index (or a shard) is
+    recognised from its first bytes and never read whole here.
+    """
     path = path.removeprefix("file://")
     if path.endswith((".tar", ".tgz", ".tar.gz")):  # a shard, not a description
         return []
-    found: list[str] = []
+    texts: list[str] = []
+    remote = False
     todo, seen = [path], set[str]()
     while todo and len(seen) < _MAX_LOCAL_FILES:
         p = todo.pop()
@@ -132,17 +142,27 @@ def _local_names(path: str) -> list[str]:
         seen.add(p)
         try:
             with open(p, "rb") as f:
-                text = f.read(_MAX_LOCAL_BYTES).decode("utf-8", "replace").replace("\\/", "/")
-        except (OSError, ValueError):
+                head = f.read(_HEAD)
+                if head.lstrip()[:1] != b"{":
+                    continue  # not a JSON description: no source_url in it
+                data = head + f.read(_MAX_LOCAL_BYTES - len(head))
+        except OSError:
             continue  # whoever reads it reports the error
-        found.extend(_URL_IN_TEXT.findall(text))
+        text = data.decode("utf-8", "replace").replace("\\/", "/")
+        texts.append(text)
         if '"source_url"' in text:
-            todo.extend(_local_refs(text, os.path.dirname(p)))
-    return found
+            for ref, is_remote in _refs(text, os.path.dirname(p)):
+                if is_remote:
+                    remote = True
+                else:
+                    todo.append(ref)
+    if not remote:
+        return None
+    return [url for text in texts for url in _URL_IN_TEXT.findall(text)]
 
 
-def _local_refs(text: str, here: str) -> Iterable[str]:
-    """The local ``source_url`` files a description's text names (resolved against ``here``)."""
+def _refs(text: str, here: str) -> Iterable[tuple[str, bool]]:
+    """The ``source_url`` references of a description's text: (local path or URL, remote)."""
     try:
         desc = json.loads(text)
     except ValueError:
@@ -153,8 +173,11 @@ def _local_refs(text: str, here: str) -> Iterable[str]:
         if not isinstance(d, Mapping):
             continue
         ref = d.get("source_url")
-        if isinstance(ref, str) and ref and origin(ref) is None:
-            yield os.path.join(here, ref.removeprefix("file://"))
+        if isinstance(ref, str) and ref:
+            if origin(ref) is None:
+                yield os.path.join(here, ref.removeprefix("file://")), False
+            else:
+                yield ref, True
         datasets = d.get("datasets")
         if isinstance(datasets, list):
             stack.extend(datasets)
