@@ -572,6 +572,27 @@ def test_a_download_without_etag_is_not_recorded_with_the_index_etag(tmp_path):
     cache.close()
 
 
+def test_the_budget_opens_only_lock_files_announcing_a_download(tmp_path):
+    """Counting downloads in flight stats each lock file and opens only announced (non-empty)
+    ones: its cost no longer grows by an open per entry, and a FIFO someone left in locks/
+    cannot hang a download (main opened every lock file, and blocked on the FIFO)."""
+    cache = ShardCache(tmp_path / "c", max_bytes=10**6)
+    cache.open_with("http://h/a.tar", lambda p: open(p, "wb").write(b"x" * 10), size=10).close()
+    os.mkfifo(tmp_path / "c" / "locks" / "someone.lock")
+    done = []
+
+    def download() -> None:
+        fill = lambda p: open(p, "wb").write(b"y" * 10)  # noqa: E731
+        cache.open_with("http://h/b.tar", fill, size=10).close()
+        done.append(True)
+
+    t = threading.Thread(target=download, daemon=True)
+    t.start()
+    t.join(20)
+    assert done == [True]
+    assert cache.total_bytes() == 20
+
+
 def test_pickling(tmp_path):
     cache = ShardCache(tmp_path, max_bytes=10, keep=True, lock_timeout=5, offline=True)
     clone = pickle.loads(pickle.dumps(cache))

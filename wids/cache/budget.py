@@ -74,10 +74,23 @@ def room_locked(files: EntryFiles, lock_timeout: float) -> Iterator[None]:
 def in_flight(files: EntryFiles, exclude: str | None = None) -> int:
     """Bytes of the downloads announced and still in flight (but ``exclude``'s)."""
     total = 0
-    for name in listdir(os.path.join(files.cache_dir, "locks")):
-        if not name.endswith(".lock") or name[: -len(".lock")] == exclude:
-            continue
-        total += _announced(os.path.join(files.cache_dir, "locks", name))
+    try:
+        it = os.scandir(os.path.join(files.cache_dir, "locks"))
+    except FileNotFoundError:
+        return 0
+    with it:
+        for entry in it:  # one stat per lock file; only a non-empty one is opened
+            name = entry.name
+            if name.startswith(".") or not name.endswith(".lock"):
+                continue
+            if name[: -len(".lock")] == exclude:
+                continue
+            try:
+                if entry.stat(follow_symlinks=False).st_size == 0:
+                    continue  # no download announced (announcing holds .evict.lock, as we do)
+            except OSError:
+                continue
+            total += _announced(entry.path)
     return total
 
 
