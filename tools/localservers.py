@@ -262,6 +262,7 @@ class Nginx(_Server):
     def _lines(self) -> list[str]:
         if not self.access_log.exists():
             return []
+        _settled(self.access_log)
         return [ln for ln in self.access_log.read_text(errors="replace").splitlines() if ln]
 
     def counts(self) -> tuple[int, int]:
@@ -279,9 +280,25 @@ class Nginx(_Server):
 
     def reset(self) -> None:
         """Start counting afresh."""
-        # nginx keeps its log open in append mode: truncating in place is safe.
+        # nginx keeps its log open in append mode: truncating in place is safe. It writes a
+        # request's line after the answer is sent, so a client may hold a whole answer before
+        # its line is there: wait for the log to settle, or that line lands after the reset.
+        if self.access_log.exists():
+            _settled(self.access_log)
         with open(self.access_log, "a+b") as f:
             f.truncate(0)
+
+
+def _settled(path: Path, quiet: float = 0.02, limit: float = 1.0) -> None:
+    """Wait until ``path`` has not grown for ``quiet`` seconds (at most ``limit`` seconds)."""
+    deadline = time.monotonic() + limit
+    size = path.stat().st_size
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = path.stat().st_size
+        if now == size:
+            return
+        size = now
 
 
 class Moto(_Bucket):
