@@ -5,7 +5,9 @@ Other parts import from this package, not its modules.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from .access import (
@@ -158,13 +160,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """A name of :data:`_LAZY`, imported from its module on first use."""
-    import importlib
-
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(f".{_LAZY[name]}", __name__)
-    value = module if _LAZY[name] == name else getattr(module, name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())  # a name of _LAZY on first use
