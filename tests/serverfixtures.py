@@ -24,8 +24,12 @@ Tests that use a server are marked ``servers`` automatically (deselect with
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import sys
+import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,6 +50,7 @@ __all__ = [
     "S3Server",
     "fault_proxy",
     "free_port",
+    "python_http_server",
     "gcs_server",
     "http_server",
     "pytest_collection_modifyitems",
@@ -110,3 +115,28 @@ def gcs_server(tmp_path_factory: pytest.TempPathFactory):
 def remote_server(request: pytest.FixtureRequest):
     """Each real server in turn (S3, HTTP, GCS)."""
     return request.getfixturevalue(f"{request.param}_server")
+
+
+@contextlib.contextmanager
+def python_http_server(folder: Path | str) -> Iterator[str]:
+    """``python -m http.server`` over ``folder`` (what tutorials start): it ignores ``Range``
+    (200 and the whole file) and answers a folder with a directory page. Yields its base URL."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        cwd=folder,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(base + "/", timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(10)

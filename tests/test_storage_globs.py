@@ -10,12 +10,10 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
-from serverfixtures import free_port
+from serverfixtures import python_http_server
 from tarfixtures import make_samples, write_shard
 
 from wids import ShardListDataset, ShardNotFoundError, build_index
@@ -154,25 +152,8 @@ def test_s3_pattern_on_the_command_line(s3_server, folder, tmp_path):
 @pytest.fixture
 def listing_server(folder):
     """``python -m http.server`` over the folder: it answers a folder with a directory page."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-        cwd=folder,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(base + "/", timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+    with python_http_server(folder) as base:
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_http_patterns_read_the_servers_directory_page(listing_server):

@@ -11,13 +11,12 @@ import json
 import subprocess
 import sys
 import tarfile
-import time
 import urllib.request
 import warnings
 from pathlib import Path
 
 import pytest
-from serverfixtures import free_port
+from serverfixtures import python_http_server
 from tarfixtures import make_samples, write_shard
 
 from wids import RangeNotSupportedError, ShardListDataset, build_index
@@ -41,25 +40,8 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def plain_server(folder: Path):
     """``python -m http.server`` over the folder: 200 and the whole file for any Range."""
-    port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-        cwd=folder,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(base + "/", timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.05)
+    with python_http_server(folder) as base:
         yield base
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def _expected(folder: Path) -> list[dict[str, bytes]]:
