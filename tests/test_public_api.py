@@ -13,6 +13,7 @@ EXPECTED = [
     "CacheDirError",
     "CacheError",
     "ChunkedSampler",
+    "ColumnError",
     "Component",
     "CorruptReadError",
     "DatasetStats",

@@ -10,6 +10,7 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     ├── SampleLayoutError(ValueError)         members do not group into samples cleanly
     ├── SampleTooLargeError(ValueError)       a sample is over the dataset's max_sample_bytes
     ├── ExclusionError(ValueError)            an exclusion list is malformed or names no sample
+    ├── ColumnError(ValueError)               a metadata column or filter expression is unusable
     ├── IndexFormatError(ValueError)          an index or dataset description is malformed
     │   ├── NotAnIndexError                   the file is no index at all (nothing to repair)
     │   ├── UntrustedLocationError            a remote index names a local file (not allowed)
@@ -51,6 +52,7 @@ __all__ = [
     "CacheBudgetError",
     "CacheDirError",
     "CacheError",
+    "ColumnError",
     "CorruptReadError",
     "DecodeError",
     "DestinationError",
@@ -168,6 +170,14 @@ class ExclusionError(WidsError, ValueError):
 
     An entry is not a key, ``shard/key`` pair or sample number; a shard name matches several
     shards; or, with ``strict``, entries name no sample of the dataset.
+    """
+
+
+class ColumnError(WidsError, ValueError):
+    """A sample metadata column cannot be collected, stored or used.
+
+    A malformed column spec or filter expression, a value of the wrong type (naming the shard
+    and sample), a column the index does not have, or columns written by a newer wids.
     """
 
 

@@ -138,6 +138,7 @@ class Description:
         ]
         self.dataset_of: Sequence[str] = _DatasetOf(components, name, n)
         self.indexed = indexed
+        self.extra: Callable[[int], dict[str, Any]] | None = None  # the index's shard_extra
         self._shard_dicts: list[dict[str, Any]] | None = None
 
     @classmethod
@@ -163,7 +164,7 @@ class Description:
         """
         comps = list(reader.components)
         if hasattr(reader, "cumulative_counts") and hasattr(reader, "shard"):
-            return cls(
+            made = cls(
                 reader.sample_counts(),
                 reader.cumulative_counts(),
                 reader.shard,
@@ -171,7 +172,10 @@ class Description:
                 name,
                 reader.members,
             )
-        return cls.of_infos(list(reader.shards), comps, name, reader.members)
+        else:
+            made = cls.of_infos(list(reader.shards), comps, name, reader.members)
+        made.extra = reader.shard_extra  # read only by ds.column (wids.dataset.columns)
+        return made
 
     def locate(self, i: int) -> int:
         """The shard holding global index ``0 <= i < total``."""

@@ -438,6 +438,63 @@ class ShardListDataset(_DatasetBase[T_co]):
         """The (sub-)datasets as global sample ranges, for mixing samplers."""
         return list(self._catalog.counts().components)
 
+    # -- metadata columns (docs/columns.md) -------------------------------------------------
+
+    def column(self, name: str, *, missing: Any = None) -> np.ndarray:
+        """One metadata column of the index, aligned with the dataset: ``out[i]`` is ``ds[i]``'s.
+
+        Columns are collected when the index is made (``wids index create --column``,
+        ``ShardWriter(columns=...)``); this reads one from every shard's entry in the index
+        (nothing is read before the first call; each call reads it again: keep the array).
+
+        Args:
+            name: The column's name.
+            missing: What a missing value becomes. ``None`` (the default): NaN in ``float64``
+                columns; an ``int64`` or ``bool`` column that has missing values comes back
+                as ``float64`` with NaN there (one without keeps its type); ``None`` in a
+                ``str`` column. Any other value: that value, in the column's own type.
+
+        Returns:
+            An array of ``len(self)`` values: ``int64``, ``float64``, ``bool`` or ``object``
+            (strings).
+
+        Raises:
+            ColumnError: The index has no such column (or the dataset no index), or its
+                shards hold values of types that do not go together.
+            IndexFormatError: A shard's stored column is malformed.
+
+        Example:
+            >>> ds = ShardListDataset("train.json")  # doctest: +SKIP
+            >>> aspect = ds.column("width") / ds.column("height")  # doctest: +SKIP
+        """
+        from .columns import dataset_column
+
+        return dataset_column(self._catalog.load(), self._excluded(), name, missing)
+
+    def where(self, expr: str) -> np.ndarray:
+        """The exclusion that keeps the samples where ``expr`` holds, for ``exclude=``.
+
+        ``expr`` is a filter over the index's columns (``"width >= 256 and height >= 256"``;
+        the language is in ``docs/columns.md``), parsed by a whitelist, never evaluated by
+        Python. The result is the sorted global sample numbers that this dataset leaves out
+        (its own exclusions included), so ``ShardListDataset(index, exclude=ds.where(expr))``
+        is this dataset filtered by ``expr``.
+
+        Raises:
+            ColumnError: The expression is malformed, or names a column the index lacks.
+
+        Example:
+            >>> keep = ds.where("width >= 256")  # doctest: +SKIP
+            >>> big = ShardListDataset("train.json", exclude=keep)  # doctest: +SKIP
+        """
+        from .columns import where_excluded
+
+        return where_excluded(self._catalog.load(), self._excluded(), expr)
+
+    def _excluded(self) -> np.ndarray | None:
+        counts = self._catalog.counts()
+        return getattr(counts, "excluded", None)
+
     def __len__(self) -> int:
         return self.total_length
 

@@ -1,0 +1,196 @@
+"""``ds.column`` and ``ds.where`` over real shards and real indexes of every format."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tarfixtures import write_shard
+
+from wids import ColumnError, IndexFormatError, ShardListDataset, build_index
+from wids.index.colcollect import add_columns
+
+SHARDS, PER = 3, 6
+FORMATS = ("json", "sqlite", "widx")
+
+
+def _meta(i: int) -> dict | None:
+    """Sample i's .json: sample 7 has no width, sample 10 no .json member at all."""
+    if i == 10:
+        return None
+    meta: dict = {"width": 100 * i, "height": 50 + i, "caption": f"c{i % 3}", "ok": i % 2 == 0}
+    if i == 7:
+        del meta["width"]
+    return meta
+
+
+def write_shards(d: Path) -> list[str]:
+    paths = []
+    for k in range(SHARDS):
+        members = []
+        for j in range(PER):
+            i = PER * k + j
+            key = f"{i:06d}"
+            members.append((key + ".jpg", b"x" * (100 + i)))
+            meta = _meta(i)
+            if meta is not None:
+                members.append((key + ".json", json.dumps(meta).encode()))
+        paths.append(str(write_shard(d / f"s-{k}.tar", members, format="pax")))
+    return paths
+
+
+SPECS = ["json:width", "json:height", "json:caption", "json:ok", "size:.jpg", "has:.json"]
+N = SHARDS * PER
+
+
+@pytest.fixture(scope="module", params=FORMATS)
+def index(request, tmp_path_factory) -> str:
+    d = tmp_path_factory.mktemp(f"cols-{request.param}")
+    paths = write_shards(d)
+    out = str(d / f"train.{request.param}")
+    build_index(paths, out)
+    add_columns(out, SPECS)
+    return out
+
+
+def _keys(ds: ShardListDataset) -> list[int]:
+    return [int(ds[i]["__key__"]) for i in range(len(ds))]
+
+
+def test_column_is_aligned_with_samples_typed_and_missing_is_nan(index):
+    ds = ShardListDataset(index, transformations=[])
+    width = ds.column("width")
+    assert width.dtype == np.float64 and len(width) == len(ds) == N
+    for i in range(N):
+        key = int(ds[i]["__key__"])
+        meta = _meta(key)
+        if meta is None or "width" not in meta:
+            assert math.isnan(width[i])
+        else:
+            assert width[i] == meta["width"]
+    # an int column without gaps stays int64; with missing= the type is kept
+    size = ds.column("size_jpg")
+    assert size.dtype == np.int64 and size.tolist() == [100 + i for i in range(N)]
+    filled = ds.column("width", missing=-1)
+    assert filled.dtype == np.int64 and filled[7] == -1 and filled[10] == -1 and filled[3] == 300
+    has = ds.column("has_json")
+    assert has.dtype == bool and has.tolist() == [i != 10 for i in range(N)]
+    caption = ds.column("caption")
+    assert caption.dtype == object and caption[10] is None and caption[4] == "c1"
+    ok = ds.column("ok")  # bool with a gap (sample 10): float64 with NaN
+    assert ok.dtype == np.float64 and math.isnan(ok[10]) and ok[4] == 1.0 and ok[5] == 0.0
+    assert ds.column("ok", missing=False).dtype == bool
+
+
+def test_column_follows_exclusions(index):
+    ds = ShardListDataset(index, transformations=[], exclude=[0, 5, 13])
+    width = ds.column("width", missing=-1)
+    assert len(width) == len(ds) == N - 3
+    assert width.tolist() == [100 * k if k not in (7, 10) else -1 for k in _keys(ds)]
+
+
+def test_where_gives_the_exclusion_that_keeps_what_the_expression_holds_for(index):
+    ds = ShardListDataset(index, transformations=[])
+    cases = {
+        "width >= 300 and height < 62": [3, 4, 5, 6, 8, 9, 11],
+        "not (width > 500)": [0, 1, 2, 3, 4, 5, 7, 10],
+        "isnull(width)": [7, 10],
+        "width / height > 10 and size_jpg != 117": [6, 8, 9, 11, 12, 13, 14, 15, 16],
+        "caption in ('c0', 'c2') and ok": [0, 2, 6, 8, 12, 14],
+        "256 <= width < 700 or caption == 'c1' and not has_json": [3, 4, 5, 6],
+        "abs(height - 60) <= 1": [9, 11],
+    }
+    for expr, keep in cases.items():
+        excluded = ds.where(expr)
+        assert excluded.dtype == np.int64
+        got = ShardListDataset(index, transformations=[], exclude=excluded)
+        assert _keys(got) == keep, expr
+        assert sorted(set(range(N)) - set(excluded.tolist())) == keep
+
+
+def test_where_adds_to_the_exclusion_already_there(index):
+    ds = ShardListDataset(index, transformations=[], exclude=[3])
+    excluded = ds.where("width < 500")
+    assert _keys(ShardListDataset(index, transformations=[], exclude=excluded)) == [0, 1, 2, 4]
+
+
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "__import__('os').system('true')",
+        "width.__class__",
+        "width[0]",
+        "(lambda: 1)()",
+        "open('x')",
+        "width if 1 else 2",
+        "[x for x in width]",
+        "width ** 2 > 1",
+        "width is None",
+        "f'{width}'",
+        "width >= ",
+        "1" + " + 1" * 600,
+        "x" * 5000,
+        "nosuch > 1",
+        "caption + 1 > 2",
+        "caption < 3",
+        "caption",
+        "abs(width, 1) > 0",
+    ],
+)
+def test_where_refuses_what_is_not_in_the_language(index, expr):
+    ds = ShardListDataset(index, transformations=[])
+    with pytest.raises(ColumnError):
+        ds.where(expr)
+
+
+def test_unknown_column_and_no_index(index, tmp_path):
+    ds = ShardListDataset(index, transformations=[])
+    with pytest.raises(ColumnError, match="no column named 'depth'.*width"):
+        ds.column("depth")
+    with pytest.raises(ColumnError):
+        ds.column("not a name")
+    shard = str(Path(index).parent / "s-0.tar")
+    with pytest.raises(ColumnError, match="no index"):
+        ShardListDataset([{"url": shard, "nsamples": PER}]).column("width")
+
+
+def test_an_index_without_columns_opens_and_reads_as_before(tmp_path):
+    paths = write_shards(tmp_path)
+    build_index(paths, str(tmp_path / "plain.json"))
+    ds = ShardListDataset(str(tmp_path / "plain.json"), transformations=[])
+    assert len(ds) == N and ds[4]["__key__"] == "000004"
+    with pytest.raises(ColumnError, match="first shard has: none"):
+        ds.column("width")
+
+
+def test_a_damaged_stored_column_is_an_index_error_naming_the_shard(tmp_path):
+    paths = write_shards(tmp_path)
+    out = str(tmp_path / "train.json")
+    build_index(paths, out)
+    add_columns(out, ["json:width"])
+    text = Path(out).read_text()
+    doc = json.loads(text)
+    col = doc["shardlist"][1]["wids_columns"]["columns"]["width"]
+    for damage in (
+        {"dtype": "<i8", "data": "AAAA"},  # too few bytes
+        {"dtype": "<U4"},  # not a column dtype
+        {"type": "complex"},
+        {"data": "not base64!"},
+        {"nulls": "AAAAAAAAAAAAAAAAAAAAAAAA"},  # a mask longer than the shard
+    ):
+        broken = json.loads(text)
+        broken["shardlist"][1]["wids_columns"]["columns"]["width"] = {**col, **damage}
+        Path(out).write_text(json.dumps(broken))
+        ds = ShardListDataset(out, transformations=[])
+        assert len(ds) == N  # opening does not read columns
+        with pytest.raises(IndexFormatError) as e:
+            ds.column("width")
+        assert "s-1.tar" in str(e.value), damage
+    newer = json.loads(text)
+    newer["shardlist"][0]["wids_columns"]["version"] = 2
+    Path(out).write_text(json.dumps(newer))
+    with pytest.raises(ColumnError, match="newer wids"):
+        ShardListDataset(out, transformations=[]).column("width")

@@ -1,0 +1,281 @@
+"""Collecting a shard's metadata columns (:mod:`wids.index.columns`) from its bytes.
+
+Two ways in, with the same values:
+
+- :func:`shard_columns`: from a shard's member table and its source (``wids index create
+  --column``, :func:`add_columns`): sizes come from the table; ``.json`` members are read in
+  a few range reads (members close together in one block, at most :data:`BLOCK` bytes);
+- :class:`RowCollector`: from each sample's encoded members as a writer writes them
+  (``ShardWriter(columns=...)``).
+
+:func:`add_columns` adds columns to an existing local index: it rewrites the index with each
+shard's columns in its extra keys (shards, member tables, components and report as they were).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ColumnError
+from .columns import (
+    EXTRA_KEY,
+    MAX_JSON_BYTES,
+    ColumnSpec,
+    ShardColumn,
+    encode_columns,
+    json_value,
+    parse_specs,
+    values_column,
+)
+from .members import ShardMembers
+
+__all__ = ["BLOCK", "RowCollector", "add_columns", "shard_columns"]
+
+BLOCK = 8 << 20
+"""The most bytes one read of ``.json`` members takes."""
+_GAP = 64 << 10  # members closer than this are read in one block
+
+
+def _rows_of(members: ShardMembers, field: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(samples, rows)``: the member rows of ``field`` and the sample each belongs to."""
+    try:
+        f = members.fields.index(field)
+    except ValueError:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    rows = np.flatnonzero(np.asarray(members.member_field) == f)
+    samples = np.searchsorted(np.asarray(members.sample_start), rows, side="right") - 1
+    return samples.astype(np.int64), rows
+
+
+def _blocks(offsets: np.ndarray, sizes: np.ndarray) -> list[tuple[int, int, int, int]]:
+    """``(start, end, first, stop)``: reads covering members ``first:stop`` (sorted offsets)."""
+    out = []
+    i, n = 0, len(offsets)
+    while i < n:
+        start = int(offsets[i])
+        end = start + int(sizes[i])
+        j = i + 1
+        while j < n:
+            nxt = int(offsets[j])
+            stop = nxt + int(sizes[j])
+            if nxt - end > _GAP or stop - start > BLOCK:
+                break
+            end = max(end, stop)
+            j += 1
+        out.append((start, end, i, j))
+        i = j
+    return out
+
+
+def shard_columns(
+    specs: Sequence[ColumnSpec], members: ShardMembers, source: Any, shard: str
+) -> dict[str, ShardColumn]:
+    """A shard's columns from its member table and its bytes.
+
+    Args:
+        specs: The columns to collect.
+        members: The shard's member table.
+        source: Its :class:`~wids.storage.Source` (``read_range``), read only for ``json:``.
+        shard: Its URL (credentials removed), for errors.
+
+    Raises:
+        ColumnError: A ``.json`` member is over :data:`MAX_JSON_BYTES` or not JSON, or a
+            value is unusable (naming the shard and the sample's key).
+    """
+    n = len(members)
+    out: dict[str, ShardColumn] = {}
+    sizes = np.asarray(members.member_size)
+    docs: list[bytes | None] | None = None
+    for spec in specs:
+        if spec.source in ("size", "has"):
+            samples, rows = _rows_of(members, spec.arg)
+            present = np.zeros(n, dtype=bool)
+            present[samples] = True
+            if spec.source == "has":
+                out[spec.name] = ShardColumn("bool", present, None)
+                continue
+            values = np.zeros(n, dtype=np.int64)
+            values[samples] = sizes[rows]
+            missing = ~present
+            out[spec.name] = ShardColumn("int64", values, missing if missing.any() else None)
+            continue
+        if docs is None:
+            docs = _json_members(members, source, shard)
+        keys = members.keys()
+        picked = [
+            None if d is None else json_value(d, spec.arg, f"{shard}: sample {keys[i]!r}")
+            for i, d in enumerate(docs)
+        ]
+        out[spec.name] = values_column(picked, f"{shard}: ", keys)
+    return out
+
+
+def _json_members(members: ShardMembers, source: Any, shard: str) -> list[bytes | None]:
+    """Each sample's ``.json`` member's bytes (``None`` where it has none)."""
+    samples, rows = _rows_of(members, ".json")
+    offsets = np.asarray(members.member_offset)[rows]
+    sizes = np.asarray(members.member_size)[rows]
+    docs: list[bytes | None] = [None] * len(members)
+    if len(sizes) and int(sizes.max()) > MAX_JSON_BYTES:
+        k = int(np.argmax(sizes))
+        raise ColumnError(
+            f"{shard}: sample {members.key(int(samples[k]))!r}: .json member of "
+            f"{int(sizes[k])} bytes, over {MAX_JSON_BYTES}"
+        )
+    for start, end, first, stop in _blocks(offsets, sizes):
+        block = source.read_range(start, end)
+        for k in range(first, stop):
+            a = int(offsets[k]) - start
+            docs[int(samples[k])] = block[a : a + int(sizes[k])]
+    return docs
+
+
+class RowCollector:
+    """Columns collected sample by sample from encoded members (a writer's samples).
+
+    Args:
+        specs: The columns (texts or specs).
+
+    Raises:
+        ColumnError: A malformed spec.
+    """
+
+    def __init__(self, specs: Sequence[str | ColumnSpec]) -> None:
+        self.specs = parse_specs(specs)
+        self._rows: list[list[Any]] = [[] for _ in self.specs]
+        self._keys: list[str] = []
+
+    def add(self, key: str, fields: Mapping[str, bytes], where: str) -> None:
+        """Record one sample: its key and its members (field with its dot -> bytes).
+
+        Raises:
+            ColumnError: The sample's ``.json`` member is unusable for a ``json:`` column.
+        """
+        doc = fields.get(".json")
+        for spec, row in zip(self.specs, self._rows, strict=True):
+            if spec.source == "has":
+                row.append(spec.arg in fields)
+            elif spec.source == "size":
+                data = fields.get(spec.arg)
+                row.append(None if data is None else len(data))
+            else:
+                row.append(
+                    None if doc is None else json_value(doc, spec.arg, f"{where}: sample {key!r}")
+                )
+        self._keys.append(key)
+
+    def take(self, where: str) -> dict[str, Any] | None:
+        """The extra keys of the shard written since the last call (and start a new one)."""
+        if not self.specs:
+            return None
+        cols = {
+            s.name: values_column(r, f"{where}: ", self._keys)
+            for s, r in zip(self.specs, self._rows, strict=True)
+        }
+        n = len(self._keys)
+        self._rows = [[] for _ in self.specs]
+        self._keys = []
+        return {EXTRA_KEY: encode_columns(cols, n)}
+
+
+def add_columns(
+    index: str | os.PathLike[str],
+    columns: Sequence[str | ColumnSpec],
+    *,
+    storage_options: Mapping[str, Any] | None = None,
+) -> int:
+    """Collect columns for every shard of a local index and write them into it.
+
+    The index is rewritten in its own format (atomically, as every index write) with the
+    same shards, member tables, components and report; each shard's columns (these, plus
+    the ones it already had under other names) go in its extra keys.
+
+    Args:
+        index: A local index (JSON, SQLite, shard table) with member tables.
+        columns: Column specs (``"json:width"``, ``"size:.jpg"``, ``"w=json:meta.width"``).
+        storage_options: fsspec options for remote shards.
+
+    Returns:
+        The number of shards.
+
+    Raises:
+        ColumnError: A malformed spec, a shard without a member table, or an unusable value.
+        IndexFormatError: The index is malformed.
+    """
+    from ..storage import Store, is_remote, output_dir, redact_url, stored_url
+    from .access import iter_shards
+    from .registry import create_index_writer, open_index
+
+    specs = parse_specs(columns)
+    path = os.fspath(index)
+    if is_remote(path):
+        raise ColumnError(f"{redact_url(path)}: columns are added to a local index")
+    path = os.path.abspath(path)
+    store = Store.of(storage_options)
+    reader = open_index(path, store)
+    n = 0
+    try:
+        writer = create_index_writer(path, name=reader.name or None)
+        try:
+            _rewrite(reader, writer, specs, store, output_dir(path), stored_url, iter_shards)
+            n = len(reader.shards) if not hasattr(reader, "nshards") else reader.nshards
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
+    finally:
+        reader.close()
+    return int(n)
+
+
+def _rewrite(
+    reader: Any,
+    writer: Any,
+    specs: Sequence[ColumnSpec],
+    store: Any,
+    out_dir: str,
+    stored_url: Any,
+    iter_shards: Any,
+) -> None:
+    from ..storage import redact_url
+    from .model import ShardInfo
+
+    comps = reader.components
+    stops = {c.first_shard: c for c in comps}
+    for i, info in enumerate(iter_shards(reader)):
+        comp = stops.get(i)
+        if comp is not None and not (
+            i == 0 and comp.name == (reader.name or "") and comp.weight is None
+        ):
+            writer.start_component(comp.name, comp.weight)
+        members = reader.members(i)
+        where = redact_url(info.url)
+        if members is None:
+            raise ColumnError(f"{where}: no member table in the index (rebuild it with wids)")
+        src = store.source(info.url, size=info.size, etag=info.etag)
+        try:
+            cols = shard_columns(specs, members, src, where)
+        finally:
+            src.close()
+        extra = dict(reader.shard_extra(i))
+        old = extra.get(EXTRA_KEY)
+        if old is not None:
+            from .columns import decode_columns
+
+            kept = decode_columns(extra, len(members), where)
+            cols = {**{k: v for k, v in kept.items() if k not in cols}, **cols}
+        extra[EXTRA_KEY] = encode_columns(cols, len(members))
+        stored = ShardInfo(
+            stored_url(info.url, out_dir),
+            info.nsamples,
+            info.size,
+            info.etag,
+            info.mtime,
+            info.md5sum,
+        )
+        writer.add(stored, members, extra)
+    writer.set_report(reader.report)
