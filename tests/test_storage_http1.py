@@ -21,6 +21,7 @@ from wids.storage import Store, read_ranges
 DATA = bytes((i * 31 + i // 97) % 256 for i in range(100_000))
 ETAG = '"v1"'
 STREAMED: list[int] = []  # bytes written by each answer that ignored Range
+INJECTED: list[str] = []  # paths of requests that carried a header an etag smuggled in
 SPANS = [(k * 7_000, k * 7_000 + 3_000) for k in range(12)]
 
 
@@ -30,6 +31,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 - the http.server API
         self.seen.append((self.path, self.headers.get("User-Agent")))
+        if self.headers.get("X-Injected") is not None:
+            INJECTED.append(self.path)
         if self.path.startswith("/redirect"):
             self.send_response(302)
             self.send_header("Location", "/plain")
@@ -274,3 +277,23 @@ def test_a_shard_s_first_answer_is_checked_on_a_plain_connection(server):
     wrong = other.source(f"{base}/plain", size=len(DATA) + 1)
     with pytest.raises(IndexMismatchError, match="not the shard the index describes"):
         read_ranges([(wrong, s, e) for s, e in SPANS[:3]])
+
+
+@pytest.mark.parametrize("options", [None, {"headers": {"X-Token": "t"}}])
+@pytest.mark.parametrize("batch", [False, True])
+def test_an_etag_with_a_line_break_never_adds_headers(server, options, batch):
+    """A hostile index's etag is not sent as header lines (it was, in a batch's plain GETs);
+    the answers are still held to it: a typed error naming the shard."""
+    from wids import IndexMismatchError
+
+    base, _ = server
+    INJECTED.clear()
+    store = Store(options, RetryPolicy(attempts=2, backoff=0.01, timeout=10.0))
+    etag = 'v1"\r\nX-Injected: yes\r\nX-Pad: "'
+    src = store.source(f"{base}/plain", size=len(DATA), etag=etag)
+    with pytest.raises(IndexMismatchError, match="plain"):
+        if batch:
+            read_ranges([(src, s, e) for s, e in SPANS[:3]])
+        else:
+            src.read_range(*SPANS[0])
+    assert INJECTED == []

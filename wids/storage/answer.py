@@ -144,9 +144,16 @@ class Pin:
         return self.etag is not None or self.since is not None
 
     def if_match(self) -> str | None:
-        """The ``If-Match`` value: the pinned etag quoted; ``None`` for none or a weak one."""
+        """The ``If-Match`` value: the pinned etag quoted; ``None`` for none or a weak one.
+
+        Also ``None`` for an etag no header can carry (control or non-ASCII characters, from
+        a hostile index or server): sent, a line break would add headers of its choosing.
+        Every answer's etag is still compared with the pinned one (:func:`check_answer`).
+        """
         etag = self.etag
         if etag is None or etag.strip().startswith("W/"):
+            return None
+        if not (etag.isascii() and etag.isprintable()):
             return None
         return f'"{comparable_etag(etag)}"'
 

@@ -5,7 +5,11 @@ each (request and response objects, header multidicts, timers, cookie and redire
 several times what the request itself needs; on a machine whose cores also decode and train,
 that is the cost of remote reading. :class:`Http1Pool` sends exactly one request line and
 its headers on a kept-alive connection and reads back a ``Content-Length`` answer through an
-``asyncio.Protocol``: about a third of the CPU (tools/bench_reqcpu.py).
+``asyncio.Protocol``: about a third of the CPU (tools/bench_reqcpu.py). A single read in the
+calling thread (``ds[i]``) takes the same exchange on a blocking socket of its own
+(:meth:`Http1Pool.get_sync`): no hop into the event loop's thread, and about half the CPU of
+``http.client``, whose header parsing alone costs what the whole exchange costs here
+(``python tools/bench_reqcpu.py ds``).
 
 It is used only where it does what fsspec's HTTP filesystem would (:class:`PlainTransport`
 over :class:`~wids.storage.transport.HttpTransport`): ``http://`` URLs, no storage options
@@ -27,9 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import http.client
 import os
 import select
+import socket
 import threading
 import urllib.parse
 from typing import Any
@@ -103,6 +107,119 @@ def _parse_head(head: bytes) -> tuple[int, str, dict[str, str], bool]:
     return int(code), reason, headers, closes
 
 
+def _body_length(head: tuple[int, str, dict[str, str], bool], limit: int) -> int:
+    """The body length an answer's head announces, if this client handles it.
+
+    Raises:
+        Unsupported: A redirect, an encoded body, or a body not framed by ``Content-Length``.
+        AnswerTooLong: More than ``limit`` bytes announced (never buffered: a server that
+            ignores ``Range`` would send the whole file).
+    """
+    status, _, headers, _ = head
+    encoded = headers.get("content-encoding", "identity").lower() != "identity"
+    if 300 <= status < 400 or "transfer-encoding" in headers or encoded:
+        raise Unsupported(f"HTTP {status}, {headers.get('transfer-encoding')}")
+    length = headers.get("content-length")
+    if length is None or not _number(length, 18):
+        raise Unsupported("no Content-Length")
+    if int(length) > limit:
+        raise AnswerTooLong(int(length))
+    return int(length)
+
+
+def _request(target: str, host_header: str, headers: str) -> bytes:
+    """A GET request's bytes; ``headers`` are CRLF-ended ``Name: value`` lines."""
+    return (
+        f"GET {target} HTTP/1.1\r\nHost: {host_header}\r\n"
+        f"Accept-Encoding: identity\r\n{headers}\r\n"
+    ).encode("latin-1")
+
+
+class _Silent(ConnectionResetError):
+    """A connection that ended before any byte of the answer (closed by the server while idle)."""
+
+
+class _SyncConn:
+    """One thread's blocking kept-alive connection (:meth:`Http1Pool.get_sync`).
+
+    A socket and nothing else: the request is one ``sendall``, the answer a few ``recv`` calls
+    parsed by the same rules as :class:`_Conn`'s (``http.client`` would spend about as much
+    CPU on its header parsing as the whole exchange costs here).
+    """
+
+    __slots__ = ("sock",)
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        sock = socket.create_connection((host, port), timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:  # not TCP (never here), or refused: only slower
+            pass
+        self.sock: socket.socket | None = sock
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.close()
+
+    def exchange(self, request: bytes, limit: int) -> tuple[_Answer, bool]:
+        """Send ``request``; its whole answer, and whether the connection may be reused.
+
+        Raises:
+            _Silent: The connection ended before any byte of the answer.
+            ConnectionResetError: It failed or ended mid-answer, or the answer is no HTTP/1.x.
+            AnswerTooLong, Unsupported: As :func:`_body_length`.
+            TimeoutError: The server stalled.
+        """
+        sock = self.sock
+        if sock is None:
+            raise _Silent(errno.ECONNRESET, "not connected")
+        buf = b""
+        try:
+            sock.sendall(request)
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+                end = buf.find(b"\r\n\r\n")
+                if end >= 0:
+                    break
+                if len(buf) > _HEAD_LIMIT:
+                    raise ConnectionResetError(errno.ECONNRESET, "answer head too long")
+        except ConnectionError as exc:
+            if buf:
+                raise ConnectionResetError(errno.ECONNRESET, str(exc)) from None
+            raise _Silent(errno.ECONNRESET, str(exc)) from None
+        if not buf:
+            raise _Silent(errno.ECONNRESET, "connection closed before the answer")
+        if end < 0:
+            raise ConnectionResetError(errno.ECONNRESET, "connection closed mid-answer")
+        head = _parse_head(buf[:end])
+        length = _body_length(head, limit)
+        start = end + 4
+        have = len(buf) - start
+        if have >= length:
+            body = buf[start : start + length]
+        else:
+            parts, missing = [buf[start:]], length - have
+            while missing:
+                try:
+                    chunk = sock.recv(min(missing, 1 << 20))
+                except ConnectionError as exc:
+                    raise ConnectionResetError(errno.ECONNRESET, str(exc)) from None
+                if not chunk:
+                    raise ConnectionResetError(
+                        errno.ECONNRESET, "connection closed before the answer ended"
+                    )
+                parts.append(chunk)
+                missing -= len(chunk)
+            body = b"".join(parts)
+        status, _, headers, closes = head
+        # bytes nobody asked for after the answer: never read as the next one
+        return _Answer(status, headers, body), not closes and have <= length
+
+
 class _Conn(asyncio.Protocol):
     """One connection: at most one request outstanding; its answer resolves ``waiter``."""
 
@@ -138,16 +255,7 @@ class _Conn(asyncio.Protocol):
                     return
                 head = self.head = _parse_head(bytes(self.buf[:end]))
                 del self.buf[: end + 4]
-                status, _, headers, _ = head
-                encoded = headers.get("content-encoding", "identity").lower() != "identity"
-                if 300 <= status < 400 or "transfer-encoding" in headers or encoded:
-                    raise Unsupported(f"HTTP {status}, {headers.get('transfer-encoding')}")
-                length = headers.get("content-length")
-                if length is None or not _number(length, 18):
-                    raise Unsupported("no Content-Length")
-                self.length = int(length)
-                if self.length > self.limit:  # never buffer what a hostile server announces
-                    raise AnswerTooLong(self.length)
+                self.length = _body_length(head, self.limit)
             if len(self.buf) >= self.length:
                 status, _, headers, closes = self.head
                 body = bytes(self.buf[: self.length])
@@ -185,7 +293,7 @@ class Http1Pool:
         # each thread's blocking connection (get_sync): this process's, shared by its stores
         self._sync = blocking_connections(host, port)
 
-    def get_sync(self, target: str, headers: dict[str, str], limit: int, timeout: float) -> _Answer:
+    def get_sync(self, target: str, headers: str, limit: int, timeout: float) -> _Answer:
         """:meth:`get` in the calling thread, on its own kept-alive blocking connection.
 
         One sample read by ``ds[i]`` then costs no hop into the event loop's thread and back
@@ -197,54 +305,32 @@ class Http1Pool:
             ConnectionResetError, TimeoutError: The connection failed, stalled or closed.
         """
         sync = self._sync
+        request = _request(target, self.host_header, headers)
         for attempt in (0, 1):
-            conn = getattr(sync.local, "conn", None)
+            conn: _SyncConn | None = getattr(sync.local, "conn", None)
             if conn is not None and _spoke(conn):  # closed, or bytes nobody asked for: never
                 self._drop(conn)  # read as the next answer
                 conn = None
             reused = conn is not None and attempt == 0
             if conn is None:
-                conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+                conn = _SyncConn(self.host, self.port, timeout)
                 sync.local.conn = conn
                 with sync.lock:
                     sync.conns.append(conn)
             try:
-                conn.request("GET", target, headers=headers)
-                resp = conn.getresponse()
-            except (ConnectionError, http.client.HTTPException) as exc:
+                answer, reusable = conn.exchange(request, limit)
+            except _Silent:
                 self._drop(conn)
                 if reused:  # closed by the server while idle: a new connection, once
                     continue
-                raise ConnectionResetError(errno.ECONNRESET, str(exc)) from None
+                raise
             except BaseException:
                 self._drop(conn)
                 raise
-            try:
-                return self._answer(conn, resp, limit)
-            except BaseException:
+            if not reusable:
                 self._drop(conn)
-                raise
+            return answer
         raise ConnectionResetError(errno.ECONNRESET, "no connection")  # not reached
-
-    def _answer(self, conn: Any, resp: Any, limit: int) -> _Answer:
-        status = resp.status
-        headers = {k.lower(): v for k, v in resp.getheaders()}
-        encoded = headers.get("content-encoding", "identity").lower() != "identity"
-        if 300 <= status < 400 or "transfer-encoding" in headers or encoded:
-            raise Unsupported(f"HTTP {status}, {headers.get('transfer-encoding')}")
-        length = headers.get("content-length")
-        if length is None or not _number(length, 18):
-            raise Unsupported("no Content-Length")
-        if int(length) > limit:
-            raise AnswerTooLong(int(length))
-        body = resp.read()
-        if len(body) != int(length):
-            raise ConnectionResetError(
-                errno.ECONNRESET, "connection closed before the answer ended"
-            )
-        if resp.will_close:
-            self._drop(conn)
-        return _Answer(status, headers, body)
 
     def _drop(self, conn: Any) -> None:
         conn.close()
@@ -272,10 +358,7 @@ class Http1Pool:
             Unsupported: The answer needs aiohttp (redirect, other framing).
             ConnectionResetError: The connection failed or closed mid-answer.
         """
-        request = (
-            f"GET {target} HTTP/1.1\r\nHost: {self.host_header}\r\n"
-            f"Accept-Encoding: identity\r\n{headers}\r\n"
-        ).encode("latin-1")
+        request = _request(target, self.host_header, headers)
         while self._idle:
             conn = self._idle.pop()
             if conn.transport is None or conn.transport.is_closing():
@@ -344,7 +427,7 @@ class _Blocking:
 
     def __init__(self) -> None:
         self.local = threading.local()
-        self.conns: list[http.client.HTTPConnection] = []
+        self.conns: list[_SyncConn] = []
         self.lock = threading.Lock()
 
 
@@ -435,7 +518,7 @@ class PlainTransport(Transport):
         if pool is None:
             return self._via_aiohttp(start, end, pin)
         conditions = self.http.conditions(pin)
-        headers = {"Range": f"bytes={start}-{end - 1}", **conditions}
+        headers = _headers(start, end, conditions)
         try:
             answer = pool.get_sync(self.target, headers, max(end - start, 1 << 16), self.timeout)
         except AnswerTooLong as e:
@@ -461,9 +544,7 @@ class PlainTransport(Transport):
         if pool is None:
             return await self.http.get(start, end, pin)
         conditions = self.http.conditions(pin)
-        headers = f"Range: bytes={start}-{end - 1}\r\n"
-        for name, value in conditions.items():
-            headers += f"{name}: {value}\r\n"
+        headers = _headers(start, end, conditions)
         try:  # an error page is small; a range answer is the range
             answer = await pool.get(self.target, headers, max(end - start, 1 << 16))
         except AnswerTooLong as e:
@@ -493,6 +574,14 @@ class PlainTransport(Transport):
             return Answer(answer.body, len(answer.body), etag, mtime, None, True)
         span, total = _span(got.get("content-range"))
         return Answer(answer.body, total, etag, mtime, span, False, got.get("content-range", ""))
+
+
+def _headers(start: int, end: int, conditions: dict[str, str]) -> str:
+    """A ranged GET's own header lines (CRLF-ended): ``Range`` and the pin's conditions."""
+    headers = f"Range: bytes={start}-{end - 1}\r\n"
+    for name, value in conditions.items():
+        headers += f"{name}: {value}\r\n"
+    return headers
 
 
 def plain_options(url: str, options: Any) -> bool:
