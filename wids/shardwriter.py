@@ -30,7 +30,7 @@ import logging
 import os
 import re
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .encode import Encoder
@@ -87,9 +87,14 @@ class ShardWriter:
             written, so a copy of the dataset with new timestamps (``cp -r``) reads without
             a rebuild and a same-size rewrite is still refused. It costs CPU (0.3-0.5 s per
             100 MB here, ``tools/bench_copies.py``); ``False`` skips it.
+        columns: Sample metadata columns to keep in the index, as ``wids index create
+            --column`` collects them (``"json:width"``, ``"size:.jpg"``, ``"has:.txt"``,
+            ``"NAME=json:a.b"``; ``docs/columns.md``), taken from each sample's encoded
+            members as it is written (shards kept by ``resume``/``start_shard`` are read).
 
     Raises:
         ValueError: A pattern without exactly one number field, or bad limits.
+        ColumnError: A malformed column spec, or ``columns`` without an index.
 
     Example:
         >>> with ShardWriter("out/train-%06d.tar", maxcount=1000) as sink:  # doctest: +SKIP
@@ -118,6 +123,7 @@ class ShardWriter:
         user: str = "",
         group: str = "",
         md5: bool = True,
+        columns: Sequence[str] | None = None,
     ) -> None:
         if len(_FORMAT.findall(pattern)) != 1 or pattern % 0 == pattern % 1:
             raise ValueError(f"pattern needs exactly one number field like %06d: {pattern!r}")
@@ -137,6 +143,8 @@ class ShardWriter:
         self.max_uploads = int(max_uploads)
         self.encoder = Encoder() if encoder is True else (encoder or None)
         self.md5 = bool(md5)
+        self._columns = _collector(columns, self.index)
+        self._extras: dict[str, Any] = {}  # a finished shard's columns, until it is indexed
         self._tar_options: dict[str, Any] = {
             "mtime": mtime,
             "mode": mode,
@@ -221,7 +229,8 @@ class ShardWriter:
         )
         for url, stat, members in shards:
             if self._keeper is not None:
-                self._keeper.add(url, stat, members, checkpoint=False)
+                extra = self._kept_columns(url, stat, members)
+                self._keeper.add(url, stat, members, checkpoint=False, extra=extra)
             if url == self.pattern % self.shard:  # resumed (else listed below start_shard)
                 self.written.append(url)
                 self.total += len(members)
@@ -266,7 +275,12 @@ class ShardWriter:
                 self._next_shard()
         if self._tar is None:  # an invariant, kept under python -O
             raise RuntimeError("internal error: no shard open")
+        row = (
+            None if self._columns is None else self._columns.row(*_fields(prepared), self._shown())
+        )
         payload = self._tar.emit(prepared)
+        if row is not None and self._columns is not None:
+            self._columns.append(prepared[0], row)
         self.count += 1
         self.total += 1
         self.size = self._tar.offset
@@ -291,6 +305,23 @@ class ShardWriter:
         self.count = 0
         self.size = 0
 
+    def _shown(self) -> str:
+        return _redact(self.fname or "")
+
+    def _kept_columns(self, url: str, stat: Any, members: Any) -> dict[str, Any] | None:
+        """The columns of a shard already there (read from its bytes), or ``None``."""
+        if self._columns is None:
+            return None
+        from .index.colcollect import shard_columns
+        from .index.columns import EXTRA_KEY, encode_columns
+
+        src = self.store.source(url, size=stat.size, etag=getattr(stat, "etag", None))
+        try:
+            cols = shard_columns(self._columns.specs, members, src, _redact(url))
+        finally:
+            src.close()
+        return {EXTRA_KEY: encode_columns(cols, len(members))}
+
     def _check_new(self, url: str) -> None:
         if self.overwrite or self.resume:  # resume: what is left after the whole shards
             return
@@ -309,6 +340,8 @@ class ShardWriter:
         if tar is None:
             return
         url = self.fname or ""
+        if self._columns is not None:
+            self._extras[url] = self._columns.take(_redact(url))
         if self._pool is None:
             self._publish_local(url, tar)
             return
@@ -328,7 +361,8 @@ class ShardWriter:
             tar.finish()
             stat = tar.temp_stat()  # what the file will have once renamed into place
             synced = self._syncer.submit(tar.sync)
-            self._keeper.add(url, stat, tar.members(), checkpoint=False)  # sidecar, not listed
+            extra = self._extras.pop(url, None)
+            self._keeper.add(url, stat, tar.members(), checkpoint=False, extra=extra)  # sidecar
             synced.result()
             tar.close()
             if (tar.stat.size, tar.stat.mtime) != (stat.size, stat.mtime):
@@ -352,7 +386,7 @@ class ShardWriter:
     def _published(self, url: str, tar: TarWriter) -> None:
         self.written.append(url)
         if self._keeper is not None:
-            self._keeper.add(url, tar.stat, tar.members())
+            self._keeper.add(url, tar.stat, tar.members(), extra=self._extras.pop(url, None))
         if callable(self.post):
             self.post(url)
 
@@ -434,6 +468,23 @@ class _NullSink:
 
     def flush(self) -> None:
         pass
+
+
+def _collector(columns: Sequence[str] | None, index: str | None) -> Any:
+    """The column collector of ``columns=`` (``None`` without columns)."""
+    if not columns:
+        return None
+    from .errors import ColumnError
+    from .index.colcollect import RowCollector
+
+    if index is None:
+        raise ColumnError("columns are kept in the index: give index= (not None/False)")
+    return RowCollector(columns)
+
+
+def _fields(prepared: Any) -> tuple[str, dict[str, Any]]:
+    """``(key, {field: bytes})`` of a prepared sample."""
+    return prepared[0], {field: data for field, _, data in prepared[1]}
 
 
 def _redact(url: str) -> str:

@@ -78,12 +78,20 @@ class IndexKeeper:
         self.bytes = 0
         self._json: Any = None
         self._uploaded: set[str] = set()
-        self._pending: list[tuple[ShardInfo, ShardMembers]] = []
+        self._pending: list[tuple[ShardInfo, ShardMembers, Mapping[str, Any] | None]] = []
         self._since = 0  # shard bytes added since the last SQLite checkpoint
         self._checkpoint_size = 0
         self._closed = False
 
-    def add(self, url: str, stat: Any, members: ShardMembers, *, checkpoint: bool = True) -> None:
+    def add(
+        self,
+        url: str,
+        stat: Any,
+        members: ShardMembers,
+        *,
+        checkpoint: bool = True,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
         """Record a published shard (``stat``: its :class:`~wids.storage.stats.FileStat`).
 
         Args:
@@ -92,6 +100,7 @@ class IndexKeeper:
             members: Its member table.
             checkpoint: Publish the index now (:meth:`checkpoint`); a caller that adds a shard
                 before it is renamed into place checkpoints after the rename instead.
+            extra: More keys kept with the shard (its metadata columns).
         """
         from .storage import stored_url
 
@@ -107,14 +116,14 @@ class IndexKeeper:
         self.samples += len(members)
         self.bytes += stat.size
         if self.sqlite:
-            self._pending.append((info, members))
+            self._pending.append((info, members, extra))
             self._since += stat.size
         else:
             if self._json is None:
                 from .index import JsonIndexWriter
 
                 self._json = JsonIndexWriter(self.path, name=self.name)
-            self._json.add(info, members)  # writes the shard's sidecar
+            self._json.add(info, members, extra)  # writes the shard's sidecar
         if checkpoint:
             self.checkpoint(force=False)
 
@@ -180,9 +189,9 @@ class IndexKeeper:
             if old is not None:
                 for i, info in enumerate(iter_shards(old)):  # one record at a time
                     stored = _stored_copy(info, self.out_dir)
-                    writer.add(stored, old.members(i))
-            for info, members in self._pending:
-                writer.add(info, members)
+                    writer.add(stored, old.members(i), old.shard_extra(i) or None)
+            for info, members, extra in self._pending:
+                writer.add(info, members, extra)
             writer.set_report(self._report())
         except BaseException:
             writer.abort()

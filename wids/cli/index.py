@@ -35,7 +35,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "  wids index create data/train-{000000..000031}.tar -o data/train.json\n"
         "  wids index create s3://bucket/train-{000000..000999}.tar -o train.sqlite -j 32\n"
         "  wids index create @shards.txt -o train.json --skip-bad\n"
-        "  wids index create s3://bucket/train-{000000..000999}.tar -o s3://bucket/train.json\n",
+        "  wids index create s3://bucket/train-{000000..000999}.tar -o s3://bucket/train.json\n"
+        "  wids index create data/*.tar -o train.json --column json:width --column size:.jpg\n",
     )
     c.add_argument("shards", nargs="+", help="paths/URLs, brace patterns, or @listfile")
     c.add_argument(
@@ -61,6 +62,15 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "new timestamps, cp -r, from a rewrite; it reads every byte, the scan only headers)",
     )
     c.add_argument("--name", help="dataset name stored in the index")
+    c.add_argument(
+        "--column",
+        action="append",
+        metavar="SPEC",
+        help="collect a per-sample metadata column into the index (repeatable; a local index): "
+        "json:KEY (a number, bool or string of the sample's .json; KEY may be a.b), size:.EXT "
+        "(the member's size), has:.EXT (whether it has one); NAME=SPEC names it (default: KEY "
+        "with dots as _, size_EXT, has_EXT). See ds.column, ds.where, wids subset --where",
+    )
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     dask_flag(c)
     storage_flag(c)
@@ -71,7 +81,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="shards, samples, bytes and fields of an index",
         formatter_class=fmt,
         epilog="examples:\n  wids index info data/train.json\n"
-        "  wids index info train.widx --shard 5 --json\n",
+        "  wids index info train.widx --shard 5 --json\n"
+        "  wids index info train.json --columns\n",
     )
     i.add_argument("index")
     i.add_argument("--json", action="store_true", help="machine-readable output")
@@ -80,6 +91,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="count the fields of every shard's member table (default: of every shard up to "
         "1000 shards, else of the first and last 5)",
+    )
+    i.add_argument(
+        "--columns",
+        action="store_true",
+        help="summarise each metadata column: type, values, missing, min/max and a histogram "
+        "(reads every shard's entry)",
     )
     i.add_argument(
         "--shard",
@@ -161,6 +178,7 @@ def _create(args: argparse.Namespace, executor: Any) -> Any:
         progress=not args.quiet and sys.stderr.isatty(),
         executor=executor,
         md5=args.md5,
+        columns=args.column,
     )
 
 
@@ -176,6 +194,10 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
     try:
         info: dict[str, Any] = {"index": redact_url(args.index)}
         info.update(index_summary(idx, all_shards=args.all, detail=args.shard or ()))
+        if args.columns:
+            from ..index.colsummary import column_summaries
+
+            info["columns"] = column_summaries(idx)
     except IndexError as e:
         raise SystemExit(f"wids index info: {e}") from None
     finally:
@@ -202,6 +224,13 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
         print(f"  {missing} shard(s) have no member offsets (reference index): scanned on use")
     elif missing is None:
         print("  shards without member offsets: not counted (--all reads every table)")
+    if args.columns:
+        from ..index.colsummary import render
+
+        if not info["columns"]:
+            print("  no metadata columns (wids index create --column)")
+        for line in render(info["columns"]):
+            print(escape_controls(line))
     return 0
 
 

@@ -34,6 +34,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         epilog="examples:\n"
         "  wids subset s3://bucket/train.json --shards 0:4 --to ~/data/train-small\n"
         "  wids subset https://host/train.json --samples 5000 --to small/\n"
+        "  wids subset train.json --shards : --where 'width >= 256' --to big/\n"
         "then: ShardListDataset('small/train.json')  # no network needed\n",
     )
     p.add_argument("index", help="path/URL of the dataset's index or description")
@@ -64,6 +65,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--exclude-samples",
         metavar="FILE",
         help="as --exclude, with global sample numbers of the source (one integer per line)",
+    )
+    p.add_argument(
+        "--where",
+        metavar="EXPR",
+        help="keep only the samples for which EXPR holds over the index's metadata columns "
+        '(e.g. "width >= 256 and height >= 256"; wids index create --column): the others are '
+        "excluded as --exclude excludes (added to it), no shard rewritten",
     )
     p.add_argument(
         "--exclude-strict",
@@ -128,4 +136,5 @@ def _subset(args: argparse.Namespace, executor: Any, make_subset: Any) -> Any:
         executor=executor,
         exclude=_exclusions(args),
         exclude_strict=args.exclude_strict,
+        where=args.where,
     )

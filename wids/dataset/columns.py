@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ColumnError, IndexFormatError
 from ..index.columns import ShardColumn, decode_columns, merge_type
 
-__all__ = ["Column", "dataset_column", "raw_column", "where_excluded"]
+__all__ = ["Column", "dataset_column", "raw_column", "where_excluded", "where_in_index"]
 
 
 class Column:
@@ -163,3 +163,38 @@ def where_excluded(loaded: Any, excluded: np.ndarray | None, expr: str) -> np.nd
     if excluded is not None and len(excluded):
         out = np.union1d(out, excluded).astype(np.int64)
     return out
+
+
+class _Shards:
+    """Some shards of an opened index, as :func:`raw_column` reads a description."""
+
+    def __init__(self, reader: Any, shards: Sequence[int], counts: np.ndarray) -> None:
+        from ..index import shard_getter
+
+        get = shard_getter(reader)
+        self.lengths = np.asarray([int(counts[k]) for k in shards], dtype=np.int64)
+        self.infos = [get(k) for k in shards]
+        self.extra = lambda j: reader.shard_extra(shards[j])
+
+
+def where_in_index(reader: Any, shards: Sequence[int], expr: str) -> np.ndarray:
+    """The global sample numbers of ``shards`` (of an opened index) that ``expr`` leaves out.
+
+    Raises:
+        ColumnError: The expression is malformed, or names a column the index lacks.
+    """
+    from ..index import shard_sample_counts
+
+    counts = np.asarray(shard_sample_counts(reader), dtype=np.int64)
+    starts = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    part = _Shards(reader, shards, counts)
+    local = where_excluded(part, None, expr)
+    if not len(shards):
+        return local
+    # numbers within the concatenation of ``shards`` -> the index's global numbers
+    bounds = np.cumsum(part.lengths)
+    j = np.searchsorted(bounds, local, side="right")
+    first = bounds - part.lengths
+    chosen = np.asarray(shards, dtype=np.int64)
+    return np.sort(starts[chosen[j]] + (local - first[j])).astype(np.int64)

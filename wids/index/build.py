@@ -155,6 +155,7 @@ def build_index(
     progress: bool | Callable[[int, int], None] = False,
     executor: cf.Executor | None = None,
     md5: bool = True,
+    columns: Sequence[str] | None = None,
 ) -> BuildReport:
     """Scan shards and write a member-offset index (JSON or SQLite, by ``output``'s suffix).
 
@@ -185,6 +186,10 @@ def build_index(
             does), so a copy with new timestamps (``cp -r``) is told from a rewrite of the
             same size; it reads every byte, where the scan reads only headers. ``False``
             skips it. Remote shards record their store's MD5 when it gives one (GCS).
+        columns: Sample metadata columns to collect into the index (``"json:width"``,
+            ``"size:.jpg"``, ``"has:.txt"``, ``"NAME=json:a.b"``; ``docs/columns.md``), after
+            the scan, for every shard (also the ones an incremental build kept). A local
+            ``output`` only.
 
     Returns:
         What was done.
@@ -208,6 +213,7 @@ def build_index(
     if not urls:
         raise ValueError("no shards given")
     check_output(output, urls, store)
+    specs = _column_specs(columns, output)
     placed: set[str] = set()  # sidecars written at their remote place by the jobs
     # Locked: two builders of one index would each publish, and delete the other's sidecars.
     with index_destination(output, store, placed) as path:
@@ -219,8 +225,25 @@ def build_index(
             _Options(jobs, skip_bad, duplicates, incremental, name, progress, executor, md5),
             placed,
         )
+        if specs:
+            from .colcollect import add_columns
+
+            add_columns(path, specs, storage_options=store)
     report.seconds = time.monotonic() - t0
     return report
+
+
+def _column_specs(columns: Sequence[str] | None, output: str) -> list[Any]:
+    """The checked column specs, before anything is scanned (a local ``output`` only)."""
+    if not columns:
+        return []
+    from ..errors import ColumnError
+    from ..storage import is_remote
+    from .columns import parse_specs
+
+    if is_remote(output):
+        raise ColumnError(f"{redact_url(output)}: columns are collected into a local index")
+    return parse_specs(columns)
 
 
 @dataclass(frozen=True)

@@ -149,23 +149,30 @@ class RowCollector:
         self._rows: list[list[Any]] = [[] for _ in self.specs]
         self._keys: list[str] = []
 
-    def add(self, key: str, fields: Mapping[str, bytes], where: str) -> None:
-        """Record one sample: its key and its members (field with its dot -> bytes).
+    def row(self, key: str, fields: Mapping[str, Any], where: str) -> list[Any]:
+        """One sample's values from its members (field with its dot -> bytes), not yet kept.
 
         Raises:
             ColumnError: The sample's ``.json`` member is unusable for a ``json:`` column.
         """
         doc = fields.get(".json")
-        for spec, row in zip(self.specs, self._rows, strict=True):
+        out: list[Any] = []
+        for spec in self.specs:
             if spec.source == "has":
-                row.append(spec.arg in fields)
+                out.append(spec.arg in fields)
             elif spec.source == "size":
                 data = fields.get(spec.arg)
-                row.append(None if data is None else len(data))
+                out.append(None if data is None else len(data))
             else:
-                row.append(
+                out.append(
                     None if doc is None else json_value(doc, spec.arg, f"{where}: sample {key!r}")
                 )
+        return out
+
+    def append(self, key: str, row: Sequence[Any]) -> None:
+        """Keep one sample's values (once it is written)."""
+        for values, v in zip(self._rows, row, strict=True):
+            values.append(v)
         self._keys.append(key)
 
     def take(self, where: str) -> dict[str, Any] | None:
@@ -186,7 +193,7 @@ def add_columns(
     index: str | os.PathLike[str],
     columns: Sequence[str | ColumnSpec],
     *,
-    storage_options: Mapping[str, Any] | None = None,
+    storage_options: Any = None,
 ) -> int:
     """Collect columns for every shard of a local index and write them into it.
 
@@ -197,7 +204,7 @@ def add_columns(
     Args:
         index: A local index (JSON, SQLite, shard table) with member tables.
         columns: Column specs (``"json:width"``, ``"size:.jpg"``, ``"w=json:meta.width"``).
-        storage_options: fsspec options for remote shards.
+        storage_options: fsspec options for remote shards (or a ``Store``).
 
     Returns:
         The number of shards.
@@ -241,41 +248,84 @@ def _rewrite(
     stored_url: Any,
     iter_shards: Any,
 ) -> None:
-    from ..storage import redact_url
-    from .model import ShardInfo
+    """Copy ``reader`` into ``writer`` with each shard's columns collected (a few at once)."""
+    import collections
+    import concurrent.futures as cf
 
     comps = reader.components
-    stops = {c.first_shard: c for c in comps}
-    for i, info in enumerate(iter_shards(reader)):
-        comp = stops.get(i)
-        if comp is not None and not (
-            i == 0 and comp.name == (reader.name or "") and comp.weight is None
-        ):
-            writer.start_component(comp.name, comp.weight)
-        members = reader.members(i)
-        where = redact_url(info.url)
-        if members is None:
-            raise ColumnError(f"{where}: no member table in the index (rebuild it with wids)")
-        src = store.source(info.url, size=info.size, etag=info.etag)
+    firsts = {c.first_shard: c for c in comps}
+    window: collections.deque[tuple[int, Any, ShardMembers, cf.Future[Any]]] = collections.deque()
+    with cf.ThreadPoolExecutor(_THREADS, thread_name_prefix="wids-columns") as pool:
         try:
-            cols = shard_columns(specs, members, src, where)
+            for i, info in enumerate(iter_shards(reader)):
+                members = reader.members(i)
+                if members is None:
+                    raise ColumnError(
+                        f"{_where(info)}: no member table in the index (rebuild it with wids)"
+                    )
+                window.append(
+                    (i, info, members, pool.submit(_collect, specs, members, info, store))
+                )
+                if len(window) >= 2 * _THREADS:
+                    _put(reader, writer, firsts, out_dir, stored_url, *window.popleft())
+            while window:
+                _put(reader, writer, firsts, out_dir, stored_url, *window.popleft())
         finally:
-            src.close()
-        extra = dict(reader.shard_extra(i))
-        old = extra.get(EXTRA_KEY)
-        if old is not None:
-            from .columns import decode_columns
-
-            kept = decode_columns(extra, len(members), where)
-            cols = {**{k: v for k, v in kept.items() if k not in cols}, **cols}
-        extra[EXTRA_KEY] = encode_columns(cols, len(members))
-        stored = ShardInfo(
-            stored_url(info.url, out_dir),
-            info.nsamples,
-            info.size,
-            info.etag,
-            info.mtime,
-            info.md5sum,
-        )
-        writer.add(stored, members, extra)
+            for *_, fut in window:
+                fut.cancel()
     writer.set_report(reader.report)
+
+
+_THREADS = 8  # shards whose .json members are read at once (remote shards: latency-bound)
+
+
+def _where(info: Any) -> str:
+    from ..storage import redact_url
+
+    return str(redact_url(info.url))
+
+
+def _collect(
+    specs: Sequence[ColumnSpec], members: ShardMembers, info: Any, store: Any
+) -> dict[str, ShardColumn]:
+    src = store.source(info.url, size=info.size, etag=info.etag)
+    try:
+        return shard_columns(specs, members, src, _where(info))
+    finally:
+        src.close()
+
+
+def _put(
+    reader: Any,
+    writer: Any,
+    firsts: Mapping[int, Any],
+    out_dir: str,
+    stored_url: Any,
+    i: int,
+    info: Any,
+    members: ShardMembers,
+    fut: Any,
+) -> None:
+    from .columns import decode_columns
+    from .model import ShardInfo
+
+    comp = firsts.get(i)
+    if comp is not None and not (
+        i == 0 and comp.name == (reader.name or "") and comp.weight is None
+    ):
+        writer.start_component(comp.name, comp.weight)
+    cols = fut.result()
+    extra = dict(reader.shard_extra(i))
+    if extra.get(EXTRA_KEY) is not None:  # columns of other names are kept
+        kept = decode_columns(extra, len(members), _where(info))
+        cols = {**{k: v for k, v in kept.items() if k not in cols}, **cols}
+    extra[EXTRA_KEY] = encode_columns(cols, len(members))
+    stored = ShardInfo(
+        stored_url(info.url, out_dir),
+        info.nsamples,
+        info.size,
+        info.etag,
+        info.mtime,
+        info.md5sum,
+    )
+    writer.add(stored, members, extra)

@@ -394,7 +394,7 @@ def _decode_one(entry: Any, n: int, bad: Any, name: str) -> ShardColumn:
     return ShardColumn(kind, values, missing)
 
 
-def json_value(data: bytes, path: str, where: str) -> Any:
+def json_value(data: bytes | bytearray | memoryview, path: str, where: str) -> Any:
     """The value at ``path`` (dotted keys) in a ``.json`` member's bytes; ``None`` if absent.
 
     Raises:
@@ -403,6 +403,8 @@ def json_value(data: bytes, path: str, where: str) -> Any:
     """
     if len(data) > MAX_JSON_BYTES:
         raise ColumnError(f"{where}: .json member of {len(data)} bytes, over {MAX_JSON_BYTES}")
+    if not isinstance(data, (bytes, bytearray)):
+        data = bytes(data)  # a memoryview (a writer's encoded member)
     try:
         doc = json.loads(data)
     except (ValueError, RecursionError) as e:

@@ -156,6 +156,7 @@ def make_subset(
     executor: Executor | None = None,
     exclude: Any = None,
     exclude_strict: bool = False,
+    where: str | None = None,
 ) -> SubsetReport:
     """Copy some shards of ``index`` into directory ``to`` and write a matching index there.
 
@@ -192,6 +193,9 @@ def make_subset(
             chosen shards only; entries naming no sample of the subset are ignored with a
             warning (refused with ``exclude_strict``).
         exclude_strict: Refuse entries that name no sample of the subset.
+        where: A filter over the index's metadata columns (``"width >= 256"``,
+            ``docs/columns.md``): the chosen shards' samples it does not hold for are
+            excluded as ``exclude`` excludes (added to it).
 
     Returns:
         What was done; ``index`` is the index written into ``to``, in the source's format
@@ -223,6 +227,8 @@ def make_subset(
         sidecar = plan.index + ".exclude"
         if os.path.lexists(sidecar) and not force:
             raise OutputExistsError(f"{sidecar} exists (pass force to replace it)")
+        if where is not None:
+            exclude = _with_where(idx, chosen, where, exclude, exclude_strict)
         lines = _excluded_lines(idx, chosen, names, tables, exclude, exclude_strict)
         run = Run(force)
         try:
@@ -252,6 +258,21 @@ def make_subset(
         seconds=time.monotonic() - t0,
         excluded=len(lines),
     )
+
+
+def _with_where(idx: IndexReader, chosen: list[int], where: str, exclude: Any, strict: bool) -> Any:
+    """``exclude`` and the samples of the chosen shards ``where`` leaves out."""
+    import dataclasses
+
+    from ..dataset import parse_exclude
+    from ..dataset.columns import where_in_index
+
+    numbers = where_in_index(idx, chosen, where)
+    spec = parse_exclude(exclude, strict=strict)
+    if spec is None:
+        return numbers
+    merged = np.union1d(spec.samples, numbers).astype(np.int64)
+    return dataclasses.replace(spec, samples=merged)
 
 
 def _excluded_lines(
@@ -344,7 +365,7 @@ def _write_index(
                 local = ShardInfo(
                     names[j], info.nsamples, size=st.st_size, mtime=st.st_mtime, md5sum=info.md5sum
                 )
-                writer.add(local, tables[j])
+                writer.add(local, tables[j], idx.shard_extra(chosen[j]) or None)  # columns
     staged: str = getattr(writer, "members_dir", "")  # a JSON index's sidecars
     written = sorted(os.listdir(staged)) if staged and os.path.isdir(staged) else []
     if written:
