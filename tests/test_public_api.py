@@ -46,6 +46,7 @@ EXPECTED = [
     "RetryPolicy",
     "SampleLayoutError",
     "SampleTooLargeError",
+    "SamplerStateError",
     "SamplerWrappedError",
     "ShardCache",
     "ShardInfo",

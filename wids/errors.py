@@ -36,6 +36,7 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     ├── EncodeError(ValueError)               a field's value cannot be encoded by its extension
     ├── DecodeError(ValueError)               a field could not be decoded
     │   └── UnsafeDecodeError                 decoding would unpickle; not enabled
+    ├── SamplerStateError(ValueError)         a sampler state from other data or other settings
     └── SamplerWrappedError(RuntimeError)     a framework re-split a per-rank sampler's indices
 
 Errors that concern one shard carry its URL (with credentials removed) in ``.shard``.
@@ -72,6 +73,7 @@ __all__ = [
     "RetriesExhaustedError",
     "SampleLayoutError",
     "SampleTooLargeError",
+    "SamplerStateError",
     "SamplerWrappedError",
     "ShardNotFoundError",
     "ShortReadError",
@@ -360,6 +362,16 @@ class DecodeError(WidsError, ValueError):
 
 class UnsafeDecodeError(DecodeError):
     """Decoding the field would unpickle data (which can run code), and that is not enabled."""
+
+
+class SamplerStateError(WidsError, ValueError):
+    """A sampler state cannot be loaded into this sampler.
+
+    Raised by ``load_state_dict`` for something that is not a sampler state, a state saved
+    over other data (other shard lengths or range), or with settings that give another order
+    (chunking, shuffling, partition, ``drop_last``, mixing); the message names the setting.
+    A state saved on another number of ranks is not an error: it resumes elastically.
+    """
 
 
 class SamplerWrappedError(WidsError, RuntimeError):

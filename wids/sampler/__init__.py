@@ -12,7 +12,7 @@ Every sampler here turns a dataset's shard lengths into one order of sample indi
   ``set_epoch`` call, which sets the epoch of the next pass (``auto_epoch=False``: never
   advance); every rank makes the same passes, so every rank has the same epoch;
 - ``len(sampler)`` is exact and the same on every rank; ``state_dict()`` /
-  ``load_state_dict()`` resume in the middle of an epoch.
+  ``load_state_dict()`` resume in the middle of an epoch, also on another number of ranks.
 
 ``DistributedChunkedSampler`` partitions the range over ranks: by default each rank keeps the
 same contiguous block every epoch (``partition="block"``, good for shard caches), or the
@@ -50,10 +50,11 @@ with :class:`~wids.errors.SamplerWrappedError` (:mod:`.resplit`).
 The package's modules: :mod:`.chunks` (chunk sequences as int64 arrays, shuffles with a lazy
 permutation, wrapped slices, mixing quotas), :mod:`.picks` (mixing's remainder chunks),
 :mod:`.skip` (entering a long epoch at a rank's slice), :mod:`.workers` (the order that gives
-each DataLoader worker its own chunks), :mod:`.chunked` (:class:`ChunkedSampler`, its epochs
-and resumable state), :mod:`.distributed` (:class:`DistributedChunkedSampler`, the world from
-``torch.distributed``), :mod:`.resplit` (frameworks that would split a rank's share again) and
-:mod:`.sharded` (:class:`ShardedSampler`).
+each DataLoader worker its own chunks), :mod:`.elastic` (the rest of an epoch resumed on another
+world size: what the old ranks consumed, what each new rank reads), :mod:`.chunked`
+(:class:`ChunkedSampler`, its epochs and resumable state), :mod:`.distributed`
+(:class:`DistributedChunkedSampler`, the world from ``torch.distributed``), :mod:`.resplit`
+(frameworks that would split a rank's share again) and :mod:`.sharded` (:class:`ShardedSampler`).
 """
 
 from __future__ import annotations

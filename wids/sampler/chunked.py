@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import operator
@@ -9,6 +10,7 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
+from ..errors import SamplerStateError
 from ..plan import planned_order
 from .chunks import (
     _BIG,
@@ -23,6 +25,7 @@ from .chunks import (
     _shuffled_pieces,
     _slice,
 )
+from .elastic import _Resumed, read_stages
 from .picks import _picked
 from .skip import _keyed_pieces
 from .workers import _interleave
@@ -32,6 +35,7 @@ __all__ = ["ChunkedSampler"]
 _EPOCH_STRIDE = 1289738273  # the reference's per-epoch seed stride; orders depend on it
 _STATE_FORMAT = "wids-sampler-state"
 _STATE_VERSION = 1
+_STAGES_VERSION = 2  # a state inside an epoch resumed on another world size
 # state fields that must match for a saved position to mean the same samples
 _STATE_CHECKED = (
     "num_replicas",
@@ -46,6 +50,8 @@ _STATE_CHECKED = (
     "num_workers",
     "batch_size",
 )
+# what must match for a state of another world size: the data and the order's settings
+_DATA_CHECKED = ("span", "chunks", "partition", "drop_last", "shuffle", "shufflefirst", "mix")
 
 Chunking = Literal["shard", "fixed"]
 Partition = Literal["block", "global"]
@@ -213,20 +219,40 @@ class ChunkedSampler:
         replicas = self.num_replicas
         self._length = n // replicas if self.drop_last else -(-n // replicas)
         self._components = self._read_components(dataset) if mix else []
-        self.ranges: Sequence[Range]
-        if self.partition == "block":
-            start = self.rank * self._length
-            segments = _cyclic_segments(lo, hi, start, self._length) if n else []
-            self.ranges = _Chunks((self._chunk(a, b), 1) for a, b in segments)
-        elif mix:
-            self.ranges = _Chunks((self._chunk(a, b), 1) for a, b, _ in self._components)
-        else:
-            self.ranges = self._chunk(lo, hi)
+        self.ranges: Sequence[Range] = self._rank_ranges()
         self._position = 0  # indices handed out by the current iterator
         self._resume = 0  # indices to skip at the start of the next iterator
+        # an epoch resumed on another world size: its stages, loaded (for the next iterator)
+        # and in the current iterator (None: a plain epoch)
+        self._pending: _Resumed | None = None
+        self._resumed: _Resumed | None = None
         # read, never configured: the dataset learns the plan from the indices handed out
         reads_plans = getattr(dataset, "_reads_plans", None)
         self._reader = dataset if callable(reads_plans) else None
+
+    def _rank_ranges(self) -> Sequence[Range]:
+        """The chunks this rank's order is made of (block: its own; else the whole range's)."""
+        lo, hi = self.span
+        if self.partition == "block":
+            start = self.rank * self._length
+            segments = _cyclic_segments(lo, hi, start, self._length) if hi > lo else []
+            return _Chunks((self._chunk(a, b), 1) for a, b in segments)
+        if self.mix:
+            return _Chunks((self._chunk(a, b), 1) for a, b, _ in self._components)
+        return self._chunk(lo, hi)
+
+    def _replica(
+        self, replicas: int, rank: int, epoch: int, seed: int, num_workers: int, batch_size: int
+    ) -> ChunkedSampler:
+        """A copy that computes the order of ``rank`` of ``replicas`` in ``epoch`` (no plans)."""
+        other = copy.copy(self)
+        other.num_replicas, other.rank, other.epoch, other.seed = replicas, rank, epoch, seed
+        other.num_workers, other.batch_size = num_workers, batch_size
+        n = self.span[1] - self.span[0]
+        other._length = n // replicas if self.drop_last else -(-n // replicas)
+        other.ranges = other._rank_ranges()
+        other._reader, other._pending, other._resumed = None, None, None
+        return other
 
     def _chunk(self, lo: int, hi: int) -> _Runs:
         return _chunks(lo, hi, self._cuts, self.chunksize)
@@ -268,7 +294,7 @@ class ChunkedSampler:
         """
         epoch = operator.index(epoch)
         if epoch != self.epoch:
-            self._resume = 0
+            self._resume, self._pending = 0, None
         self.epoch = epoch
 
     def _pieces(self) -> Iterator[list[int]]:
@@ -310,8 +336,13 @@ class ChunkedSampler:
 
     def __iter__(self) -> Iterator[int]:
         start, self._resume = self._resume, 0
+        self._resumed, self._pending = self._pending, None
         self._position = start
-        order: Iterator[int] = itertools.islice(self._indices(), start, None)
+        order: Iterator[int]
+        if self._resumed is not None:  # the rest of an epoch begun on another world size
+            order = self._resumed.order(self.rank, start)
+        else:
+            order = itertools.islice(self._indices(), start, None)
         reader = self._reader
         if reader is not None and reader._reads_plans():
             order = planned_order(order, start)  # each index carries what follows it
@@ -321,6 +352,8 @@ class ChunkedSampler:
         for index in order:
             self._position += 1
             yield index
+        if self._resumed is not None:  # that epoch is complete: its stages are done with
+            self._resumed, self._position = None, self._length
         if self.auto_epoch is not False:
             self.epoch += 1
             self._position = 0
@@ -332,16 +365,21 @@ class ChunkedSampler:
             position: How many of this epoch's indices were consumed on this rank. Defaults to
                 how many the sampler has handed out, which under a DataLoader with workers runs
                 ahead of the training loop by the prefetched batches: pass
-                ``steps * batch_size`` to resume at the step the loop reached.
+                ``steps * batch_size`` to resume at the step the loop reached (in an epoch
+                resumed on another world size, the steps since that resume).
 
         Returns:
             A dict of plain values (JSON- and ``torch.save``-friendly). Every rank in lockstep
-            holds the same state, so saving rank 0's and loading it everywhere is fine.
+            holds the same state, so saving rank 0's and loading it everywhere is fine, also
+            on another number of ranks (docs/elastic-resume.md). In an epoch resumed on
+            another world size it also lists the epoch's ``stages`` (and has version 2).
         """
+        resumed = self._pending or self._resumed
+        limit = self._length if resumed is None else resumed.stage.length
         pos = self._position if position is None else operator.index(position)
-        if not 0 <= pos <= self._length:
-            raise ValueError(f"position must be in [0, {self._length}], got {pos}")
-        return {
+        if not 0 <= pos <= limit:
+            raise ValueError(f"position must be in [0, {limit}], got {pos}")
+        state = {
             "format": _STATE_FORMAT,
             "version": _STATE_VERSION,
             "epoch": self.epoch,
@@ -349,6 +387,10 @@ class ChunkedSampler:
             "position": pos,
             **self._settings(),
         }
+        if resumed is not None:
+            stages = resumed.at(pos).stages
+            state.update(version=_STAGES_VERSION, stages=[s.to_dict() for s in stages])
+        return state
 
     def _settings(self) -> dict[str, Any]:
         return {
@@ -373,32 +415,47 @@ class ChunkedSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore epoch, seed and position: the next iteration yields the rest of that epoch.
 
+        A state saved on another number of ranks (``num_replicas``) is resumed elastically:
+        the indices no rank had consumed are split anew over this sampler's ranks
+        (docs/elastic-resume.md). The state's seed replaces the sampler's.
+
         Raises:
-            ValueError: If the state is not a sampler state, or was saved with settings that
-                give a different order, in particular a different number of replicas
-                (resuming on another world size is not supported).
+            SamplerStateError: (a ``ValueError``) If the state is not a sampler state, or was
+                saved over other data (shard lengths, range) or with settings that give a
+                different order.
         """
-        if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
-            raise ValueError(f"not a {_STATE_FORMAT} version {_STATE_VERSION} dict")
-        mine = self._settings()
-        theirs = {key: state.get(key) for key in _STATE_CHECKED}
-        if theirs["num_replicas"] != mine["num_replicas"]:
-            raise ValueError(
-                f"sampler state was saved with num_replicas={theirs['num_replicas']}, this "
-                f"sampler has num_replicas={mine['num_replicas']}; resuming on a different "
-                "world size is not supported (start the epoch over instead)"
+        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+            raise SamplerStateError(f"not a {_STATE_FORMAT} dict")
+        version = state.get("version")
+        if version not in (_STATE_VERSION, _STAGES_VERSION):
+            raise SamplerStateError(
+                f"{_STATE_FORMAT} version {version!r} is not one this wids reads "
+                f"({_STATE_VERSION}, {_STAGES_VERSION})"
             )
-        for key in _STATE_CHECKED:
-            if theirs[key] != mine[key]:
-                raise ValueError(
-                    f"sampler state was saved with {key}={theirs[key]!r}, "
+        mine = self._settings()
+        plain = "stages" not in state and state.get("num_replicas") == self.num_replicas
+        for key in _STATE_CHECKED if plain else _DATA_CHECKED:
+            if state.get(key) != mine[key]:
+                raise SamplerStateError(
+                    f"sampler state was saved with {key}={state.get(key)!r}, "
                     f"this sampler has {key}={mine[key]!r}"
+                    + (" (other data)" if key in ("span", "chunks") else "")
                 )
-        position = operator.index(state["position"])
-        if not 0 <= position <= self._length:
-            raise ValueError(f"position must be in [0, {self._length}], got {position}")
-        self.epoch, self.seed = operator.index(state["epoch"]), operator.index(state["seed"])
-        self._resume = self._position = position
+        try:
+            epoch, seed = operator.index(state["epoch"]), operator.index(state["seed"])
+        except (KeyError, TypeError) as e:
+            raise SamplerStateError(f"sampler state: no valid epoch and seed ({e})") from e
+        stages = read_stages(state)
+        if plain:
+            resumed = None  # on the same world size: the same order, from the position
+        elif stages[-1].replicas == self.num_replicas:  # a resumed stage, resumed again
+            resumed = _Resumed(self, epoch, seed, stages[:-1], stages[-1])
+        else:
+            resumed = _Resumed(self, epoch, seed, stages)
+        self.epoch, self.seed = epoch, seed
+        self._pending = resumed
+        last = stages[-1] if resumed is None else resumed.stage
+        self._resume = self._position = last.position
 
     def __repr__(self) -> str:
         return (

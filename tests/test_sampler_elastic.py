@@ -1,0 +1,191 @@
+"""Resuming an epoch on another world size (wids/sampler/elastic.py), rank by rank in one process.
+
+The real-process runs (torchrun, DataLoader workers, StatefulDataLoader) are in
+tests/test_distributed.py and tests/test_frameworks_stateful.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from wids import ChunkedSampler, DistributedChunkedSampler, SamplerStateError
+
+LENGTHS = [13, 20, 7, 25, 16, 22]  # 103 samples: uneven shards, odd total
+SETTINGS = [
+    {},
+    {"partition": "global"},
+    {"drop_last": True},
+    {"partition": "global", "drop_last": True},
+    {"num_workers": 2, "batch_size": 3},
+    {"partition": "global", "num_workers": 2, "batch_size": 3},
+]
+# (ranks, indices each rank consumes), stage after stage; the last stage reads to the end
+CHAINS = [
+    [(2, 6), (3, None)],
+    [(4, 5), (2, None)],
+    [(2, 10), (3, 4), (1, 3), (5, None)],
+    [(3, 0), (2, None)],
+    [(2, 51), (3, None)],  # the old ranks had read everything (the padding copy or not)
+]
+
+
+class Shards:
+    """Shard lengths without samples: what the samplers read from ShardListDataset."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return sum(self.lengths)
+
+
+def ranks(n: int, lengths=LENGTHS, **kw) -> list[DistributedChunkedSampler]:
+    ds = Shards(lengths)
+    return [
+        DistributedChunkedSampler(ds, num_replicas=n, rank=r, seed=5, chunksize=4, **kw)
+        for r in range(n)
+    ]
+
+
+def run_chain(chain, lengths=LENGTHS, epoch=2, **kw):
+    """Every stage's ranks read their share (lockstep), rank 0's state goes to the next stage.
+
+    Returns each stage's per-rank indices and the last state saved.
+    """
+    state, stages = None, []
+    for replicas, steps in chain:
+        samplers = ranks(replicas, lengths, **kw)
+        for s in samplers:
+            s.set_epoch(epoch)
+            if state is not None:
+                s.load_state_dict(json.loads(json.dumps(state)))  # as saved to a file
+        read = [list(itertools.islice(iter(s), steps)) for s in samplers]
+        assert len({len(r) for r in read}) == 1  # lockstep: equal shares
+        stages.append(read)
+        if steps is not None:
+            states = [s.state_dict() for s in samplers]
+            assert all(st == states[0] for st in states)  # any rank's state will do
+            state = states[0]
+    return stages, state
+
+
+@pytest.mark.parametrize("kw", SETTINGS, ids=lambda kw: "-".join(map(str, kw.values())) or "block")
+@pytest.mark.parametrize("chain", CHAINS, ids=lambda c: "-".join(str(r) for r, _ in c))
+def test_every_sample_of_the_epoch_once_up_to_documented_padding(chain, kw):
+    stages, _ = run_chain(chain, **kw)
+    served = Counter(i for stage in stages for rank in stage for i in rank)
+    n, budget = sum(LENGTHS), sum(r - 1 for r, _ in chain)  # at most R - 1 pads (drops) a stage
+    if kw.get("drop_last"):
+        assert max(served.values()) == 1  # nothing twice
+        assert n - budget <= len(served) <= n
+    else:
+        assert set(served) == set(range(n))  # nothing lost
+        assert (served - Counter(range(n))).total() <= budget
+
+
+@pytest.mark.parametrize("kw", SETTINGS[:2] + SETTINGS[4:], ids=["block", "global", "w", "gw"])
+def test_without_padding_exactly_once_and_the_rest_is_the_old_orders_in_rank_order(kw):
+    lengths = [12] * 8  # 96 samples: 4 ranks of 24, then 3 ranks of 64 / 3 -> no padding
+    full = [list(s) for s in ranks(4, lengths, **kw)]  # epoch 0, each old rank's whole order
+    stages, _ = run_chain([(4, 8), (2, None)], lengths, epoch=0, **kw)
+    assert stages[0] == [order[:8] for order in full]
+    new = stages[1]
+    assert [len(r) for r in new] == [32, 32]
+    # shard-local order kept: the new ranks read the old ranks' unread parts, in rank order
+    assert new[0] + new[1] == [i for order in full for i in order[8:]]
+    assert sorted(i for stage in stages for r in stage for i in r) == list(range(96))
+
+
+def test_later_epochs_are_the_new_world_sizes_normal_order():
+    stages, state = run_chain([(2, 7)], epoch=3)
+    resumed = ranks(3)
+    fresh = ranks(3)
+    for s, f in zip(resumed, fresh, strict=True):
+        s.load_state_dict(state)
+        s.set_epoch(3)  # the saved epoch: keeps the resume
+        rest = list(s)
+        assert len(s) == len(f) == 35 and len(rest) == -(-(103 - 14) // 3)
+        assert s.epoch == 4
+        f.set_epoch(4)
+        assert list(s) == list(f)  # the next epoch is R=3's own
+        assert s.state_dict()["version"] == 1  # and its states are plain ones again
+
+
+def test_a_resumed_epoch_saved_and_resumed_on_the_same_world_size_continues():
+    _, state = run_chain([(2, 9)])
+    a, b = ranks(3), ranks(3)
+    for s in a:
+        s.load_state_dict(state)
+    rest = [list(s) for s in a]
+    for s in a:
+        s.load_state_dict(state)
+    heads = [list(itertools.islice(iter(s), 4)) for s in a]
+    again = a[1].state_dict()
+    assert again["version"] == 2 and again["position"] == 4
+    assert [st["num_replicas"] for st in again["stages"]] == [2, 3]
+    for s, head, whole in zip(b, heads, rest, strict=True):
+        s.load_state_dict(again)
+        assert head + list(s) == whole
+
+
+def test_an_explicit_position_counts_from_the_resume():
+    _, state = run_chain([(2, 9)])
+    s = ranks(3)[0]
+    s.load_state_dict(state)
+    whole = list(s)
+    s.load_state_dict(state)
+    iter(s)  # a DataLoader prefetching: handed out more than the loop consumed
+    t = ranks(3)[0]
+    t.load_state_dict(s.state_dict(position=5))
+    assert list(t) == whole[5:]
+    with pytest.raises(ValueError, match="position"):
+        s.state_dict(position=len(whole) + 1)
+
+
+def test_a_one_replica_sampler_takes_a_distributed_state():
+    stages, state = run_chain([(4, 3)])
+    one = ChunkedSampler(Shards(LENGTHS), seed=5, chunksize=4)
+    one.load_state_dict(state)
+    rest = list(one)
+    consumed = [i for rank in stages[0] for i in rank]
+    assert len(set(rest)) == len(rest) and set(rest) | set(consumed) == set(range(103))
+    assert len(rest) in (103 - 12, 103 - 12 + 1)  # + 1: the padding copy was read already
+
+
+def test_a_state_of_other_data_or_settings_is_refused():
+    _, state = run_chain([(2, 6)])
+    with pytest.raises(SamplerStateError, match="chunks=.*other data"):
+        ranks(3, [13, 20, 7, 25, 16, 21, 1])[0].load_state_dict(state)  # other shards
+    with pytest.raises(SamplerStateError, match="span=.*other data"):
+        ranks(3, [13, 20, 7, 25, 16, 23])[0].load_state_dict(state)
+    for kw in [{"partition": "global"}, {"drop_last": True}, {"shuffle": False}]:
+        with pytest.raises(SamplerStateError, match="saved with"):
+            ranks(3, **kw)[0].load_state_dict(state)
+    s = ranks(3)[0]
+    for bad in [{"epoch": 1}, {**state, "version": 3}, {**state, "position": 53}]:
+        with pytest.raises(SamplerStateError):
+            s.load_state_dict(bad)
+    with pytest.raises(ValueError):  # a SamplerStateError is a ValueError
+        s.load_state_dict({**state, "stages": [{"num_replicas": 2, "length": 52}]})
+    s.load_state_dict(state)
+    resumed = s.state_dict()
+    forged = {
+        **resumed,
+        "stages": [*resumed["stages"][:-1], {**resumed["stages"][-1], "length": 9}],
+    }
+    with pytest.raises(SamplerStateError, match="cannot split"):
+        ranks(3)[0].load_state_dict(forged)
+
+
+def test_the_docs_example_runs_as_written(tmp_path, monkeypatch):
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "elastic-resume.md").read_text()
+    code = doc.split("<!-- example -->", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "docs/elastic-resume.md", "exec"), scope)
+    assert scope["served"] == Counter(range(scope["n"]))

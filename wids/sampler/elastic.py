@@ -1,0 +1,256 @@
+"""Resuming an epoch on another world size: what was consumed, what is left, who reads it.
+
+An epoch on ``R`` ranks is ``R`` orders of ``L`` indices each: rank ``r``'s order is what a
+sampler with ``num_replicas=R, rank=r`` yields, and the whole epoch is their concatenation in
+rank order (``R * L`` *slots*). Slots past the end of the range are padding
+(``drop_last=False``: the wrapped-around copies that make every rank ``L`` long).
+
+Ranks of a DDP job move in lockstep, so a checkpoint at global step ``k`` with batch size ``B``
+means every rank consumed the first ``p = k * B`` indices of its order: one ``(R, L, p)`` triple,
+a *stage*, describes what the whole job consumed, and the state of any one rank is enough (the
+orders are recomputed from seed, epoch and the settings).
+
+Resuming on ``R'`` ranks starts a new stage over the *rest* of the epoch: the slots each old rank
+had not consumed (positions ``p ..  L`` of its order), padding copies left out, concatenated in
+rank order. That sequence of ``T`` indices is cut into ``R'`` consecutive slices of
+``L' = ceil(T / R')`` (``floor`` with ``drop_last``), the last ones wrapping around to its start
+as a fresh epoch's do. Consecutive slices of consecutive orders keep each rank's reads inside
+the chunks (shards) the old orders were reading. A stage can itself be checkpointed and
+resumed on yet another world size: the next rest is made of the same slots, in the same way.
+
+Only the stage the sampler is reading is ever generated; the rest of an old rank's order is
+found by replaying that order up to the consumed position, as a plain resume does.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import itertools
+import operator
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from ..errors import SamplerStateError
+from .chunks import Range, _cyclic_segments
+from .workers import _interleave
+
+__all__: list[str] = []
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Stage:
+    """One world size's part of an epoch: ``replicas`` orders of ``length``, ``position`` read."""
+
+    replicas: int
+    length: int
+    position: int
+    num_workers: int = 0  # the worker-aware settings the first stage's orders were made with
+    batch_size: int = 1
+
+    def to_dict(self) -> dict[str, int]:
+        return {
+            "num_replicas": self.replicas,
+            "length": self.length,
+            "position": self.position,
+            "num_workers": self.num_workers,
+            "batch_size": self.batch_size,
+        }
+
+    @classmethod
+    def from_dict(cls, value: Any) -> _Stage:
+        try:
+            stage = cls(
+                replicas=operator.index(value["num_replicas"]),
+                length=operator.index(value["length"]),
+                position=operator.index(value["position"]),
+                num_workers=operator.index(value.get("num_workers", 0)),
+                batch_size=operator.index(value.get("batch_size", 1)),
+            )
+        except (KeyError, TypeError, AttributeError) as e:
+            raise SamplerStateError(f"sampler state: a malformed stage {value!r}") from e
+        if stage.replicas < 1 or stage.num_workers < 0 or stage.batch_size < 1:
+            raise SamplerStateError(f"sampler state: a malformed stage {value!r}")
+        if not 0 <= stage.position <= stage.length:
+            raise SamplerStateError(
+                f"sampler state: position {stage.position} outside [0, {stage.length}]"
+            )
+        return stage
+
+
+def _per_rank(total: int, replicas: int, drop_last: bool) -> int:
+    return total // replicas if drop_last else -(-total // replicas)
+
+
+def _padding(total: int, length: int, rank: int) -> int:
+    """How many of ``rank``'s ``length`` slots lie past ``total`` (wrapped-around copies)."""
+    return max(0, min(length, (rank + 1) * length - max(total, rank * length)))
+
+
+class _Resumed:
+    """An epoch resumed on another world size: the stages done, and the one being read.
+
+    Args:
+        sampler: The sampler that reads the current stage (its settings make the first
+            stage's orders).
+        epoch: The epoch.
+        seed: The seed of the orders.
+        done: The first stage (the epoch on its original world size), then one per earlier
+            resume, each with the position its ranks had consumed.
+        current: The stage being read; ``None``: ``sampler``'s world size from position 0.
+
+    Raises:
+        SamplerStateError: If a stage's length is not the one its world size gives.
+    """
+
+    def __init__(
+        self,
+        sampler: Any,  # a ChunkedSampler (which imports this module)
+        epoch: int,
+        seed: int,
+        done: Sequence[_Stage],
+        current: _Stage | None = None,
+    ) -> None:
+        self.sampler, self.epoch, self.seed = sampler, epoch, seed
+        lo, hi = sampler.span
+        first = done[0]
+        self._first, self._n = first, hi - lo
+        if first.length != _per_rank(self._n, first.replicas, sampler.drop_last):
+            raise SamplerStateError(
+                f"sampler state: {first.length} indices per rank cannot be an epoch of "
+                f"{self._n} on {first.replicas} ranks"
+            )
+        # the rest after the first stage: old rank r's unread slots, padding left out
+        heads = [
+            first.length - first.position - self._unread_padding(r) for r in range(first.replicas)
+        ]
+        self._starts = list(itertools.accumulate(heads, initial=0))
+        # each later stage's sequence, as ranges of positions in that first rest
+        ranges: list[Range] = [(0, self._starts[-1])] if self._starts[-1] else []
+        for stage in done[1:]:
+            total = self._check(stage, ranges)
+            kept = []
+            for r in range(stage.replicas):
+                a = min(total, r * stage.length + stage.position)
+                kept += _take(ranges, a, min(total, (r + 1) * stage.length))
+            ranges = kept
+        self._ranges = ranges
+        self.total = sum(b - a for a, b in ranges)
+        """How many indices the current stage splits over its ranks."""
+        if current is None:
+            replicas = sampler.num_replicas
+            current = _Stage(replicas, _per_rank(self.total, replicas, sampler.drop_last), 0)
+        self._check(current, ranges)
+        self.stages = (*done, current)
+        """Every stage, the current one last."""
+
+    @property
+    def stage(self) -> _Stage:
+        """The stage being read."""
+        return self.stages[-1]
+
+    def _check(self, stage: _Stage, ranges: list[Range]) -> int:
+        total = sum(b - a for a, b in ranges)
+        if stage.length != _per_rank(total, stage.replicas, self.sampler.drop_last):
+            raise SamplerStateError(
+                f"sampler state: a resumed stage of {stage.length} indices per rank cannot "
+                f"split {total} indices over {stage.replicas} ranks"
+            )
+        return total
+
+    def at(self, position: int) -> _Resumed:
+        """The same stages, the current one read up to ``position``."""
+        other = copy.copy(self)
+        last = self.stages[-1]
+        other.stages = (*self.stages[:-1], dataclasses.replace(last, position=position))
+        return other
+
+    def _unread_padding(self, rank: int) -> int:
+        """How many of ``rank``'s padding copies come after its consumed position."""
+        first = self._first
+        pad = _padding(self._n, first.length, rank)
+        if not pad or not first.position:
+            return pad
+        head = itertools.islice(self._old_order(rank), first.position)
+        return pad - sum(1 for i in head if i < 0)
+
+    def _old_order(self, rank: int) -> Iterator[int]:
+        """Old ``rank``'s order in the first stage, each padding copy ``i`` as ``-1 - i``."""
+        first = self._first
+        replica = self.sampler._replica(
+            first.replicas, rank, self.epoch, self.seed, first.num_workers, first.batch_size
+        )
+        pieces: Iterable[list[int]] = replica._pieces()
+        pad = _padding(self._n, first.length, rank)
+        if pad and replica.partition == "block":  # the copies are the range's first indices
+            lo, n = replica.span[0], self._n
+            slots = range(max(n, rank * first.length), (rank + 1) * first.length)
+            copies = {lo + g % n for g in slots}  # a rank's slots are distinct indices
+            pieces = ([-1 - i if i in copies else i for i in p] for p in pieces)
+        elif pad:  # global slices: the copies are the slice's last positions
+            pieces = _mark_from(pieces, first.length - pad)
+        if first.num_workers > 1:
+            return _interleave(pieces, first.num_workers, first.batch_size)
+        return itertools.chain.from_iterable(pieces)
+
+    def _first_rest(self, a: int, b: int) -> Iterator[int]:
+        """Positions ``[a, b)`` of the first stage's rest."""
+        first = self._first
+        rank = 0
+        while a < b:
+            while self._starts[rank + 1] <= a:
+                rank += 1
+            offset, stop = a - self._starts[rank], min(b, self._starts[rank + 1])
+            unread = itertools.islice(self._old_order(rank), first.position, None)
+            kept = (i for i in unread if i >= 0)
+            yield from itertools.islice(kept, offset, offset + stop - a)
+            a = stop
+
+    def order(self, rank: int, start: int) -> Iterator[int]:
+        """``rank``'s indices of the stage being read, from its position ``start``."""
+        stage, total = self.stages[-1], self.total
+        count = stage.length - start
+        if count <= 0 or not total:
+            return iter(())
+        positions = _cyclic_segments(0, total, rank * stage.length + start, count)
+        parts = (_take(self._ranges, a, b) for a, b in positions)
+        return itertools.chain.from_iterable(
+            self._first_rest(a, b) for part in parts for a, b in part
+        )
+
+
+def _take(ranges: Sequence[Range], a: int, b: int) -> list[Range]:
+    """Positions ``[a, b)`` of the concatenation of ``ranges``, as ranges."""
+    out: list[Range] = []
+    pos = 0
+    for lo, hi in ranges:
+        size = hi - lo
+        x, y = max(a, pos), min(b, pos + size)
+        if x < y:
+            out.append((lo + x - pos, lo + y - pos))
+        pos += size
+        if pos >= b:
+            break
+    return out
+
+
+def _mark_from(pieces: Iterable[list[int]], cut: int) -> Iterator[list[int]]:
+    """``pieces`` with every index from position ``cut`` on written as ``-1 - i``."""
+    pos = 0
+    for piece in pieces:
+        if pos + len(piece) <= cut:
+            yield piece
+        else:
+            keep = max(0, cut - pos)
+            yield piece[:keep] + [-1 - i for i in piece[keep:]]
+        pos += len(piece)
+
+
+def read_stages(state: dict[str, Any]) -> list[_Stage]:
+    """The stages of a sampler state (one for a state of a plain epoch)."""
+    stages = state.get("stages")
+    if stages is None:
+        return [_Stage.from_dict(state)]
+    if not isinstance(stages, list) or not stages:
+        raise SamplerStateError("sampler state: 'stages' must be a non-empty list")
+    return [_Stage.from_dict(s) for s in stages]
