@@ -126,7 +126,8 @@ def _concat(
             if part.missing is not None:
                 missing[at : at + n] = part.missing
         at += n
-    if kind == "float64":
+    if kind == "float64":  # an int shard's gaps hold 0 in its values
+        values[missing] = np.nan
         missing |= np.isnan(values)
     return Column(name, kind, values, missing)
 

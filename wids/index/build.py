@@ -209,11 +209,11 @@ def build_index(
 
     t0 = time.monotonic()
     store = Store.of(storage_options)
+    specs = _column_specs(columns, output)  # checked before anything is read
     urls = expand_shard_args([shards] if isinstance(shards, str) else shards, store)
     if not urls:
         raise ValueError("no shards given")
     check_output(output, urls, store)
-    specs = _column_specs(columns, output)
     placed: set[str] = set()  # sidecars written at their remote place by the jobs
     # Locked: two builders of one index would each publish, and delete the other's sidecars.
     with index_destination(output, store, placed) as path:
