@@ -8,6 +8,7 @@ import sys
 import wids
 
 EXPECTED = [
+    "BucketBatchSampler",
     "BuildReport",
     "CacheBudgetError",
     "CacheDirError",

@@ -69,7 +69,12 @@ if TYPE_CHECKING:
         open_index,
         write_index,
     )
-    from .sampler import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
+    from .sampler import (
+        BucketBatchSampler,
+        ChunkedSampler,
+        DistributedChunkedSampler,
+        ShardedSampler,
+    )
     from .shardwriter import ShardWriter
     from .storage import IOStats, ReadLimits, RetryPolicy
     from .writer import TarWriter
@@ -79,6 +84,7 @@ if TYPE_CHECKING:
 # that need them (the dataset subclasses ``torch.utils.data.Dataset`` when torch is installed,
 # ``DistributedChunkedSampler`` its ``DistributedSampler``). The errors are imported above.
 _LAZY = {
+    "BucketBatchSampler": "sampler",
     "BuildReport": "index",
     "ChunkedSampler": "sampler",
     "Component": "index",
@@ -118,6 +124,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "BucketBatchSampler",
     "BuildReport",
     "CacheBudgetError",
     "CacheDirError",

@@ -54,20 +54,23 @@ each DataLoader worker its own chunks), :mod:`.elastic` (the rest of an epoch re
 world size: what the old ranks consumed, what each new rank reads), :mod:`.chunked`
 (:class:`ChunkedSampler`, its epochs and resumable state), :mod:`.distributed`
 (:class:`DistributedChunkedSampler`, the world from ``torch.distributed``), :mod:`.resplit`
-(frameworks that would split a rank's share again) and :mod:`.sharded` (:class:`ShardedSampler`).
+(frameworks that would split a rank's share again), :mod:`.sharded` (:class:`ShardedSampler`)
+and :mod:`.bucket` (:class:`BucketBatchSampler`: batches of one bucket of a per-sample key, from
+the same shard-local chunks, with exact per-rank lengths).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .bucket import BucketBatchSampler
 from .chunked import ChunkedSampler
 from .sharded import ShardedSampler
 
 if TYPE_CHECKING:
     from .distributed import DistributedChunkedSampler
 
-__all__ = ["ChunkedSampler", "DistributedChunkedSampler", "ShardedSampler"]
+__all__ = ["BucketBatchSampler", "ChunkedSampler", "DistributedChunkedSampler", "ShardedSampler"]
 
 
 def __getattr__(name: str) -> Any:

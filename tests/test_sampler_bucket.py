@@ -1,0 +1,443 @@
+"""The bucketing batch sampler (wids.sampler.bucket): buckets, shard locality, exact lengths.
+
+The order's properties are checked over many shard layouts and world sizes (hypothesis); real
+shards are read through real DataLoader workers under fork, forkserver and spawn, locally (the
+fast path) and over nginx (the read plan travels with the batches: the lookahead hits).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from wids import BucketBatchSampler, ChunkedSampler, ShardListDataset, build_index
+from wids.plan import PlannedIndex, plan_of
+from wids.synth import write_shard
+
+
+class Shards:
+    """Shard lengths without samples: what the samplers read from ShardListDataset."""
+
+    def __init__(self, lengths: list[int]) -> None:
+        self.lengths = lengths
+
+    def __len__(self) -> int:
+        return sum(self.lengths)
+
+
+def shard_of(lengths):
+    cuts = np.cumsum([0, *lengths])
+    return lambda order: np.searchsorted(cuts, np.asarray(order), "right") - 1
+
+
+def locality(lengths, order) -> float:
+    """The fraction of reads that stay in the shard of the read before."""
+    shards = shard_of(lengths)(order)
+    return float(np.mean(shards[1:] == shards[:-1]))
+
+
+def all_ranks(ds, keys, replicas, **kw):
+    samplers = [
+        BucketBatchSampler(ds, keys, num_replicas=replicas, rank=r, **kw) for r in range(replicas)
+    ]
+    return samplers, [list(s) for s in samplers]
+
+
+# -- the order ------------------------------------------------------------------------------------
+
+
+layouts = st.lists(st.integers(0, 60), min_size=1, max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=layouts,
+    replicas=st.integers(1, 4),
+    batch=st.integers(1, 7),
+    nbuckets=st.integers(1, 4),
+    chunksize=st.integers(1, 40),
+    drop_last=st.booleans(),
+    shuffle=st.booleans(),
+    seed=st.integers(0, 3),
+)
+def test_batches_are_full_homogeneous_and_exact_per_rank(
+    lengths, replicas, batch, nbuckets, chunksize, drop_last, shuffle, seed
+):
+    ds = Shards(lengths)
+    n = len(ds)
+    keys = np.random.default_rng(seed).integers(0, nbuckets, n).astype(np.float64)
+    samplers, got = all_ranks(
+        ds,
+        keys,
+        replicas,
+        batch_size=batch,
+        boundaries=[b + 0.5 for b in range(nbuckets - 1)],
+        chunksize=chunksize,
+        drop_last=drop_last,
+        shuffle=shuffle,
+        seed=seed,
+    )
+    sizes = np.bincount(keys.astype(int), minlength=nbuckets)
+    total = int((sizes // batch).sum())
+    length = total // replicas if drop_last else -(-total // replicas)
+    assert all(len(s) == length for s in samplers) and [len(g) for g in got] == [length] * replicas
+    batches = [b for g in got for b in g]
+    assert all(len(b) == batch and len(set(keys[b])) == 1 for b in batches)
+    assert all(b == sorted(b) for b in batches)
+    # every sample at most once, but the <= R - 1 batches that pad the ranks
+    seen = Counter(i for b in batches for i in b)
+    repeated = sum(c - 1 for c in seen.values())
+    assert repeated == max(0, replicas * length - total) * batch
+    # what is left out: each bucket's last partial batch, and the tail that drop_last drops
+    dropped = (total - replicas * length) * batch if drop_last else 0
+    assert n - len(seen) == int((sizes % batch).sum()) + dropped
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=layouts, batch=st.integers(1, 5), chunksize=st.integers(1, 30))
+def test_full_batches_of_a_chunk_come_from_its_shard(lengths, batch, chunksize):
+    """All batches but the pooled ones (at most one per bucket and chunk) lie in one shard."""
+    ds = Shards(lengths)
+    keys = np.random.default_rng(1).random(len(ds))
+    sampler = BucketBatchSampler(ds, keys, batch_size=batch, num_buckets=3, chunksize=chunksize)
+    shard = shard_of(lengths)
+    mixed = sum(len(set(shard(b))) > 1 for b in sampler)
+    chunks = sum(-(-n // chunksize) for n in lengths)
+    assert mixed <= chunks * sampler.num_buckets
+
+
+def test_locality_is_at_least_nine_tenths_of_the_chunked_samplers():
+    """The goal of issue 23 on a realistic layout: 64 shards of 500 samples, 4 aspect ratios."""
+    lengths = [500] * 64
+    ds = Shards(lengths)
+    keys = np.random.default_rng(0).choice([0.75, 1.0, 1.33, 1.78], size=len(ds))
+    bucketed = [i for b in BucketBatchSampler(ds, keys, batch_size=32, num_buckets=4) for i in b]
+    chunked = list(ChunkedSampler(ds, chunksize=2000))
+    ratio = locality(lengths, bucketed) / locality(lengths, chunked)
+    assert ratio >= 0.9, ratio
+
+
+def test_epochs_are_deterministic_from_seed_and_epoch():
+    ds = Shards([30, 50, 20])
+    keys = np.random.default_rng(2).random(100)
+    a = BucketBatchSampler(ds, keys, batch_size=4, num_buckets=3, seed=5)
+    b = BucketBatchSampler(ds, keys, batch_size=4, num_buckets=3, seed=5)
+    first, second = list(a), list(a)  # a complete pass advances the epoch
+    assert first != second and a.epoch == 2
+    b.set_epoch(1)
+    assert list(b) == second
+    other = BucketBatchSampler(ds, keys, batch_size=4, num_buckets=3, seed=6)
+    assert list(other) != first
+    fixed = BucketBatchSampler(ds, keys, batch_size=4, num_buckets=3, auto_epoch=False)
+    assert list(fixed) == list(fixed)
+
+
+def test_no_shuffle_reads_chunks_in_order():
+    ds = Shards([10, 10])
+    keys = np.arange(20) % 2
+    sampler = BucketBatchSampler(ds, keys, batch_size=5, boundaries=[0.5], shuffle=False)
+    assert list(sampler) == [
+        [0, 2, 4, 6, 8],
+        [1, 3, 5, 7, 9],
+        [10, 12, 14, 16, 18],
+        [11, 13, 15, 17, 19],
+    ]
+
+
+def test_remainders_pool_by_bucket_and_the_last_partial_ones_are_dropped():
+    ds = Shards([6, 6, 6])
+    keys = np.array([0, 0, 0, 0, 0, 1] * 3)  # per shard: 5 of bucket 0, 1 of bucket 1
+    sampler = BucketBatchSampler(ds, keys, batch_size=4, boundaries=[0.5], shuffle=False)
+    batches = list(sampler)
+    # each shard: one full batch of bucket 0 (one left over); the leftovers 4, 10, 16 and the
+    # bucket-1 samples 5, 11, 17 stay in their pools: three each, fewer than a batch: dropped
+    assert batches == [[0, 1, 2, 3], [6, 7, 8, 9], [12, 13, 14, 15]]
+    assert sampler.total_batches == 3
+    keys = np.array([0, 0, 0, 0, 0, 1] * 4)
+    ds = Shards([6] * 4)
+    batches = list(BucketBatchSampler(ds, keys, batch_size=4, boundaries=[0.5], shuffle=False))
+    # the fourth shard completes both pools: its own batch, then the pooled ones
+    assert batches[3:] == [[18, 19, 20, 21], [4, 10, 16, 22], [5, 11, 17, 23]]
+
+
+def test_boundaries_and_quantile_buckets():
+    ds = Shards([8])
+    keys = [0.5, 1.0, 1.5, 2.0, 2.0, 2.0, 3.0, 9.0]
+    sampler = BucketBatchSampler(ds, keys, batch_size=1, boundaries=[1.0, 2.0])
+    assert sampler.buckets.tolist() == [0, 1, 1, 2, 2, 2, 2, 2]  # [1, 2) is bucket 1
+    assert sampler.bucket_sizes.tolist() == [1, 2, 5] and sampler.num_buckets == 3
+    by_quantile = BucketBatchSampler(ds, keys, batch_size=1, num_buckets=4)
+    assert by_quantile.boundaries.tolist() == [1.5, 2.0, 3.0]  # values that occur; ties kept
+    assert by_quantile.bucket_sizes.tolist() == [2, 1, 3, 2]
+    same = BucketBatchSampler(ds, [1.0] * 8, batch_size=2, num_buckets=4)
+    assert same.num_buckets == 1 and len(same) == 4
+    with pytest.raises(ValueError):
+        sampler.buckets[0] = 1  # read-only
+
+
+@pytest.mark.parametrize(
+    ("kw", "error", "match"),
+    [
+        (dict(keys=[1.0] * 9), ValueError, "one value per sample"),
+        (dict(keys=[1.0] * 7 + [float("nan")]), ValueError, "sample 7"),
+        (dict(keys=["a"] * 8), TypeError, "numbers"),
+        (dict(keys="width"), TypeError, "column"),
+        (dict(boundaries=[2.0, 1.0]), ValueError, "increasing"),
+        (dict(boundaries=[1.0], num_buckets=2), ValueError, "either"),
+        (dict(boundaries=None), ValueError, "either"),
+        (dict(batch_size=0), ValueError, "batch_size"),
+        (dict(num_buckets=0, boundaries=None), ValueError, "num_buckets"),
+        (dict(num_replicas=2, rank=2), ValueError, "rank"),
+        (dict(num_replicas=2), ValueError, "torch.distributed"),
+    ],
+)
+def test_bad_arguments_are_refused(kw, error, match):
+    args = dict(keys=[1.0] * 8, batch_size=2, boundaries=[1.5])
+    args.update(kw)
+    with pytest.raises(error, match=match):
+        BucketBatchSampler(Shards([8]), args.pop("keys"), **args)
+
+
+class WithColumns(Shards):
+    """A dataset that offers its columns by name (ShardListDataset.column's contract)."""
+
+    def __init__(self, lengths, columns):
+        super().__init__(lengths)
+        self.columns = columns
+
+    def column(self, name):
+        return self.columns[name]
+
+
+def test_keys_by_column_name():
+    ratio = np.array([1.0, 2.0] * 6)
+    ds = WithColumns([6, 6], {"ratio": ratio})
+    sampler = BucketBatchSampler(ds, "ratio", batch_size=3, boundaries=[1.5])
+    assert all(len(set(ratio[b])) == 1 for b in sampler) and len(sampler) == 4
+
+
+# -- resume -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_resume_at_any_position_gives_the_rest_of_the_epoch(replicas):
+    ds = Shards([40, 33, 27])
+    keys = np.random.default_rng(3).random(100)
+    kw = dict(batch_size=4, num_buckets=3, seed=9, num_replicas=replicas)
+    for rank in range(replicas):
+        whole = BucketBatchSampler(ds, keys, rank=rank, **kw)
+        whole.set_epoch(2)
+        full = list(whole)
+        for position in range(len(full) + 1):
+            first = BucketBatchSampler(ds, keys, rank=rank, **kw)
+            first.set_epoch(2)
+            it = iter(first)
+            head = [next(it) for _ in range(position)]
+            state = json.loads(json.dumps(first.state_dict()))
+            second = BucketBatchSampler(ds, keys, rank=rank, **kw)
+            second.load_state_dict(state)
+            assert len(second) == len(full)
+            assert head + list(second) == full
+            assert second.epoch == 3  # and the next pass is the next epoch
+
+
+def test_a_state_from_other_data_or_settings_is_refused():
+    ds = Shards([40, 60])
+    keys = np.random.default_rng(4).random(100)
+    base = dict(batch_size=4, num_buckets=3, seed=1)
+    state = BucketBatchSampler(ds, keys, **base).state_dict()
+    for changed, match in [
+        (dict(seed=2), "seed"),
+        (dict(batch_size=5), "batch_size"),
+        (dict(num_buckets=4), "bucket of each sample"),
+        (dict(num_replicas=2, rank=0), "num_replicas"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            BucketBatchSampler(ds, keys, **{**base, **changed}).load_state_dict(state)
+    with pytest.raises(ValueError, match="shard layout"):
+        BucketBatchSampler(Shards([50, 50]), keys, **base).load_state_dict(state)
+    with pytest.raises(ValueError, match="bucket of each sample"):
+        BucketBatchSampler(ds, keys[::-1].copy(), **base).load_state_dict(state)
+    with pytest.raises(ValueError, match="not a"):
+        BucketBatchSampler(ds, keys, **base).load_state_dict({"format": "wids-sampler-state"})
+
+
+# -- real shards, real DataLoader workers ---------------------------------------------------------
+
+SHAPES = [(64, 48), (48, 64), (64, 64), (96, 54)]  # four aspect ratios
+SHARD_LENGTHS = [37, 52, 45, 61, 30]
+BATCH = 6
+CONTEXTS = ["fork", "forkserver", "spawn"]
+
+
+def _make_shards(directory) -> tuple[list[str], np.ndarray]:
+    """Shards whose samples carry their image size in ``.json``; the aspect ratio per sample."""
+    rng = np.random.default_rng(7)
+    paths, ratios = [], []
+    for s, n in enumerate(SHARD_LENGTHS):
+        members = []
+        for i in range(n):
+            w, h = SHAPES[int(rng.integers(len(SHAPES)))]
+            key = f"s{s:02d}/{i:04d}"
+            members.append((f"{key}.json", json.dumps({"width": w, "height": h}).encode()))
+            members.append((f"{key}.txt", f"{s} {i}".encode()))
+            ratios.append(w / h)
+        path = os.path.join(directory, f"shard-{s:02d}.tar")
+        write_shard(path, members)
+        paths.append(path)
+    return paths, np.array(ratios)
+
+
+@pytest.fixture(scope="module")
+def local(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("bucket")
+    paths, ratios = _make_shards(str(directory))
+    index = directory / "train.json"
+    build_index(paths, str(index), name="train")
+    return {"index": str(index), "paths": paths, "ratios": ratios}
+
+
+def _ratio_of(sample) -> float:
+    meta = json.loads(sample[".json"])
+    return meta["width"] / meta["height"]
+
+
+def _check_epoch(sampler, got, ratios):
+    """The batches are the sampler's (same order), each sample what its index says."""
+    sampler.set_epoch(0)
+    expected = [[int(i) for i in b] for b in sampler]
+    assert [[s["__index__"] for s in batch] for batch in got] == expected
+    for batch in got:
+        assert len({_ratio_of(s) for s in batch}) == 1  # homogeneous, from the bytes read
+        for s in batch:
+            assert _ratio_of(s) == ratios[s["__index__"]]
+            shard, i = s[".txt"].decode().split()
+            assert s["__key__"] == f"s{int(shard):02d}/{int(i):04d}"
+
+
+def _collate(batch):
+    return batch
+
+
+@pytest.mark.parametrize("ctx", CONTEXTS)
+def test_a_dataloader_reads_bucketed_batches_from_local_shards(local, ctx):
+    torch = pytest.importorskip("torch")
+    ds = ShardListDataset(local["index"], transformations=[])
+    sampler = BucketBatchSampler(ds, local["ratios"], batch_size=BATCH, num_buckets=4, seed=3)
+    assert sampler.num_buckets == 4
+    loader = torch.utils.data.DataLoader(
+        ds, batch_sampler=sampler, num_workers=2, multiprocessing_context=ctx, collate_fn=_collate
+    )
+    assert len(loader) == len(sampler)
+    got = list(loader)
+    _check_epoch(sampler, got, local["ratios"])
+    assert all(type(i) is int for b in sampler for i in b)  # local shards: plain indices
+
+
+def test_distributed_ranks_read_disjoint_batches_of_equal_count(local):
+    torch = pytest.importorskip("torch")
+    ds = ShardListDataset(local["index"], transformations=[])
+    lengths, seen = set(), Counter()
+    for rank in range(3):
+        sampler = BucketBatchSampler(
+            ds, local["ratios"], batch_size=BATCH, num_buckets=4, num_replicas=3, rank=rank
+        )
+        loader = torch.utils.data.DataLoader(
+            ds, batch_sampler=sampler, num_workers=2, collate_fn=_collate
+        )
+        got = list(loader)
+        lengths.add((len(sampler), len(got)))
+        seen.update(s["__index__"] for batch in got for s in batch)
+        assert all(len({_ratio_of(s) for s in batch}) == 1 for batch in got)
+    ((length, count),) = lengths
+    assert length == count
+    padded = 3 * length - sampler.total_batches
+    assert sum(c - 1 for c in seen.values()) == padded * BATCH
+
+
+@pytest.fixture(scope="module")
+def remote(local, http_server):
+    root = os.path.dirname(local["index"])
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if os.path.isfile(path):
+            http_server.put(path, "bucket/" + name)
+        else:
+            for sub in os.listdir(path):
+                http_server.put(os.path.join(path, sub), f"bucket/{name}/{sub}")
+    return http_server.url("bucket/train.json")
+
+
+def _collate_hits(batch):
+    """The samples, and the lookahead hits of the worker that read them."""
+    from torch.utils.data import get_worker_info
+
+    ds = get_worker_info().dataset
+    ahead = ds._pool._lookahead
+    return batch, (ahead.hits if ahead is not None else 0)
+
+
+@pytest.mark.parametrize("ctx", CONTEXTS)
+def test_batches_over_remote_shards_carry_the_read_plan(local, remote, ctx):
+    """The batches are read ahead as ChunkedSampler's are: the lookahead hits in the workers."""
+    torch = pytest.importorskip("torch")
+    ds = ShardListDataset(remote, access="range", transformations=[])
+    sampler = BucketBatchSampler(ds, local["ratios"], batch_size=BATCH, num_buckets=4, seed=4)
+    batches = list(sampler)
+    assert all(type(i) is PlannedIndex for b in batches for i in b)
+    assert [plan_of(b)[1] for b in batches] == [k * BATCH for k in range(len(batches))]
+    sampler.set_epoch(0)
+    loader = torch.utils.data.DataLoader(
+        ds,
+        batch_sampler=sampler,
+        num_workers=2,
+        multiprocessing_context=ctx,
+        collate_fn=_collate_hits,
+    )
+    got = list(loader)
+    _check_epoch(sampler, [b for b, _ in got], local["ratios"])
+    assert max(h for _, h in got) > 0
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_stateful_dataloader_resumes_the_epoch(local, ctx):
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    ds = ShardListDataset(local["index"], transformations=[])
+
+    def make():
+        sampler = BucketBatchSampler(ds, local["ratios"], batch_size=BATCH, num_buckets=4, seed=8)
+        loader = stateful.StatefulDataLoader(
+            ds,
+            batch_sampler=sampler,
+            num_workers=2,
+            multiprocessing_context=ctx,
+            collate_fn=_collate,
+        )
+        return sampler, loader
+
+    sampler, loader = make()
+    it = iter(loader)
+    head = [next(it) for _ in range(5)]
+    state = loader.state_dict()
+    del it
+    sampler2, loader2 = make()
+    loader2.load_state_dict(state)
+    rest = list(loader2)
+    _check_epoch(sampler, head + rest, local["ratios"])
+
+
+def test_the_documented_example_runs(tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "bucketing.md").read_text()
+    code = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "docs/bucketing.md", "exec"), scope)
+    assert scope["sampler"].epoch == 2 and len(scope["sampler"]) == 12

@@ -1,0 +1,435 @@
+"""The bucketing batch sampler: every batch holds samples of one bucket, read shard by shard.
+
+A *bucket* is a range of a per-sample key (an aspect ratio, a length in tokens): bucket ``k``
+holds the samples with ``boundaries[k - 1] <= key < boundaries[k]``. Training on images of
+many shapes or on texts of many lengths wants batches whose samples share a bucket (one
+resize, little padding), and wids wants reads that stay inside one shard. One epoch:
+
+1. The dataset is cut into *chunks* exactly as :class:`~wids.ChunkedSampler` does: never
+   across a shard boundary, at most ``chunksize`` samples. The chunk order is shuffled.
+2. Inside each chunk the samples are grouped by bucket and shuffled within their group; each
+   group gives ``len // batch_size`` full batches, all from that chunk (one shard).
+3. A group's remainder (fewer than ``batch_size`` samples) waits in its bucket's *pool*, in
+   chunk order; whenever a pool holds ``batch_size`` samples they become a batch, emitted
+   after the batches of the chunk that completed it (a batch of a few shards; its reads are
+   in index order, so it switches shard at most once per shard it holds).
+4. At the end of the epoch each bucket's pool holds fewer than ``batch_size`` samples: they
+   are *dropped* for this epoch (at most ``num_buckets * (batch_size - 1)`` samples; with
+   ``shuffle`` different ones every epoch). Every batch has exactly ``batch_size`` samples.
+
+The epoch then has ``T = sum(bucket_size // batch_size)`` batches whatever the seed, so
+lengths are exact: rank ``r`` of ``R`` takes batches ``[r * L, (r + 1) * L)`` of that global
+sequence (a contiguous stretch of the chunk order: shard-local), with ``L = T // R`` and the
+last ``T mod R`` batches dropped (``drop_last=True``), or ``L = ceil(T / R)`` and the
+positions past ``T`` wrapping around to the epoch's first batches (``drop_last=False``: at
+most ``R - 1`` batches repeat). No sample is in two batches of an epoch except those repeats.
+
+Every rank computes the whole epoch's batches from ``seed`` and the epoch (numpy, a few
+arrays of the dataset's size) and keeps its own. Epochs advance after each full pass as in
+the other samplers (``auto_epoch``); ``state_dict`` / ``load_state_dict`` resume mid-epoch.
+Over remote shards the batches carry the read plan (:mod:`wids.plan`), as the other samplers'
+indices do, so a DataLoader's workers read ahead the same way.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import zlib
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..plan import planned_order
+from .chunked import _shard_lengths
+from .chunks import _boundaries, _cuts_crc
+from .resplit import refuse_resplit
+
+__all__ = ["BucketBatchSampler"]
+
+_STATE_FORMAT = "wids-bucket-sampler-state"
+_STATE_VERSION = 1
+_BLOCK = 1024  # batches turned into Python lists at a time
+# state fields that must match for a saved position to mean the same batches
+_STATE_CHECKED = (
+    "num_replicas",
+    "seed",
+    "batch_size",
+    "length",
+    "drop_last",
+    "shuffle",
+    "chunksize",
+    "layout",
+    "buckets",
+)
+
+
+def _key_values(dataset: Any, keys: Any, n: int) -> np.ndarray:
+    """The per-sample keys as a 1-d numeric array of length ``n``."""
+    if isinstance(keys, str):
+        column = getattr(dataset, "column", None)
+        if not callable(column):
+            raise TypeError(
+                f"keys={keys!r} names a column, but {type(dataset).__name__} has no "
+                ".column(name): pass the keys as an array aligned with the dataset"
+            )
+        keys = column(keys)
+    values = np.asarray(keys)
+    if values.ndim != 1 or len(values) != n:
+        raise ValueError(
+            f"keys must be one value per sample: {n} for this dataset, got shape {values.shape}"
+        )
+    if values.dtype.kind not in "biuf":
+        raise TypeError(f"keys must be numbers, got dtype {values.dtype}")
+    if values.dtype.kind == "f":
+        bad = ~np.isfinite(values)
+        if bad.any():
+            first = int(np.argmax(bad))
+            raise ValueError(
+                f"keys must be finite: {int(bad.sum())} are not, the first is sample {first} "
+                f"({values[first]!r}); exclude those samples (ShardListDataset(exclude=...)) "
+                "or give them a value"
+            )
+    return values
+
+
+def _check_boundaries(boundaries: Sequence[float]) -> np.ndarray:
+    edges = np.asarray(boundaries, dtype=np.float64)
+    if edges.ndim != 1 or not np.isfinite(edges).all() or (np.diff(edges) <= 0).any():
+        raise ValueError(
+            f"boundaries must be finite and strictly increasing, got {list(boundaries)!r}"
+        )
+    return edges
+
+
+def quantile_boundaries(values: Any, num_buckets: int) -> np.ndarray:
+    """Boundaries that cut ``values`` into ``num_buckets`` buckets of about equal counts.
+
+    Each boundary is a value that occurs (``np.quantile(method="higher")``), so samples with
+    equal keys share a bucket; ties can leave fewer buckets than asked for (never an empty
+    one). With at most ``num_buckets`` distinct values, each value is a bucket of its own.
+    """
+    if operator.index(num_buckets) < 1:
+        raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
+    values = np.asarray(values)
+    if num_buckets == 1 or len(values) == 0:
+        return np.zeros(0, dtype=np.float64)
+    distinct = np.unique(values).astype(np.float64)
+    if len(distinct) <= num_buckets:  # a bucket for each value (aspect ratios often are few)
+        each: np.ndarray = distinct[1:]
+        return each
+    q = np.quantile(values, np.arange(1, num_buckets) / num_buckets, method="higher")
+    edges = np.unique(q.astype(np.float64))
+    above: np.ndarray = edges[edges > values.min()]
+    return above
+
+
+def _chunk_bounds(cuts: np.ndarray, chunksize: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)`` of every chunk: shards (``cuts``) cut into pieces of ``chunksize``."""
+    counts = -(-np.diff(cuts) // chunksize)
+    total = int(counts.sum())
+    first = np.cumsum(counts) - counts
+    lo = np.repeat(cuts[:-1], counts) + (np.arange(total) - np.repeat(first, counts)) * chunksize
+    return lo, np.minimum(lo + chunksize, np.repeat(cuts[1:], counts))
+
+
+def _epoch_batches(
+    bucket: np.ndarray,
+    nbuckets: int,
+    chunks: tuple[np.ndarray, np.ndarray],
+    batch_size: int,
+    rng: np.random.Generator | None,
+) -> np.ndarray:
+    """All of an epoch's batches, ``(T, batch_size)``, in order; ``rng=None``: no shuffle."""
+    B = batch_size
+    chunk_lo, chunk_hi = chunks
+    nchunks = len(chunk_lo)
+    order = rng.permutation(nchunks) if rng is not None else np.arange(nchunks)
+    lo, sizes = chunk_lo[order], chunk_hi[order] - chunk_lo[order]
+    n = int(sizes.sum())
+    # the samples chunk by chunk (in chunk order), each tagged with its (chunk, bucket) group
+    seq = np.arange(n, dtype=np.int64) + np.repeat(lo - (np.cumsum(sizes) - sizes), sizes)
+    group = np.repeat(np.arange(nchunks, dtype=np.int64), sizes) * nbuckets + bucket[seq]
+    # group by group, shuffled inside each group (else in index order): one key per sample
+    tie = rng.permutation(n) if rng is not None else np.arange(n)
+    if (nchunks * nbuckets + 1) * (n + 1) < 1 << 62:
+        sort = np.argsort(group * n + tie)  # unique keys: no stable sort needed, and 9x faster
+    else:
+        sort = np.lexsort((tie, group))
+    seq, group = seq[sort], group[sort]
+    counts = np.bincount(group, minlength=nchunks * nbuckets)
+    within = np.arange(n) - (np.cumsum(counts) - counts)[group]
+    full = within < (counts - counts % B)[group]
+    own = seq[full].reshape(-1, B)  # a group's full batches: consecutive slices of it
+    own_chunk = group[full][::B] // nbuckets
+    # remainders: per bucket, in chunk order, cut into batches (the last partial one dropped)
+    rest, rest_group = seq[~full], group[~full]
+    rest_bucket = rest_group % nbuckets
+    by_bucket = np.argsort(rest_bucket, kind="stable")
+    rest, rest_bucket, rest_chunk = (
+        rest[by_bucket],
+        rest_bucket[by_bucket],
+        rest_group[by_bucket] // nbuckets,
+    )
+    pool = np.bincount(rest_bucket, minlength=nbuckets)
+    place = np.arange(len(rest)) - (np.cumsum(pool) - pool)[rest_bucket]
+    kept = place < (pool - pool % B)[rest_bucket]
+    pooled = rest[kept].reshape(-1, B)
+    pooled_chunk = rest_chunk[kept][B - 1 :: B]  # a pooled batch is complete after this chunk
+    batches = np.concatenate([own, pooled])
+    when = np.concatenate([own_chunk, pooled_chunk])
+    kind = np.concatenate([np.zeros(len(own), np.int8), np.ones(len(pooled), np.int8)])
+    tie = rng.permutation(len(batches)) if rng is not None else np.arange(len(batches))
+    batches = batches[np.lexsort((tie, kind, when))]
+    batches.sort(axis=1)  # a batch is a set: read it in index (offset) order
+    return batches
+
+
+def _rows(batches: np.ndarray) -> Iterator[list[int]]:
+    """The rows of ``batches`` as lists of ints, a block at a time (not all at once)."""
+    for start in range(0, len(batches), _BLOCK):
+        yield from batches[start : start + _BLOCK].tolist()
+
+
+def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
+    if num_replicas is None or rank is None:
+        from .distributed import _world as from_torch
+
+        return from_torch(num_replicas, rank)
+    replicas, index = operator.index(num_replicas), operator.index(rank)
+    if replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {replicas}")
+    if not 0 <= index < replicas:
+        raise ValueError(f"rank must be in [0, {replicas - 1}], got {index}")
+    return replicas, index
+
+
+class BucketBatchSampler:
+    """Batches whose samples share a bucket of a per-sample key, read shard by shard.
+
+    Pass it as ``DataLoader(dataset, batch_sampler=sampler)``. The order is described in
+    :mod:`wids.sampler.bucket` and ``docs/bucketing.md``: shard-local chunks, each chunk's
+    samples grouped by bucket into full batches, remainders pooled per bucket, each bucket's
+    last partial batch of the epoch dropped; ranks take equal contiguous slices of the epoch.
+
+    Args:
+        dataset: A ``ShardListDataset`` (or anything with ``.lengths``, its shards' sample
+            counts, or any sized object: one shard).
+        keys: One number per sample, aligned with the dataset (a numpy array or sequence of
+            ``len(dataset)``), or the name of a column the dataset has (``dataset.column(name)``).
+        batch_size: Samples in every batch.
+        boundaries: Increasing bucket boundaries: bucket ``k`` holds the keys in
+            ``[boundaries[k - 1], boundaries[k])`` (the first and last bucket are open).
+        num_buckets: Instead of ``boundaries``: that many buckets of about equal counts
+            (boundaries at the keys' quantiles, see :func:`quantile_boundaries`).
+        num_replicas: Number of ranks; ``None``: ``torch.distributed``'s world size if a process
+            group is initialised, else 1.
+        rank: This rank; ``None``: ``torch.distributed.get_rank()`` if a process group is
+            initialised, else 0.
+        chunksize: Largest number of samples in a chunk (chunks never cross shards).
+        seed: The order of epoch ``e`` depends on ``(seed, e)`` only; the same on every rank.
+        shuffle: Shuffle the chunk order, the samples inside each chunk's buckets and the
+            batches of each chunk; ``False``: chunks in order, samples in index order.
+        drop_last: ``True``: every rank gets ``T // R`` batches, the last ``T mod R`` of the
+            epoch are dropped; ``False``: ``ceil(T / R)``, the missing ones taken again from the
+            start of the epoch.
+        auto_epoch: As for :class:`~wids.ChunkedSampler`: ``None``/``True`` advance the epoch
+            after each complete pass, ``False`` never.
+
+    Attributes:
+        boundaries: The bucket boundaries (float64 array).
+        num_buckets: ``len(boundaries) + 1``.
+        bucket_sizes: Samples per bucket (int64 array).
+
+    Raises:
+        ValueError: Keys not one finite number per sample, both or neither of ``boundaries``
+            and ``num_buckets``, boundaries not increasing, a bad rank or option.
+        TypeError: ``keys`` names a column of a dataset without ``.column()``, or is not
+            numeric.
+
+    Example:
+        >>> keys = [0.5, 2.0, 0.7, 1.9, 0.6, 2.1, 0.4, 1.8]
+        >>> sampler = BucketBatchSampler(keys, keys, batch_size=2, boundaries=[1.0], seed=1)
+        >>> batches = list(sampler)
+        >>> len(batches), sorted(len({keys[i] > 1 for i in b}) for b in batches)
+        (4, [1, 1, 1, 1])
+    """
+
+    def __init__(
+        self,
+        dataset: Any,
+        keys: Any,
+        *,
+        batch_size: int,
+        boundaries: Sequence[float] | None = None,
+        num_buckets: int | None = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        chunksize: int = 2000,
+        seed: int = 0,
+        shuffle: bool = True,
+        drop_last: bool = False,
+        auto_epoch: bool | None = None,
+    ) -> None:
+        if operator.index(batch_size) < 1 or operator.index(chunksize) < 1:
+            raise ValueError(f"batch_size and chunksize must be >= 1: {batch_size}, {chunksize}")
+        if (boundaries is None) == (num_buckets is None):
+            raise ValueError("give either boundaries or num_buckets")
+        self.num_replicas, self.rank = _world(num_replicas, rank)
+        lengths = _shard_lengths(dataset)
+        values = _key_values(dataset, keys, int(lengths.sum()))
+        if num_buckets is None:
+            self.boundaries = _check_boundaries([] if boundaries is None else boundaries)
+        else:
+            self.boundaries = quantile_boundaries(values, operator.index(num_buckets))
+        self.num_buckets = len(self.boundaries) + 1
+        self._bucket = np.searchsorted(self.boundaries, values, side="right").astype(np.int64)
+        self.bucket_sizes = np.bincount(self._bucket, minlength=self.num_buckets)
+        self.batch_size, self.chunksize = int(batch_size), int(chunksize)
+        self.seed, self.epoch = operator.index(seed), 0
+        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
+        self.auto_epoch = None if auto_epoch is None else bool(auto_epoch)
+        self._cuts = _boundaries(lengths)
+        self._chunks = _chunk_bounds(self._cuts, self.chunksize)
+        self._total = int((self.bucket_sizes // self.batch_size).sum())
+        replicas = self.num_replicas
+        self._length = self._total // replicas if self.drop_last else -(-self._total // replicas)
+        self._crcs: tuple[int, int] | None = None
+        self._position = 0  # batches handed out by the current iterator
+        self._resume = 0  # batches to skip at the start of the next iterator
+        # read, never configured: the dataset learns the plan from the indices handed out
+        reads_plans = getattr(dataset, "_reads_plans", None)
+        self._reader = dataset if callable(reads_plans) else None
+
+    @property
+    def buckets(self) -> np.ndarray:
+        """The bucket of every sample (int64, aligned with the dataset; read-only)."""
+        view = self._bucket.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def total_batches(self) -> int:
+        """Batches in an epoch over all ranks, before padding or dropping for the ranks."""
+        return self._total
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank: exact, the same on every rank and every epoch."""
+        return self._length
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the order of ``epoch`` from the next iteration on (as ChunkedSampler)."""
+        epoch = operator.index(epoch)
+        if epoch != self.epoch:
+            self._resume = 0
+        self.epoch = epoch
+
+    def epoch_batches(self, epoch: int | None = None) -> np.ndarray:
+        """All ranks' batches of ``epoch`` (default: the current one), ``(T, batch_size)``."""
+        epoch = self.epoch if epoch is None else operator.index(epoch)
+        rng = None
+        if self.shuffle:
+            entropy = [self.seed & (2**64 - 1), epoch & (2**64 - 1)]
+            rng = np.random.default_rng(np.random.SeedSequence(entropy))
+        return _epoch_batches(self._bucket, self.num_buckets, self._chunks, self.batch_size, rng)
+
+    def _rank_batches(self) -> np.ndarray:
+        batches = self.epoch_batches()
+        if self._length == 0:
+            return batches[:0]
+        start = self.rank * self._length
+        return batches[np.arange(start, start + self._length) % self._total]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        refuse_resplit(self)
+        start, self._resume = self._resume, 0
+        self._position = start
+        return self._generate(start)
+
+    def _generate(self, start: int) -> Iterator[list[int]]:
+        batches = self._rank_batches()[start:]
+        reader = self._reader
+        if reader is not None and reader._reads_plans():
+            # each index carries what follows it; positions count samples, batches are full
+            flat = itertools.chain.from_iterable(_rows(batches))
+            order = planned_order(flat, start * self.batch_size)
+            for _ in range(len(batches)):
+                batch = list(itertools.islice(order, self.batch_size))
+                self._position += 1
+                yield batch
+        else:
+            for batch in _rows(batches):
+                self._position += 1
+                yield batch
+        if self.auto_epoch is not False:
+            self.epoch += 1
+            self._position = 0
+
+    def state_dict(self, position: int | None = None) -> dict[str, Any]:
+        """The epoch and position (batches consumed on this rank) to resume from.
+
+        Args:
+            position: Batches of this epoch consumed on this rank; default: how many the
+                sampler has handed out (a DataLoader with workers runs ahead of the training
+                loop by its prefetched batches: pass the step the loop reached, or use a
+                ``StatefulDataLoader``, which snapshots the sampler batch by batch).
+
+        Returns:
+            Plain values (JSON- and ``torch.save``-friendly), the same on every rank.
+        """
+        pos = self._position if position is None else operator.index(position)
+        if not 0 <= pos <= self._length:
+            raise ValueError(f"position must be in [0, {self._length}], got {pos}")
+        return {
+            "format": _STATE_FORMAT,
+            "version": _STATE_VERSION,
+            "epoch": self.epoch,
+            "position": pos,
+            **self._settings(),
+        }
+
+    def _settings(self) -> dict[str, Any]:
+        if self._crcs is None:
+            buckets = zlib.crc32(self.boundaries.tobytes())
+            self._crcs = (_cuts_crc(self._cuts), zlib.crc32(self._bucket.tobytes(), buckets))
+        return {
+            "num_replicas": self.num_replicas,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "length": self._length,
+            "drop_last": self.drop_last,
+            "shuffle": self.shuffle,
+            "chunksize": self.chunksize,
+            "layout": self._crcs[0],
+            "buckets": self._crcs[1],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore epoch and position: the next iteration yields the rest of that epoch.
+
+        Raises:
+            ValueError: Not a state of this sampler, or saved over other data (shard layout,
+                keys or boundaries), another seed, world size or batch settings.
+        """
+        if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
+            raise ValueError(f"not a {_STATE_FORMAT} version {_STATE_VERSION} dict")
+        mine = self._settings()
+        for key in _STATE_CHECKED:
+            if state.get(key) != mine[key]:
+                what = {"layout": "shard layout", "buckets": "bucket of each sample"}.get(key, key)
+                raise ValueError(
+                    f"bucket sampler state was saved with another {what} "
+                    f"({key}={state.get(key)!r}, this sampler has {mine[key]!r})"
+                )
+        position = operator.index(state["position"])
+        if not 0 <= position <= self._length:
+            raise ValueError(f"position must be in [0, {self._length}], got {position}")
+        self.epoch = operator.index(state["epoch"])
+        self._resume = self._position = position
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(buckets={self.num_buckets}, batch_size={self.batch_size}, "
+            f"rank={self.rank}/{self.num_replicas}, len={self._length}, epoch={self.epoch})"
+        )
