@@ -11,10 +11,13 @@ a *stage*, describes what the whole job consumed, and the state of any one rank 
 orders are recomputed from seed, epoch and the settings).
 
 Resuming on ``R'`` ranks starts a new stage over the *rest* of the epoch: the slots each old rank
-had not consumed (positions ``p ..  L`` of its order), padding copies left out, concatenated in
-rank order. That sequence of ``T`` indices is cut into ``R'`` consecutive slices of
-``L' = ceil(T / R')`` (``floor`` with ``drop_last``), the last ones wrapping around to its start
-as a fresh epoch's do. Consecutive slices of consecutive orders keep each rank's reads inside
+had not consumed (positions ``p ..  L`` of its order), concatenated in rank order, without the
+padding copies and without the indices a copy of which was consumed (so nothing consumed is
+read again). Only the at most ``2 * (R - 1)`` slots that are copies or have one are ever
+tracked: the first and last ranks' orders are replayed up to ``p`` to see which were read.
+That sequence of ``T`` indices is cut into ``R'`` consecutive slices of ``L' = ceil(T / R')``
+(``floor`` with ``drop_last``), the last ones wrapping around to its start as a fresh epoch's
+do. Consecutive slices of consecutive orders keep each rank's reads inside
 the chunks (shards) the old orders were reading. A stage can itself be checkpointed and
 resumed on yet another world size: the next rest is made of the same slots, in the same way.
 
@@ -120,20 +123,25 @@ class _Resumed:
                 f"sampler state: {first.length} indices per rank cannot be an epoch of "
                 f"{self._n} on {first.replicas} ranks"
             )
-        # the rest after the first stage: old rank r's unread slots, padding left out
+        # the rest after the first stage: old rank r's unread slots, without the padding
+        # copies and without the samples a copy of which was read
+        self._extra = max(0, first.replicas * first.length - self._n)  # padding slots
+        seen = {r: self._read_marks(r) for r in self._marked_ranks()}
+        self._consumed = {slot % self._n for marks in seen.values() for slot in marks}
         heads = [
-            first.length - first.position - self._unread_padding(r) for r in range(first.replicas)
+            first.length - first.position - self._dropped(r, seen.get(r, set()))
+            for r in range(first.replicas)
         ]
         self._starts = list(itertools.accumulate(heads, initial=0))
         # each later stage's sequence, as ranges of positions in that first rest
         ranges: list[Range] = [(0, self._starts[-1])] if self._starts[-1] else []
         for stage in done[1:]:
             total = self._check(stage, ranges)
-            kept = []
-            for r in range(stage.replicas):
-                a = min(total, r * stage.length + stage.position)
-                kept += _take(ranges, a, min(total, (r + 1) * stage.length))
-            ranges = kept
+            ranges = [
+                piece
+                for a, b in _unread(total, stage.replicas, stage.length, stage.position)
+                for piece in _take(ranges, a, b)
+            ]
         self._ranges = ranges
         self.total = sum(b - a for a, b in ranges)
         """How many indices the current stage splits over its ranks."""
@@ -165,30 +173,44 @@ class _Resumed:
         other.stages = (*self.stages[:-1], dataclasses.replace(last, position=position))
         return other
 
-    def _unread_padding(self, rank: int) -> int:
-        """How many of ``rank``'s padding copies come after its consumed position."""
+    def _marks(self, rank: int) -> list[int]:
+        """Old ``rank``'s slots that are padding copies or have one (at most ``2 * (R - 1)``)."""
+        first, n = self._first, self._n
+        a, b = rank * first.length, (rank + 1) * first.length
+        return [*range(a, min(b, self._extra)), *range(max(a, n), b)]
+
+    def _marked_ranks(self) -> list[int]:
+        """The old ranks holding marked slots: the first and the last ones."""
         first = self._first
-        pad = _padding(self._n, first.length, rank)
-        if not pad or not first.position:
-            return pad
-        head = itertools.islice(self._old_order(rank), first.position)
-        return pad - sum(1 for i in head if i < 0)
+        return [r for r in range(first.replicas) if self._extra and self._marks(r)]
+
+    def _read_marks(self, rank: int) -> set[int]:
+        """The marked slots among old ``rank``'s consumed indices."""
+        head = itertools.islice(self._old_order(rank), self._first.position)
+        return {i.slot for i in head if type(i) is _Slot}
+
+    def _dropped(self, rank: int, read: set[int]) -> int:
+        """How many of old ``rank``'s unread indices the rest leaves out."""
+        return sum(1 for slot in self._marks(rank) if slot not in read and self._drops(slot))
+
+    def _drops(self, slot: int) -> bool:
+        """Whether the rest leaves out the (unread) index in ``slot``: a copy, or read as one."""
+        return slot >= self._n or slot in self._consumed
 
     def _old_order(self, rank: int) -> Iterator[int]:
-        """Old ``rank``'s order in the first stage, each padding copy ``i`` as ``-1 - i``."""
-        first = self._first
+        """Old ``rank``'s order in the first stage, marked slots as :class:`_Slot`."""
+        first, n = self._first, self._n
         replica = self.sampler._replica(
             first.replicas, rank, self.epoch, self.seed, first.num_workers, first.batch_size
         )
         pieces: Iterable[list[int]] = replica._pieces()
-        pad = _padding(self._n, first.length, rank)
-        if pad and replica.partition == "block":  # the copies are the range's first indices
-            lo, n = replica.span[0], self._n
-            slots = range(max(n, rank * first.length), (rank + 1) * first.length)
-            copies = {lo + g % n for g in slots}  # a rank's slots are distinct indices
-            pieces = ([-1 - i if i in copies else i for i in p] for p in pieces)
-        elif pad:  # global slices: the copies are the slice's last positions
-            pieces = _mark_from(pieces, first.length - pad)
+        marks = self._marks(rank) if self._extra else []
+        if marks and replica.partition == "block":  # slot g holds index lo + g % n
+            lo = replica.span[0]
+            by_index = {lo + g % n: g for g in marks}  # a rank's slots hold distinct indices
+            pieces = ([_Slot(i, by_index[i]) if i in by_index else i for i in p] for p in pieces)
+        elif marks:  # global slices: slot g is position g - rank * length of the slice
+            pieces = _marked(pieces, {g - rank * first.length: g for g in marks})
         if first.num_workers > 1:
             return _interleave(pieces, first.num_workers, first.batch_size)
         return itertools.chain.from_iterable(pieces)
@@ -202,7 +224,7 @@ class _Resumed:
                 rank += 1
             offset, stop = a - self._starts[rank], min(b, self._starts[rank + 1])
             unread = itertools.islice(self._old_order(rank), first.position, None)
-            kept = (i for i in unread if i >= 0)
+            kept = (int(i) for i in unread if type(i) is not _Slot or not self._drops(i.slot))
             yield from itertools.islice(kept, offset, offset + stop - a)
             a = stop
 
@@ -234,16 +256,52 @@ def _take(ranges: Sequence[Range], a: int, b: int) -> list[Range]:
     return out
 
 
-def _mark_from(pieces: Iterable[list[int]], cut: int) -> Iterator[list[int]]:
-    """``pieces`` with every index from position ``cut`` on written as ``-1 - i``."""
-    pos = 0
+class _Slot(int):
+    """An index of an old rank's order that is a padding copy or has one, with its slot."""
+
+    slot: int
+
+    def __new__(cls, value: int, slot: int) -> _Slot:  # noqa: D102
+        self = int.__new__(cls, value)
+        self.slot = slot
+        return self
+
+
+def _marked(pieces: Iterable[list[int]], marks: dict[int, int]) -> Iterator[list[int]]:
+    """``pieces`` with the index at each position ``p`` of ``marks`` as ``_Slot(i, marks[p])``."""
+    todo = sorted(marks)
+    k, pos = 0, 0
     for piece in pieces:
-        if pos + len(piece) <= cut:
-            yield piece
-        else:
-            keep = max(0, cut - pos)
-            yield piece[:keep] + [-1 - i for i in piece[keep:]]
-        pos += len(piece)
+        end = pos + len(piece)
+        if k < len(todo) and todo[k] < end:
+            piece = list(piece)
+            while k < len(todo) and todo[k] < end:
+                piece[todo[k] - pos] = _Slot(piece[todo[k] - pos], marks[todo[k]])
+                k += 1
+        yield piece
+        pos = end
+
+
+def _unread(total: int, replicas: int, length: int, position: int) -> list[Range]:
+    """The positions of a stage's sequence of ``total`` that its rest keeps, as ranges.
+
+    Each rank's unread part of its slice, without the padding copies (positions past
+    ``total``) and without the positions a copy of which was read.
+    """
+    read = set()
+    for g in range(total, replicas * length):  # the copies: at most replicas - 1
+        if g % length < position:
+            read.add(g % total)
+    kept: list[Range] = []
+    for r in range(replicas):
+        a, b = min(total, r * length + position), min(total, (r + 1) * length)
+        for q in sorted(p for p in read if a <= p < b):
+            if a < q:
+                kept.append((a, q))
+            a = q + 1
+        if a < b:
+            kept.append((a, b))
+    return kept
 
 
 def read_stages(state: dict[str, Any]) -> list[_Stage]:
