@@ -12,6 +12,7 @@ not on the package index, so from a clone, ``pip install -e '.[image]'``)::
     http     aiohttp     http(s):// URLs
     msgpack  msgpack     .msgpack / .mp fields
     dask     distributed index builds on a Dask cluster (--dask)
+    obstore  obstore     the obstore transport (storage option transport="obstore"/"auto")
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ _EXTRA_OF_MODULE = {
     "aiohttp": "http",
     "msgpack": "msgpack",
     "distributed": "dask",
+    "obstore": "obstore",
 }
 _PACKAGE_OF_MODULE = {"PIL": "Pillow", "distributed": "dask.distributed"}
 _EXTRA_OF_PROTOCOL = {

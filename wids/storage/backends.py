@@ -49,6 +49,7 @@ def url_to_fs(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
 
     from ..extras import missing_backend
 
+    options = {k: v for k, v in options.items() if k != "transport"}  # wids's, not fsspec's
     try:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as e:

@@ -322,10 +322,19 @@ class Source:
         """This process's :class:`~wids.storage.transport.Transport` of the (remote) file."""
         transport = self._transport
         if transport is None or self._pid != os.getpid():
+            options = self._options
+            if "transport" in options:  # wids's choice of transport (storage/viaobstore.py)
+                from .viaobstore import obstore_transport
+
+                chosen = obstore_transport(self.url, options, self.retry.timeout)
+                if chosen is not None:
+                    self._transport, self._pid = chosen, os.getpid()
+                    return chosen
+                options = {k: v for k, v in options.items() if k != "transport"}
             fs, path = self._filesystem()
-            timeout = request_timeout(self.url, self.storage_options, self.retry)
+            timeout = request_timeout(self.url, options, self.retry)
             transport = transport_for(self.url, fs, path, self.retry.timeout, timeout)
-            plain = plain_options(self.url, self.storage_options) and self.store._plain
+            plain = plain_options(self.url, options) and self.store._plain
             if plain and is_http(fs):
                 from .http1 import PlainTransport
 
