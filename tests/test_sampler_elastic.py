@@ -216,3 +216,120 @@ def test_a_padding_copy_read_before_the_checkpoint_is_not_read_again():
     rest = [i for rank in stages[1] for i in rank]
     assert 0 not in rest
     assert sorted(set(rest) | {i for rank in stages[0] for i in rank}) == list(range(103))
+
+
+# -- real processes: torchrun ranks, DataLoader workers, tar shards ------------------------------
+
+JOB = Path(__file__).with_name("elastic_job.py")
+BATCH, STEPS, SEED, CHUNK = 4, 5, 11, 8
+
+
+@pytest.fixture(scope="module")
+def shards_json(tmp_path_factory):
+    from wids.synth import write_shard
+
+    root = tmp_path_factory.mktemp("elastic")
+    shards, index = [], 0
+    for s, n in enumerate(LENGTHS):
+        members = []
+        for _ in range(n):
+            key = f"s{s}-{index:06d}"  # the key names the sample's index
+            members += [(f"{key}.cls", str(s).encode()), (f"{key}.txt", key.encode())]
+            index += 1
+        write_shard(str(root / f"part-{s:02d}.tar"), members)
+        shards.append({"url": str(root / f"part-{s:02d}.tar"), "nsamples": n})
+    path = root / "shards.json"
+    path.write_text(json.dumps(shards))
+    return path
+
+
+def torchrun(shards: Path, ranks: int, name: str, loader: str, workers: int, *steps, state=None):
+    import os
+    import sys
+
+    from procgroup import run_group
+    from test_distributed import free_port
+
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}",
+        "--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}",
+        str(JOB), str(shards), str(shards.parent), name, loader, str(workers), *map(str, steps),
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if state is not None:
+        env["ELASTIC_STATE"] = str(state)
+    proc = run_group(cmd, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads((shards.parent / f"{name}.json").read_text())
+
+
+def expected(old: int, new: int) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """In one process: what the old ranks read, what the new ranks read, the next epoch."""
+    ds = Shards(LENGTHS)
+    before, after, nxt = [], [], []
+    state = None
+    for r in range(old):
+        s = DistributedChunkedSampler(ds, num_replicas=old, rank=r, seed=SEED, chunksize=CHUNK)
+        s.set_epoch(1)
+        before.append(list(itertools.islice(iter(s), STEPS * BATCH)))
+        state = s.state_dict(position=STEPS * BATCH)
+    for r in range(new):
+        s = DistributedChunkedSampler(ds, num_replicas=new, rank=r, seed=SEED, chunksize=CHUNK)
+        s.set_epoch(1)
+        s.load_state_dict(state)
+        after.append(list(s))
+        nxt.append(list(s))
+    return before, after, nxt
+
+
+def flat(batches):
+    return [i for batch in batches for i in batch]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("old", "new", "loader"),
+    [((2, 2), (3, 1), "plain"), ((4, 1), (2, 2), "plain"), ((2, 2), (3, 2), "stateful")],
+    ids=["2x2-3x1", "4x1-2x2", "stateful-2x2-3x2"],
+)
+def test_torchrun_checkpoint_resumes_on_another_world_size(shards_json, old, new, loader):
+    pytest.importorskip("torch")
+    if loader == "stateful":
+        pytest.importorskip("torchdata.stateful_dataloader")
+    name = f"{loader}-{old[0]}x{old[1]}-{new[0]}x{new[1]}"
+    saved = torchrun(shards_json, *old[:1], f"{name}-save", loader, old[1], STEPS)
+    state = shards_json.parent / f"{name}-save-state.pt"
+    resumed = torchrun(shards_json, new[0], f"{name}-resume", loader, new[1], state=state)
+    before = [flat(rank) for rank in saved["epoch1"]]
+    after = [flat(rank) for rank in resumed["epoch1"]]
+    # the ranks stopped at step STEPS; the new ranks read equal shares of the rest
+    assert [len(b) for b in before] == [STEPS * BATCH] * old[0]
+    assert len({len(a) for a in after}) == 1
+    read_before = Counter(i for b in before for i in b)
+    read_after = Counter(i for a in after for i in a)
+    assert not set(read_before) & set(read_after)  # nothing read before is read again
+    assert set(read_before) | set(read_after) == set(range(sum(LENGTHS)))  # nothing lost
+    assert (read_after - Counter(set(read_after))).total() <= new[0] - 1  # padding only
+    # exactly the order the samplers give in one process, whatever the workers
+    want_before, want_after, want_next = expected(old[0], new[0])
+    assert before == want_before and after == want_after
+    # and then the next epoch is the normal one for the new world size
+    assert resumed["epoch"] == 3 and [flat(r) for r in resumed["epoch2"]] == want_next
+
+
+def test_a_position_given_after_the_loader_drew_the_last_indices_is_in_that_epoch():
+    """A DataLoader prefetching the epoch's last batches completes the sampler's pass, which
+    advances the epoch; the loop's checkpoint at step 5 still means the epoch it is in."""
+    s = ranks(4)[0]
+    s.set_epoch(1)
+    it = iter(s)
+    whole = list(it)  # the loader drew everything; the loop is at step 5 of 4 indices
+    assert s.epoch == 2
+    state = s.state_dict(position=20)
+    assert (state["epoch"], state["position"]) == (1, 20)
+    t = ranks(4)[0]
+    t.load_state_dict(state)
+    assert list(t) == whole[20:]
+    assert s.state_dict()["epoch"] == 2  # handed-out count: the new epoch, at 0
+    iter(s)  # a pass of epoch 2 began: positions are its own again
+    assert s.state_dict(position=20)["epoch"] == 2

@@ -226,6 +226,9 @@ class ChunkedSampler:
         # and in the current iterator (None: a plain epoch)
         self._pending: _Resumed | None = None
         self._resumed: _Resumed | None = None
+        # the epoch (and its stages) a pass just completed and advanced from, until the next
+        # pass starts: a position given to state_dict() then still means that epoch
+        self._finished: tuple[int, _Resumed | None] | None = None
         # read, never configured: the dataset learns the plan from the indices handed out
         reads_plans = getattr(dataset, "_reads_plans", None)
         self._reader = dataset if callable(reads_plans) else None
@@ -251,7 +254,7 @@ class ChunkedSampler:
         n = self.span[1] - self.span[0]
         other._length = n // replicas if self.drop_last else -(-n // replicas)
         other.ranges = other._rank_ranges()
-        other._reader, other._pending, other._resumed = None, None, None
+        other._reader, other._pending, other._resumed, other._finished = None, None, None, None
         return other
 
     def _chunk(self, lo: int, hi: int) -> _Runs:
@@ -295,7 +298,7 @@ class ChunkedSampler:
         epoch = operator.index(epoch)
         if epoch != self.epoch:
             self._resume, self._pending = 0, None
-        self.epoch = epoch
+        self.epoch, self._finished = epoch, None
 
     def _pieces(self) -> Iterator[list[int]]:
         """This replica's indices for the current epoch, as lists taken from single chunks."""
@@ -336,7 +339,7 @@ class ChunkedSampler:
 
     def __iter__(self) -> Iterator[int]:
         start, self._resume = self._resume, 0
-        self._resumed, self._pending = self._pending, None
+        self._resumed, self._pending, self._finished = self._pending, None, None
         self._position = start
         order: Iterator[int]
         if self._resumed is not None:  # the rest of an epoch begun on another world size
@@ -352,9 +355,11 @@ class ChunkedSampler:
         for index in order:
             self._position += 1
             yield index
-        if self._resumed is not None:  # that epoch is complete: its stages are done with
-            self._resumed, self._position = None, self._length
+        resumed, self._resumed = self._resumed, None  # that epoch is complete
+        if resumed is not None:
+            self._position = self._length
         if self.auto_epoch is not False:
+            self._finished = (self.epoch, resumed)
             self.epoch += 1
             self._position = 0
 
@@ -366,7 +371,10 @@ class ChunkedSampler:
                 how many the sampler has handed out, which under a DataLoader with workers runs
                 ahead of the training loop by the prefetched batches: pass
                 ``steps * batch_size`` to resume at the step the loop reached (in an epoch
-                resumed on another world size, the steps since that resume).
+                resumed on another world size, the steps since that resume). If the loader
+                has already drawn the epoch's last indices (the sampler has moved on to the
+                next epoch but no pass of it has begun), a non-zero position is one of the
+                epoch that pass completed.
 
         Returns:
             A dict of plain values (JSON- and ``torch.save``-friendly). Every rank in lockstep
@@ -374,7 +382,11 @@ class ChunkedSampler:
             on another number of ranks (docs/elastic-resume.md). In an epoch resumed on
             another world size it also lists the epoch's ``stages`` (and has version 2).
         """
-        resumed = self._pending or self._resumed
+        epoch, resumed = self.epoch, self._pending or self._resumed
+        if position is not None and position and self._finished is not None:
+            # the pass ended (a DataLoader prefetched its last indices) and advanced the epoch,
+            # but no pass of the next epoch began: the loop's position is in the finished one
+            epoch, resumed = self._finished
         limit = self._length if resumed is None else resumed.stage.length
         pos = self._position if position is None else operator.index(position)
         if not 0 <= pos <= limit:
@@ -382,7 +394,7 @@ class ChunkedSampler:
         state = {
             "format": _STATE_FORMAT,
             "version": _STATE_VERSION,
-            "epoch": self.epoch,
+            "epoch": epoch,
             "seed": self.seed,
             "position": pos,
             **self._settings(),
@@ -452,7 +464,7 @@ class ChunkedSampler:
             resumed = _Resumed(self, epoch, seed, stages[:-1], stages[-1])
         else:
             resumed = _Resumed(self, epoch, seed, stages)
-        self.epoch, self.seed = epoch, seed
+        self.epoch, self.seed, self._finished = epoch, seed, None
         self._pending = resumed
         last = stages[-1] if resumed is None else resumed.stage
         self._resume = self._position = last.position
