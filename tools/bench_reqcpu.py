@@ -21,7 +21,13 @@ Usage::
 
 The second form reads samples one at a time (``ds[i]`` in a loop, ``access="range"``, random
 order over 4 shards of 1,000 samples) against a keep-alive ``http.client`` Range GET of the
-same bytes per sample (the floor), in one run, and prints samples/s and the ratio.
+same bytes per sample (the floor), in one run, and prints samples/s and the ratio. If a Python
+with Daft installed is given (``--daft-python``, by default ``/tmp/venv-daft/bin/python`` when it
+exists: ``python -m venv /tmp/venv-daft && /tmp/venv-daft/bin/pip install daft``; a peer, never
+a dependency), a Daft row reads the same samples in the same order in a subprocess: the
+shards listed once by ``daft.read_webdataset`` (untimed, as wids's index is built before), then
+per sample its label (decoded by the listing) and ``File.open().read()`` of its payload (Rust
+I/O, one range request per sample; the nginx access log's count of them is printed).
 """
 
 from __future__ import annotations
@@ -151,6 +157,56 @@ def _floor_round(base: str, spans: list[tuple[str, int, int]], order: list[int])
     return time.perf_counter() - t
 
 
+_DAFT = r"""
+import json, sys, time
+import daft
+
+urls, keys, order, repeat = json.load(sys.stdin)
+rows = []
+for url in urls:  # one listing per shard: a list of URLs hung in daft 0.7.26 (2 cores)
+    rows += daft.read_webdataset(url).select("__url__", "__key__", "cls", "bin").to_pylist()
+by_key = {(r["__url__"], r["__key__"]): r for r in rows}
+samples = [by_key[tuple(k)] for k in keys]
+for k in order[:200]:  # warm: connections made
+    with samples[k]["bin"].open() as f:
+        f.read()
+best = float("inf")
+for _ in range(repeat):
+    t = time.perf_counter()
+    for k in order:
+        row = samples[k]
+        with row["bin"].open() as f:
+            data = f.read()
+        if len(data) != 2000 or row["cls"] is None:
+            raise RuntimeError("a wrong read")
+    best = min(best, time.perf_counter() - t)
+print(best)
+"""
+
+
+def _daft_rounds(
+    python: str, nginx: Nginx, spans: list[tuple[str, int, int]], order: list[int], repeat: int
+) -> tuple[float, int]:
+    """Daft's best round (seconds) in a subprocess of ``python``, and nginx's requests then."""
+    import json
+    import subprocess
+
+    urls = sorted({f"{nginx.base}/{name}" for name, _, _ in spans})
+    keys = [
+        (f"{nginx.base}/{name}", f"s{name[6:10]}{k % 1000:06d}")
+        for k, (name, _, _) in enumerate(spans)
+    ]
+    job = json.dumps([urls, keys, order, repeat])
+    nginx.reset()
+    out = subprocess.run(
+        [python, "-c", _DAFT], input=job, capture_output=True, text=True, check=True, timeout=600
+    )
+    nginx.counts()  # the log settled
+    with open(nginx.access_log) as log:  # the sample reads: answers of a payload's size
+        reads = sum(line.rsplit(" ", 1)[-1].strip() == "2000" for line in log)
+    return float(out.stdout.split()[-1]), reads
+
+
 def _wids_ds_round(ds: object, order: list[int]) -> float:
     t = time.perf_counter()
     for k in order:
@@ -164,6 +220,11 @@ def ds_loop(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--samples", type=int, default=2000)
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--profile", default=None, help="write a cProfile of one wids round here")
+    p.add_argument(
+        "--daft-python",
+        default="/tmp/venv-daft/bin/python",
+        help="a python with daft installed (its row is left out if there is none)",
+    )
     args = p.parse_args(argv)
     import random
 
@@ -189,6 +250,15 @@ def ds_loop(argv: list[str] | None = None) -> dict[str, float]:
                     best["http.client"], _floor_round(nginx.base, spans, order)
                 )
                 best["wids ds[i]"] = min(best["wids ds[i]"], _wids_ds_round(ds, order))
+            note = ""
+            if os.path.exists(args.daft_python):
+                best["daft File.read"], requests = _daft_rounds(
+                    args.daft_python, nginx, spans, order, args.repeat
+                )
+                rounds = args.repeat + 1  # and the warm-up's 200 samples
+                note = f"daft: {requests} payload GETs for {rounds} x {args.samples} + 200 samples"
+            else:
+                note = f"no daft row: {args.daft_python} does not exist"
             if args.profile:
                 import cProfile
 
@@ -200,7 +270,8 @@ def ds_loop(argv: list[str] | None = None) -> dict[str, float]:
     for name, sec in best.items():
         rate = args.samples / sec
         floor = args.samples / best["http.client"]
-        print(f"{name:12} {rate:9.0f} samples/s  {rate / floor:5.2f}x the floor")
+        print(f"{name:14} {rate:9.0f} samples/s  {rate / floor:5.2f}x the floor")
+    print(note)
     return best
 
 
