@@ -249,6 +249,8 @@ def test_resume_at_any_position_gives_the_rest_of_the_epoch(replicas):
 
 
 def test_a_state_from_other_data_or_settings_is_refused():
+    from wids import SamplerStateError
+
     ds = Shards([40, 60])
     keys = np.random.default_rng(4).random(100)
     base = dict(batch_size=4, num_buckets=3, seed=1)
@@ -257,15 +259,17 @@ def test_a_state_from_other_data_or_settings_is_refused():
         (dict(seed=2), "seed"),
         (dict(batch_size=5), "batch_size"),
         (dict(num_buckets=4), "bucket of each sample"),
-        (dict(num_replicas=2, rank=0), "num_replicas"),
+        (dict(shuffle=False), "shuffle"),
+        (dict(chunksize=7), "chunksize"),
+        (dict(drop_last=True), "drop_last"),
     ]:
-        with pytest.raises(ValueError, match=match):
+        with pytest.raises(SamplerStateError, match=match):
             BucketBatchSampler(ds, keys, **{**base, **changed}).load_state_dict(state)
-    with pytest.raises(ValueError, match="shard layout"):
+    with pytest.raises(SamplerStateError, match="shard layout"):
         BucketBatchSampler(Shards([50, 50]), keys, **base).load_state_dict(state)
-    with pytest.raises(ValueError, match="bucket of each sample"):
+    with pytest.raises(SamplerStateError, match="bucket of each sample"):
         BucketBatchSampler(ds, keys[::-1].copy(), **base).load_state_dict(state)
-    with pytest.raises(ValueError, match="not a"):
+    with pytest.raises(SamplerStateError, match="not a"):
         BucketBatchSampler(ds, keys, **base).load_state_dict({"format": "wids-sampler-state"})
 
 
@@ -441,3 +445,152 @@ def test_the_documented_example_runs(tmp_path, monkeypatch):
     scope: dict = {}
     exec(compile(code, "docs/bucketing.md", "exec"), scope)
     assert scope["sampler"].epoch == 2 and len(scope["sampler"]) == 12
+
+
+# -- resume on another world size -------------------------------------------------------------
+
+
+def _resume_on(ds, keys, state, replicas, **kw):
+    """Every rank of a new world size loads the state."""
+    samplers = [
+        BucketBatchSampler(ds, keys, num_replicas=replicas, rank=r, **kw) for r in range(replicas)
+    ]
+    for s in samplers:
+        s.load_state_dict(json.loads(json.dumps(state)))
+    return samplers
+
+
+def _unread(samplers):
+    """Each rank's part of its stage from where it starts (its resume position), padding
+    copies left out."""
+    total = len(samplers[0]._stage_batches())
+    out = []
+    for r, s in enumerate(samplers):
+        order = [tuple(b) for b in s._rank_batches()]
+        real = order[: max(0, min(len(order), total - r * len(order)))]
+        out.append(real[s._resume :])
+    return out
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=5),
+    worlds=st.lists(st.integers(1, 5), min_size=2, max_size=4),
+    cuts=st.lists(st.floats(0, 1), min_size=3, max_size=3),
+    drop_last=st.booleans(),
+)
+def test_an_epoch_resumed_on_other_world_sizes_reads_every_batch_once(
+    lengths, worlds, cuts, drop_last
+):
+    """Checkpoint at a step on R1 ranks, resume on R2 (and again on R3 ...): each batch once."""
+    ds = Shards(lengths)
+    keys = np.random.default_rng(len(lengths)).random(len(ds))
+    kw = dict(batch_size=3, num_buckets=2, seed=4, drop_last=drop_last, chunksize=16)
+    full = BucketBatchSampler(ds, keys, **kw)
+    full.set_epoch(1)
+    everything = {tuple(b) for b in full}
+    samplers, _ = all_ranks(ds, keys, worlds[0], **kw)
+    for s in samplers:
+        s.set_epoch(1)
+    read: list[tuple] = []
+    for k, replicas in enumerate(worlds[1:]):
+        # lockstep: every rank consumed the same number of batches of its order
+        start = samplers[0]._resume
+        step = start + int(cuts[k] * (len(samplers[0]._rank_batches()) - start))
+        read += [b for part in _unread(samplers) for b in part[: step - start]]
+        samplers = _resume_on(ds, keys, samplers[0].state_dict(step), replicas, **kw)
+        assert all(s.epoch == 1 for s in samplers)
+    rest = _unread(samplers)
+    read += [b for part in rest for b in part]
+    expected = [[list(b) for b in s._rank_batches()[s._resume :]] for s in samplers]
+    got = [list(s) for s in samplers]
+    assert got == expected and len({len(g) for g in got}) == 1  # equal per rank
+    counts = Counter(read)
+    assert max(counts.values(), default=1) == 1  # none twice (padding copies aside)
+    if not drop_last:  # none lost
+        assert set(counts) == everything
+    assert set(counts) <= everything
+    # the next epoch is the new world size's normal order
+    fresh, _ = all_ranks(ds, keys, worlds[-1], **kw)
+    for s, f in zip(samplers, fresh, strict=True):
+        f.set_epoch(2)
+        assert s.epoch == 2 and list(s) == list(f)
+
+
+def test_resumed_stage_state_round_trips_on_the_same_world_size():
+    ds = Shards([50, 50, 20])
+    keys = np.random.default_rng(9).random(120)
+    kw = dict(batch_size=4, num_buckets=3, seed=2)
+    old = [BucketBatchSampler(ds, keys, num_replicas=2, rank=r, **kw) for r in range(2)]
+    state = old[0].state_dict(5)
+    new = BucketBatchSampler(ds, keys, num_replicas=3, rank=1, **kw)
+    new.load_state_dict(state)
+    whole = list(new)
+    again = BucketBatchSampler(ds, keys, num_replicas=3, rank=1, **kw)
+    again.load_state_dict(state)
+    it = iter(again)
+    head = [next(it) for _ in range(2)]
+    mid = again.state_dict()
+    assert [s["num_replicas"] for s in mid["stages"]] == [2, 3]
+    third = BucketBatchSampler(ds, keys, num_replicas=3, rank=1, **kw)
+    third.load_state_dict(mid)
+    assert head + list(third) == whole
+
+
+def test_checkpoint_on_two_ranks_of_two_workers_resumes_on_three_ranks_of_one(local):
+    """Real reads: 2 ranks x 2 workers read ``k`` steps; 3 ranks x 1 worker read the rest."""
+    torch = pytest.importorskip("torch")
+    ds = ShardListDataset(local["index"], transformations=[])
+    kw = dict(batch_size=BATCH, num_buckets=4, seed=12)
+
+    def loader(sampler, workers):
+        return torch.utils.data.DataLoader(
+            ds, batch_sampler=sampler, num_workers=workers, collate_fn=_collate
+        )
+
+    def indices(batch):
+        assert len({_ratio_of(s) for s in batch}) == 1
+        return [s["__index__"] for s in batch]
+
+    k = 4
+    read, old = [], []
+    for rank in range(2):
+        sampler = BucketBatchSampler(ds, local["ratios"], num_replicas=2, rank=rank, **kw)
+        it = iter(loader(sampler, 2))
+        read += [indices(next(it)) for _ in range(k)]
+        del it
+        old.append(sampler)
+    state = old[0].state_dict(position=k)  # the step the training loop reached
+    lengths = set()
+    for rank in range(3):
+        sampler = BucketBatchSampler(ds, local["ratios"], num_replicas=3, rank=rank, **kw)
+        sampler.load_state_dict(state)
+        got = [indices(b) for b in loader(sampler, 1)]
+        lengths.add(len(got))
+        read += got
+    assert len(lengths) == 1  # equal per rank
+    every = BucketBatchSampler(ds, local["ratios"], **kw)
+    epoch = sorted(i for b in every for i in b)
+    counts = Counter(i for b in read for i in b)
+    # all of the epoch's batches; the only repeats are the new ranks' padding (<= 2 batches)
+    assert set(counts) == set(epoch)
+    assert sum(c - 1 for c in counts.values()) <= 2 * BATCH
+
+
+def test_keys_by_the_name_of_an_index_column(tmp_path):
+    """The column comes from the index (ShardWriter(columns=...)); a missing value is refused."""
+    from wids import ShardWriter
+
+    pattern, index = str(tmp_path / "t-%06d.tar"), str(tmp_path / "t.json")
+    with ShardWriter(pattern, maxcount=10, index=index, columns=["json:tokens"]) as sink:
+        for i in range(30):
+            meta = {"tokens": 100 * (i % 3)} if i != 17 else {}
+            sink.write({"__key__": f"{i:04d}", "json": meta})
+    ds = ShardListDataset(index, transformations=[])
+    with pytest.raises(ValueError, match="sample 17"):
+        BucketBatchSampler(ds, "tokens", batch_size=3, num_buckets=3)
+    kept = ShardListDataset(index, exclude=[17], transformations=[])
+    sampler = BucketBatchSampler(kept, "tokens", batch_size=3, num_buckets=3)
+    assert sampler.boundaries.tolist() == [100.0, 200.0]
+    tokens = kept.column("tokens")
+    assert all(len(set(tokens[b])) == 1 for b in sampler) and len(sampler) == 9

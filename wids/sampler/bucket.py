@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import SamplerStateError
 from ..plan import planned_order
 from .chunked import _shard_lengths
 from .chunks import _boundaries, _cuts_crc
@@ -51,18 +52,9 @@ __all__ = ["BucketBatchSampler"]
 _STATE_FORMAT = "wids-bucket-sampler-state"
 _STATE_VERSION = 1
 _BLOCK = 1024  # batches turned into Python lists at a time
-# state fields that must match for a saved position to mean the same batches
-_STATE_CHECKED = (
-    "num_replicas",
-    "seed",
-    "batch_size",
-    "length",
-    "drop_last",
-    "shuffle",
-    "chunksize",
-    "layout",
-    "buckets",
-)
+# state fields that must match for its batches to be this sampler's (any world size)
+_STATE_CHECKED = ("seed", "batch_size", "drop_last", "shuffle", "chunksize", "layout", "buckets")
+_STATE_NAMES = {"layout": "shard layout", "buckets": "bucket of each sample"}
 
 
 def _key_values(dataset: Any, keys: Any, n: int) -> np.ndarray:
@@ -186,6 +178,39 @@ def _epoch_batches(
     return batches
 
 
+def _per_rank(total: int, replicas: int, drop_last: bool) -> int:
+    return total // replicas if drop_last else -(-total // replicas)
+
+
+def _rest(seq: np.ndarray, replicas: int, length: int, position: int) -> np.ndarray:
+    """What a stage left unread: each rank's slots ``[position, length)`` in rank order.
+
+    Slot ``j`` of the stage (rank ``j // length``) reads ``seq[j]``; slots past ``len(seq)``
+    are padding copies (left out), and ``drop_last``'s dropped tail is never a slot.
+    """
+    slots = np.arange(min(len(seq), replicas * length))
+    rest: np.ndarray = seq[: len(slots)][slots % length >= position] if length else seq[:0]
+    return rest
+
+
+def _read_stages(state: dict[str, Any]) -> list[tuple[int, int, int]]:
+    """The ``(num_replicas, length, position)`` of each stage of the saved epoch."""
+    try:
+        stages = [
+            (
+                operator.index(s["num_replicas"]),
+                operator.index(s["length"]),
+                operator.index(s["position"]),
+            )
+            for s in state["stages"]
+        ]
+    except (KeyError, TypeError, AttributeError) as e:
+        raise SamplerStateError(f"bucket sampler state: malformed stages ({e!r})") from None
+    if not stages or any(r < 1 or not 0 <= p <= n for r, n, p in stages):
+        raise SamplerStateError(f"bucket sampler state: malformed stages {state['stages']!r}")
+    return stages
+
+
 def _rows(batches: np.ndarray) -> Iterator[list[int]]:
     """The rows of ``batches`` as lists of ints, a block at a time (not all at once)."""
     for start in range(0, len(batches), _BLOCK):
@@ -298,6 +323,10 @@ class BucketBatchSampler:
         self._crcs: tuple[int, int] | None = None
         self._position = 0  # batches handed out by the current iterator
         self._resume = 0  # batches to skip at the start of the next iterator
+        # an epoch resumed on another world size: the stages before the one this sampler reads
+        # (each ``(num_replicas, length, position)``), and the length of its own stage
+        self._done: list[tuple[int, int, int]] = []
+        self._stage_length = self._length
         # read, never configured: the dataset learns the plan from the indices handed out
         reads_plans = getattr(dataset, "_reads_plans", None)
         self._reader = dataset if callable(reads_plans) else None
@@ -321,8 +350,9 @@ class BucketBatchSampler:
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` from the next iteration on (as ChunkedSampler)."""
         epoch = operator.index(epoch)
-        if epoch != self.epoch:
+        if epoch != self.epoch:  # a loaded position (and resumed stages) belong to its epoch
             self._resume = 0
+            self._done, self._stage_length = [], self._length
         self.epoch = epoch
 
     def epoch_batches(self, epoch: int | None = None) -> np.ndarray:
@@ -334,12 +364,21 @@ class BucketBatchSampler:
             rng = np.random.default_rng(np.random.SeedSequence(entropy))
         return _epoch_batches(self._bucket, self.num_buckets, self._chunks, self.batch_size, rng)
 
+    def _stage_batches(self) -> np.ndarray:
+        """Global batch numbers of the stage this sampler reads (the whole epoch if plain)."""
+        seq = np.arange(self._total)
+        for replicas, length, position in self._done:
+            seq = _rest(seq, replicas, length, position)
+        return seq
+
     def _rank_batches(self) -> np.ndarray:
         batches = self.epoch_batches()
-        if self._length == 0:
+        seq = self._stage_batches() if self._done else np.arange(self._total)
+        length = self._stage_length
+        if length == 0:
             return batches[:0]
-        start = self.rank * self._length
-        return batches[np.arange(start, start + self._length) % self._total]
+        start = self.rank * length
+        return batches[seq[np.arange(start, start + length) % len(seq)]]
 
     def __iter__(self) -> Iterator[list[int]]:
         refuse_resplit(self)
@@ -362,6 +401,8 @@ class BucketBatchSampler:
             for batch in _rows(batches):
                 self._position += 1
                 yield batch
+        if self._done:  # the resumed epoch is complete: back to this world size's order
+            self._done, self._stage_length = [], self._length
         if self.auto_epoch is not False:
             self.epoch += 1
             self._position = 0
@@ -376,17 +417,24 @@ class BucketBatchSampler:
                 ``StatefulDataLoader``, which snapshots the sampler batch by batch).
 
         Returns:
-            Plain values (JSON- and ``torch.save``-friendly), the same on every rank.
+            Plain values (JSON- and ``torch.save``-friendly), the same on every rank in
+            lockstep. ``stages`` lists the world sizes the epoch ran on so far, each with its
+            batches per rank and the position reached (one stage unless it was resumed on
+            another world size).
         """
         pos = self._position if position is None else operator.index(position)
-        if not 0 <= pos <= self._length:
-            raise ValueError(f"position must be in [0, {self._length}], got {pos}")
+        if not 0 <= pos <= self._stage_length:
+            raise ValueError(f"position must be in [0, {self._stage_length}], got {pos}")
+        stages = [*self._done, (self.num_replicas, self._stage_length, pos)]
         return {
             "format": _STATE_FORMAT,
             "version": _STATE_VERSION,
             "epoch": self.epoch,
             "position": pos,
+            "num_replicas": self.num_replicas,
+            "length": self._length,
             **self._settings(),
+            "stages": [{"num_replicas": r, "length": n, "position": p} for r, n, p in stages],
         }
 
     def _settings(self) -> dict[str, Any]:
@@ -394,10 +442,8 @@ class BucketBatchSampler:
             buckets = zlib.crc32(self.boundaries.tobytes())
             self._crcs = (_cuts_crc(self._cuts), zlib.crc32(self._bucket.tobytes(), buckets))
         return {
-            "num_replicas": self.num_replicas,
             "seed": self.seed,
             "batch_size": self.batch_size,
-            "length": self._length,
             "drop_last": self.drop_last,
             "shuffle": self.shuffle,
             "chunksize": self.chunksize,
@@ -408,24 +454,43 @@ class BucketBatchSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore epoch and position: the next iteration yields the rest of that epoch.
 
+        A state saved on another number of ranks resumes *elastically*: the batches each old
+        rank had not consumed (its positions ``[position, length)``, padding copies left out),
+        in rank order, are cut into equal consecutive slices for the ranks of this world
+        size (``drop_last`` as for a fresh epoch), so every batch of the epoch is read once
+        overall. Later epochs are this world size's normal order.
+
         Raises:
-            ValueError: Not a state of this sampler, or saved over other data (shard layout,
-                keys or boundaries), another seed, world size or batch settings.
+            SamplerStateError: Not a state of this sampler, or saved over other data (shard
+                layout, keys or boundaries), with another seed or batch settings (a
+                ``ValueError`` too).
         """
         if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
-            raise ValueError(f"not a {_STATE_FORMAT} version {_STATE_VERSION} dict")
+            raise SamplerStateError(f"not a {_STATE_FORMAT} version {_STATE_VERSION} dict")
         mine = self._settings()
         for key in _STATE_CHECKED:
             if state.get(key) != mine[key]:
-                what = {"layout": "shard layout", "buckets": "bucket of each sample"}.get(key, key)
-                raise ValueError(
-                    f"bucket sampler state was saved with another {what} "
+                raise SamplerStateError(
+                    f"bucket sampler state was saved with another {_STATE_NAMES.get(key, key)} "
                     f"({key}={state.get(key)!r}, this sampler has {mine[key]!r})"
                 )
-        position = operator.index(state["position"])
-        if not 0 <= position <= self._length:
-            raise ValueError(f"position must be in [0, {self._length}], got {position}")
+        stages = _read_stages(state)
+        *done, (replicas, length, position) = stages
+        if replicas != self.num_replicas:  # a new stage: the rest, from its start
+            done, position = stages, 0
+        seq = np.arange(self._total)
+        for r, n, p in done:
+            if n != _per_rank(len(seq), r, self.drop_last):
+                raise SamplerStateError(
+                    f"bucket sampler state: a stage of {r} ranks with {n} batches each, but "
+                    f"{len(seq)} batches give {_per_rank(len(seq), r, self.drop_last)}"
+                )
+            seq = _rest(seq, r, n, p)
+        stage_length = _per_rank(len(seq), self.num_replicas, self.drop_last)
+        if not 0 <= position <= stage_length:
+            raise SamplerStateError(f"position must be in [0, {stage_length}], got {position}")
         self.epoch = operator.index(state["epoch"])
+        self._done, self._stage_length = done, stage_length
         self._resume = self._position = position
 
     def __repr__(self) -> str:
