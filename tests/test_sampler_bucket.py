@@ -594,3 +594,30 @@ def test_keys_by_the_name_of_an_index_column(tmp_path):
     assert sampler.boundaries.tolist() == [100.0, 200.0]
     tokens = kept.column("tokens")
     assert all(len(set(tokens[b])) == 1 for b in sampler) and len(sampler) == 9
+
+
+def test_a_position_saved_after_the_loader_drew_the_last_batch_names_that_epoch(local):
+    """The loader's workers prefetch: the sampler has finished (and advanced) its epoch before
+    the training loop has seen the last batches; state_dict(position=step) is of that epoch."""
+    torch = pytest.importorskip("torch")
+    ds = ShardListDataset(local["index"], transformations=[])
+    kw = dict(batch_size=BATCH, num_buckets=4, seed=13)
+    sampler = BucketBatchSampler(ds, local["ratios"], **kw)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_sampler=sampler, num_workers=2, collate_fn=_collate
+    )
+    it = iter(loader)
+    step = len(sampler) - 1
+    head = [next(it) for _ in range(step)]
+    assert sampler.epoch == 1  # it has handed out the whole epoch already
+    state = sampler.state_dict(position=step)
+    last = next(it)
+    del it
+    again = BucketBatchSampler(ds, local["ratios"], **kw)
+    again.load_state_dict(state)
+    assert again.epoch == 0
+    rest = list(again)
+    assert [[s["__index__"] for s in b] for b in [*head, last]] == [
+        *[[s["__index__"] for s in b] for b in head],
+        *rest,
+    ]

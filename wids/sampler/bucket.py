@@ -327,6 +327,9 @@ class BucketBatchSampler:
         # (each ``(num_replicas, length, position)``), and the length of its own stage
         self._done: list[tuple[int, int, int]] = []
         self._stage_length = self._length
+        # the epoch a pass just completed and advanced from (with its stages), until the next
+        # pass starts: a position given to state_dict() then still means that epoch
+        self._finished: tuple[int, list[tuple[int, int, int]], int] | None = None
         # read, never configured: the dataset learns the plan from the indices handed out
         reads_plans = getattr(dataset, "_reads_plans", None)
         self._reader = dataset if callable(reads_plans) else None
@@ -353,7 +356,7 @@ class BucketBatchSampler:
         if epoch != self.epoch:  # a loaded position (and resumed stages) belong to its epoch
             self._resume = 0
             self._done, self._stage_length = [], self._length
-        self.epoch = epoch
+        self.epoch, self._finished = epoch, None
 
     def epoch_batches(self, epoch: int | None = None) -> np.ndarray:
         """All ranks' batches of ``epoch`` (default: the current one), ``(T, batch_size)``."""
@@ -383,7 +386,7 @@ class BucketBatchSampler:
     def __iter__(self) -> Iterator[list[int]]:
         refuse_resplit(self)
         start, self._resume = self._resume, 0
-        self._position = start
+        self._position, self._finished = start, None
         return self._generate(start)
 
     def _generate(self, start: int) -> Iterator[list[int]]:
@@ -401,9 +404,11 @@ class BucketBatchSampler:
             for batch in _rows(batches):
                 self._position += 1
                 yield batch
+        finished = (self.epoch, self._done, self._stage_length)
         if self._done:  # the resumed epoch is complete: back to this world size's order
             self._done, self._stage_length = [], self._length
         if self.auto_epoch is not False:
+            self._finished = finished
             self.epoch += 1
             self._position = 0
 
@@ -414,7 +419,10 @@ class BucketBatchSampler:
             position: Batches of this epoch consumed on this rank; default: how many the
                 sampler has handed out (a DataLoader with workers runs ahead of the training
                 loop by its prefetched batches: pass the step the loop reached, or use a
-                ``StatefulDataLoader``, which snapshots the sampler batch by batch).
+                ``StatefulDataLoader``, which snapshots the sampler batch by batch). If the
+                loader has already drawn the epoch's last batch (the sampler has moved on to
+                the next epoch, whose pass has not begun), a non-zero position is one of the
+                epoch that pass completed.
 
         Returns:
             Plain values (JSON- and ``torch.save``-friendly), the same on every rank in
@@ -423,13 +431,16 @@ class BucketBatchSampler:
             another world size).
         """
         pos = self._position if position is None else operator.index(position)
-        if not 0 <= pos <= self._stage_length:
-            raise ValueError(f"position must be in [0, {self._stage_length}], got {pos}")
-        stages = [*self._done, (self.num_replicas, self._stage_length, pos)]
+        epoch, done, stage_length = self.epoch, self._done, self._stage_length
+        if pos and position is not None and self._finished is not None:
+            epoch, done, stage_length = self._finished
+        if not 0 <= pos <= stage_length:
+            raise ValueError(f"position must be in [0, {stage_length}], got {pos}")
+        stages = [*done, (self.num_replicas, stage_length, pos)]
         return {
             "format": _STATE_FORMAT,
             "version": _STATE_VERSION,
-            "epoch": self.epoch,
+            "epoch": epoch,
             "position": pos,
             "num_replicas": self.num_replicas,
             "length": self._length,
@@ -490,7 +501,7 @@ class BucketBatchSampler:
         if not 0 <= position <= stage_length:
             raise SamplerStateError(f"position must be in [0, {stage_length}], got {position}")
         self.epoch = operator.index(state["epoch"])
-        self._done, self._stage_length = done, stage_length
+        self._done, self._stage_length, self._finished = done, stage_length, None
         self._resume = self._position = position
 
     def __repr__(self) -> str:
