@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from test_dataset_plan import remote  # noqa: F401 - the fixture: shards and index on nginx
 
 from wids import ChunkedSampler, DistributedChunkedSampler, SamplerStateError
 
@@ -333,3 +334,34 @@ def test_a_position_given_after_the_loader_drew_the_last_indices_is_in_that_epoc
     assert s.state_dict()["epoch"] == 2  # handed-out count: the new epoch, at 0
     iter(s)  # a pass of epoch 2 began: positions are its own again
     assert s.state_dict(position=20)["epoch"] == 2
+
+
+# -- the read plan: a resumed pass over remote shards still reads ahead ------------------------
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_the_resumed_rest_over_nginx_carries_the_read_plan(remote, ctx):  # noqa: F811
+    from test_dataset_plan import _check, _hits, _loader
+
+    from wids import ShardListDataset
+    from wids.plan import PlannedIndex
+
+    ds = ShardListDataset(remote["index"], access="range", transformations=[])
+    old = [DistributedChunkedSampler(ds, num_replicas=2, rank=r, chunksize=40) for r in range(2)]
+    read = [list(itertools.islice(iter(s), 16)) for s in old]
+    state = old[0].state_dict(position=16)
+    new, rests = [], []
+    for r in range(3):
+        s = DistributedChunkedSampler(ds, num_replicas=3, rank=r, chunksize=40)
+        s.load_state_dict(state)
+        rest = list(s)
+        assert all(type(i) is PlannedIndex for i in rest)  # each index carries the plan
+        rests.append([int(i) for i in rest])
+        s.load_state_dict(state)
+        new.append(s)
+    every = [i for r in read + rests for i in r]  # 128 left on 3 ranks: one padding index
+    assert set(every) == set(range(160)) and len(every) == 161
+    for s, rest in zip(new, rests, strict=True):
+        got = list(_loader(ds, s, ctx))
+        _check(remote, got, rest)  # the samples asked for, checked against tarfile
+        assert _hits(got) > 0  # and the workers read ahead from the plan
