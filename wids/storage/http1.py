@@ -147,7 +147,7 @@ class _SyncConn:
     CPU on its header parsing as the whole exchange costs here).
     """
 
-    __slots__ = ("sock",)
+    __slots__ = ("poller", "sock")
 
     def __init__(self, host: str, port: int, timeout: float) -> None:
         sock = socket.create_connection((host, port), timeout)
@@ -156,6 +156,12 @@ class _SyncConn:
         except OSError:  # not TCP (never here), or refused: only slower
             pass
         self.sock: socket.socket | None = sock
+        self.poller = select.poll()  # a third of select.select's cost, paid per request
+        self.poller.register(sock, select.POLLIN)
+
+    def spoke(self) -> bool:
+        """Whether it has something to read while idle (the server closed it, or sent junk)."""
+        return self.sock is not None and bool(self.poller.poll(0))
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
@@ -308,7 +314,7 @@ class Http1Pool:
         request = _request(target, self.host_header, headers)
         for attempt in (0, 1):
             conn: _SyncConn | None = getattr(sync.local, "conn", None)
-            if conn is not None and _spoke(conn):  # closed, or bytes nobody asked for: never
+            if conn is not None and conn.spoke():  # closed, or bytes nobody asked for: never
                 self._drop(conn)  # read as the next answer
                 conn = None
             reused = conn is not None and attempt == 0
@@ -436,15 +442,6 @@ def blocking_connections(host: str, port: int) -> _Blocking:
     from .clients import get
 
     return get((os.getpid(), "http1-blocking", host, port), _Blocking)
-
-
-def _spoke(conn: Any) -> bool:
-    """Whether an idle connection has something to read (the server closed it, or sent junk)."""
-    sock = conn.sock
-    if sock is None:
-        return False
-    readable, _, _ = select.select([sock], [], [], 0)
-    return bool(readable)
 
 
 class Http1Pools:

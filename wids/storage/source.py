@@ -33,6 +33,7 @@ from functools import partial
 from types import MappingProxyType
 from typing import Any, BinaryIO
 
+from . import forks
 from .answer import Check, Pin, check_answer, check_range, checked
 from .backends import is_http, request_timeout, with_defaults
 from .clients import filesystem
@@ -250,6 +251,7 @@ class Source:
         self._fs: Any = None
         self._path: str | None = None
         self._pid: int | None = None
+        self._made = -1  # forks.stamp() of the process that made _transport
         self._transport: Transport | None = None
         self._pin: Pin | None = None
 
@@ -321,7 +323,7 @@ class Source:
     def transport(self) -> Transport:
         """This process's :class:`~wids.storage.transport.Transport` of the (remote) file."""
         transport = self._transport
-        if transport is None or self._pid != os.getpid():
+        if transport is None or self._made != forks.generation:  # (no getpid() per read)
             options = self._options
             if "transport" in options:  # wids's choice of transport (storage/viaobstore.py)
                 from .viaobstore import obstore_transport
@@ -329,6 +331,7 @@ class Source:
                 chosen = obstore_transport(self.url, options, self.retry.timeout)
                 if chosen is not None:
                     self._transport, self._pid = chosen, os.getpid()
+                    self._made = forks.stamp()
                     return chosen
                 options = {k: v for k, v in options.items() if k != "transport"}
             fs, path = self._filesystem()
@@ -339,7 +342,7 @@ class Source:
                 from .http1 import PlainTransport
 
                 transport = PlainTransport.over(transport, plain)
-            self._transport = transport
+            self._transport, self._made = transport, forks.stamp()
         return transport
 
     async def read_async(self, start: int, end: int, check: Check | None = None) -> bytes:
