@@ -16,6 +16,7 @@ EXPECTED = [
     "ChunkedSampler",
     "ColumnError",
     "Component",
+    "CompressedDataError",
     "CorruptReadError",
     "DatasetStats",
     "DecodeError",

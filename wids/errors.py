@@ -6,6 +6,7 @@ naturally catch, so ``except FileNotFoundError`` and ``except WidsError`` both w
     WidsError(Exception)
     ├── TarFormatError(ValueError)            the bytes are not a valid tar
     │   ├── TruncatedTarError                 the archive ends inside a header or a member
+    │   ├── CompressedDataError               a compressed shard's bytes do not decode
     │   └── HeaderChecksumError               a header's checksum does not match
     ├── SampleLayoutError(ValueError)         members do not group into samples cleanly
     ├── SampleTooLargeError(ValueError)       a sample is over the dataset's max_sample_bytes
@@ -45,6 +46,7 @@ Errors that concern one shard carry its URL (with credentials removed) in ``.sha
 from __future__ import annotations
 
 import contextlib
+import copy
 import errno as _errno
 from collections.abc import Iterator
 from typing import Any
@@ -54,6 +56,7 @@ __all__ = [
     "CacheDirError",
     "CacheError",
     "ColumnError",
+    "CompressedDataError",
     "CorruptReadError",
     "DecodeError",
     "DestinationError",
@@ -129,6 +132,19 @@ class TarFormatError(WidsError, ValueError):
 
 class TruncatedTarError(TarFormatError):
     """The archive ends inside a header or inside a member's data."""
+
+
+class CompressedDataError(TarFormatError):
+    """A compressed shard's bytes do not decode (corrupt or truncated gzip or zstd data).
+
+    ``offset`` is the byte of the compressed file where decoding started or failed.
+    """
+
+    def for_shard(self, shard: str | None) -> CompressedDataError:
+        """The same error, naming ``shard`` (codecs raise it without: they do no I/O)."""
+        err = copy.copy(self)
+        WidsError.__init__(err, self.message, shard=shard)
+        return err
 
 
 class HeaderChecksumError(TarFormatError):

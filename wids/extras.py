@@ -13,6 +13,7 @@ not on the package index, so from a clone, ``pip install -e '.[image]'``)::
     msgpack  msgpack     .msgpack / .mp fields
     dask     distributed index builds on a Dask cluster (--dask)
     obstore  obstore     the obstore transport (storage option transport="obstore"/"auto")
+    compressed indexed_gzip, zstandard   indexing .tar.gz shards, .tar.zst shards
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ _EXTRA_OF_MODULE = {
     "msgpack": "msgpack",
     "distributed": "dask",
     "obstore": "obstore",
+    "indexed_gzip": "compressed",
+    "zstandard": "compressed",
 }
 _PACKAGE_OF_MODULE = {"PIL": "Pillow", "distributed": "dask.distributed"}
 _EXTRA_OF_PROTOCOL = {

@@ -61,6 +61,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="do not record each local shard's md5 (recorded by default: it tells a copy with "
         "new timestamps, cp -r, from a rewrite; it reads every byte, the scan only headers)",
     )
+    c.add_argument(
+        "--seek-spacing",
+        type=int,
+        default=1 << 20,
+        metavar="BYTES",
+        help=".tar.gz shards: uncompressed bytes between seek points, where a random read "
+        "starts decoding (default: 1 MiB; each point costs about 32 KiB of index)",
+    )
     c.add_argument("--name", help="dataset name stored in the index")
     c.add_argument(
         "--column",
@@ -179,6 +187,7 @@ def _create(args: argparse.Namespace, executor: Any) -> Any:
         executor=executor,
         md5=args.md5,
         columns=args.column,
+        seek_spacing=args.seek_spacing,
     )
 
 

@@ -419,7 +419,7 @@ class Catalog:
     def _keep_members(self, shard: int, members: ShardMembers, *, scanned: bool) -> None:
         starts, ends = members.spans()
         self._largest[shard] = int((ends - starts).max(initial=0))
-        self._members[shard] = (members, int(ends.max(initial=0)))
+        self._members[shard] = (members, members.data_end)
         if scanned:
             self._scanned.add(shard)
 

@@ -16,6 +16,7 @@ public attributes are those objects' settings, read and set through the dataset.
 
 from __future__ import annotations
 
+import io
 import os
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -380,13 +381,14 @@ class ShardListDataset(_DatasetBase[T_co]):
             out.append(sample)
         return out
 
-    def open(self, index: Any, field: str, **options: Any) -> MemberFile:
+    def open(self, index: Any, field: str, **options: Any) -> MemberFile | io.BytesIO:
         """One member of sample ``index`` as a read-only, seekable binary file.
 
         Reads by ``os.pread`` for local shards and by range requests for remote ones (with a
         bounded read-ahead), checked like every read: the shard's version is pinned and the
         member's tar header checked on the first read. The file pickles (to a DataLoader
-        worker or back) and reopens where it is used. See ``docs/large-members.md``.
+        worker or back) and reopens where it is used. See ``docs/large-members.md``. A member
+        of a compressed shard is decoded whole into an ``io.BytesIO`` (``docs/compressed.md``).
 
         Args:
             index: The sample's global index (negative counts from the end).

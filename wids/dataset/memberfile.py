@@ -417,7 +417,7 @@ def _rebuild(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int) -> MemberF
 
 def member_file(
     catalog: Catalog, pool: ReaderPool, shard: int, j: int, field: str, **options: Any
-) -> MemberFile:
+) -> MemberFile | io.BytesIO:
     """A :class:`MemberFile` for ``field`` of sample ``j`` of ``shard``, checked on first touch.
 
     The shard is opened through the pool as any read would (the first-touch checks against
@@ -425,8 +425,13 @@ def member_file(
     itself, or the shard cache's copy when the pool reads the shard from it
     (``access="shard"``): then no byte is fetched again.
 
+    A member of a compressed shard (``.tar.gz``, ``.tar.zst``) is decoded whole by the
+    shard's reader (from the seek point before it, or from the decompressed copy) into an
+    ``io.BytesIO``, bounded by ``max_sample_bytes``: its bytes cannot be reached by offset.
+
     Raises:
         KeyError: The sample has no such field (the message lists the fields it has).
+        SampleTooLargeError: A compressed shard's member over ``max_sample_bytes``.
     """
     reader = pool.reader(shard)  # the first-touch checks, the offline rule
     members = catalog.members(shard)[0]
@@ -437,9 +442,23 @@ def member_file(
         raise KeyError(f"sample {key!r} has no field {field!r} (it has {have})")
     info = catalog.load().infos[shard]
     offset, size = found[0]
+    if members.seek is not None:
+        return io.BytesIO(_decoded_member(catalog, reader, shard, j, key + field, offset, size))
     source = catalog.source(info.url, info)
     copy = _copy_of(reader) if not source.is_local else None
     return MemberFile(source, offset, size, key=key, field=field, copy=copy, **options)
+
+
+def _decoded_member(
+    catalog: Catalog, reader: ShardReader, shard: int, j: int, name: str, offset: int, size: int
+) -> bytes:
+    """A compressed shard's member, read through its reader, its tar header checked."""
+    bound = catalog.max_sample_bytes
+    if bound is not None and size > bound:
+        raise catalog.too_large(shard, j, size)
+    check = (lambda data: header_mismatch(data[:HEADER], name, size)) if reader.verifies else None
+    data = reader.read_span(offset - HEADER, offset + size, catalog.store.stats, check)
+    return data[HEADER:]
 
 
 def _copy_of(reader: ShardReader) -> int | None:
@@ -486,6 +505,10 @@ def streamed_sample(
     key = members.key(j)
     sample: dict[str, Any] = {}
     for (field, offset, size), b in zip(rows, big, strict=True):
+        if members.seek is not None:  # compressed: members are decoded, not reached by offset
+            data = _decoded_member(catalog, reader, shard, j, key + field, offset, size)
+            sample[field] = io.BytesIO(data) if b else data
+            continue
         source = catalog.source(info.url, info)
         copy = _copy_of(reader) if not source.is_local else None
         f = MemberFile(source, offset, size, key=key, field=field, copy=copy)

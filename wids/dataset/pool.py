@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import RangeNotSupportedError
 from ..storage import DescriptorPool, is_local, strip_credentials
 from .catalog import Catalog
+from .compressed import compressed_reader
 from .localread import LocalShard, read_local_batch
 from .lookahead import Lookahead, fetch_prefetched
 from .readers import (
@@ -434,6 +435,8 @@ class ReaderPool:
         members, data_end = table
         catalog = self.catalog
         source = catalog.source(info.url, info)
+        if members.seek is not None:  # .tar.gz, .tar.zst
+            return compressed_reader(catalog, info, members, source, check, self.access)
         expected = info.fingerprint  # what a cached copy must be
         local = self.local
         uses_cache = local.cache_dir is not None and self.access != "range"
@@ -517,8 +520,8 @@ class ReaderPool:
             return False
         info = self.catalog.load().infos[shard]
         source = self.catalog.source(info.url, info)
-        if source.is_local:
-            return False
+        if source.is_local or self.catalog.members(shard)[0].seek is not None:
+            return False  # compressed shards: decompressed into the cache by the first read
         members, data_end = self.catalog.members(shard)
         stats = self.catalog.store.stats
         verify = download_check(members, info.url)

@@ -30,6 +30,7 @@ from .jsonwriter import render_sidecar
 from .members import ShardMembers
 from .model import ShardInfo
 from .scan import scan_shard
+from .scancompressed import DEFAULT_SPACING
 from .spec import read_bytes
 
 __all__ = ["JobResult", "ShardJob", "run_job"]
@@ -49,6 +50,7 @@ class ShardJob:
         reuse: Keep a matching sidecar already at ``sidecar`` instead of rescanning.
         md5: Record the MD5 of a local shard's bytes (read whole for it; remote shards get
             the one their store gives, GCS's ``md5Hash``, if any).
+        seek_spacing: Uncompressed bytes between a ``.tar.gz`` shard's seek points.
         build: Identifies the build: Dask names a task by its arguments and takes two
             submissions of one name for the same task, so a rerun (after a crash, or of a
             changed shard) must not look like the run before.
@@ -61,6 +63,7 @@ class ShardJob:
     reuse: bool = True
     build: str = ""
     md5: bool = True
+    seek_spacing: int = DEFAULT_SPACING
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +101,9 @@ def run_job(job: ShardJob, store: Store) -> JobResult:
             kept = _kept(job, job.sidecar, src, store, stats)
             if kept is not None:
                 return kept
-        stat, members, skipped = scan_shard(src, duplicates=job.duplicates, stats=stats)
+        stat, members, skipped = scan_shard(
+            src, duplicates=job.duplicates, stats=stats, seek_spacing=job.seek_spacing
+        )
         md5 = stat.md5
         if job.md5 and src.local_path is not None:
             md5 = file_md5(src.local_path, stat)  # copies then tell from rewrites (contents.py)

@@ -19,7 +19,8 @@ sub-datasets) with extra keys the reference ignores:
 
 A sidecar (:func:`sidecar_name`: ``<24 hex>-<basename>.json``) holds ``format``
 (``wids-index-json-members``), ``version``, the shard's ``url``/``nsamples``/``size``/
-``etag``/``mtime`` as in the description and the columns of :meth:`ShardMembers.to_columns`.
+``etag``/``mtime`` as in the description and the columns of :meth:`ShardMembers.to_columns`;
+a compressed shard's sidecar is version 2 (:data:`SEEK_VERSION`) and has ``seek`` too.
 On load it must name the same file (the URL's last part) with the same size, etag and mtime
 as the shard's entry, so a stale sidecar is an error, never wrong offsets, while an index
 whose shard URLs were edited to a mirror of the same files keeps working.
@@ -40,6 +41,7 @@ __all__ = [
     "FORMAT",
     "MEMBERS_FORMAT",
     "SHARD_KEYS",
+    "SEEK_VERSION",
     "SIDECAR_NAME",
     "VERSION",
     "members_dir",
@@ -52,6 +54,9 @@ MEMBERS_FORMAT = "wids-index-json-members"
 """``format`` of a sidecar member file."""
 VERSION = 1
 """Version of both."""
+SEEK_VERSION = 2
+"""Version of a sidecar of a compressed shard: it has ``seek``, the shard's seek points
+(:meth:`wids.compress.SeekPoints.to_bytes`, base64), which readers of version 1 would miss."""
 
 SHARD_KEYS = frozenset(("url", "nsamples", "filesize", "md5sum", "etag", "mtime", "members"))
 """Keys of a shard entry with a meaning; the rest are extras kept for the caller."""

@@ -5,19 +5,23 @@ The layout is described in :mod:`wids.index.jsonformat`.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import IndexFormatError, UntrustedLocationError
 from ..storage import Store, redact_url
-from .jsonformat import FORMAT, MEMBERS_FORMAT, SHARD_KEYS, VERSION
+from .jsonformat import FORMAT, MEMBERS_FORMAT, SEEK_VERSION, SHARD_KEYS, VERSION
 from .members import ShardMembers
 from .model import REPAIR_HINT, Component, ShardInfo
 from .sidecarparse import parse_sidecar
 from .spec import Spec, load_spec, read_bytes
 from .urls import UrlMap, check_remote_ref, check_url_map, resolve_url, url_dir
+
+if TYPE_CHECKING:
+    from ..compress import SeekPoints
 
 __all__ = ["JsonIndex"]
 
@@ -176,9 +180,16 @@ class JsonIndex:
         try:
             if fast is None:
                 table = ShardMembers.from_columns(cols)
+                seek = _seek_points(cols)
             else:
                 head, key_blob, key_offsets, columns = fast
-                table = ShardMembers(head["fields"], key_blob, key_offsets, *columns)
+                starts, fids, offs, sizes = columns
+                table = ShardMembers(
+                    head["fields"], key_blob, key_offsets, starts, fids, offs, sizes
+                )
+                seek = _seek_points(head)
+            if seek is not None:
+                table = table.with_seek(seek)
             table.check_extent(spec.shards[shard].size)
         except IndexFormatError as e:
             raise IndexFormatError(e.message, shard=where) from None
@@ -200,13 +211,35 @@ class JsonIndex:
         self.close()
 
 
+def _seek_points(cols: Mapping[str, Any]) -> SeekPoints | None:
+    """The seek points of a version-2 sidecar (checked by :func:`_check_sidecar`)."""
+    text = cols.get("seek")
+    if text is None:
+        return None
+    from ..compress import SeekPoints
+
+    try:
+        data = base64.b64decode(text, validate=True)
+    except (ValueError, TypeError):
+        raise IndexFormatError("'seek' is not base64") from None
+    return SeekPoints.from_bytes(data)
+
+
 def _check_sidecar(cols: Any, entry: Mapping[str, Any], where: str) -> None:
     if not isinstance(cols, dict):
         raise IndexFormatError("a member sidecar must be a JSON object", shard=where)
-    if cols.get("format") != MEMBERS_FORMAT or cols.get("version") != VERSION:
+    version = cols.get("version")
+    if cols.get("format") != MEMBERS_FORMAT or version not in (VERSION, SEEK_VERSION):
         raise IndexFormatError(
-            f"format {cols.get('format')!r} version {cols.get('version')!r}; "
-            f"expected {MEMBERS_FORMAT!r} version {VERSION}",
+            f"format {cols.get('format')!r} version {version!r}; "
+            f"expected {MEMBERS_FORMAT!r} version {VERSION} or {SEEK_VERSION}",
+            shard=where,
+        )
+    if (version == SEEK_VERSION) != isinstance(cols.get("seek"), str):
+        raise IndexFormatError(
+            f"a version {version} sidecar "
+            + ("must have" if version == SEEK_VERSION else "cannot have")
+            + " 'seek' (a string)",
             shard=where,
         )
     # Matched by the shard's file name and fingerprint, not its URL: an index whose shard

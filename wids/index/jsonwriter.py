@@ -5,6 +5,7 @@ The layout is described in :mod:`wids.index.jsonformat`.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 from collections.abc import Mapping
@@ -15,6 +16,7 @@ import numpy as np
 from .jsonformat import (
     FORMAT,
     MEMBERS_FORMAT,
+    SEEK_VERSION,
     SHARD_KEYS,
     SIDECAR_NAME,
     VERSION,
@@ -35,15 +37,17 @@ def render_sidecar(info: ShardInfo, members: ShardMembers) -> bytes:
         info: The shard as the index records it (``url`` as stored).
         members: Its member table.
     """
+    seek = members.seek
     doc: dict[str, Any] = {
         "format": MEMBERS_FORMAT,
-        "version": VERSION,
+        "version": VERSION if seek is None else SEEK_VERSION,
         "url": info.url,
         "nsamples": info.nsamples,
         "size": info.size,
         "etag": info.etag,
         "mtime": info.mtime,
         **({} if info.md5sum is None else {"md5sum": info.md5sum}),
+        **({} if seek is None else {"seek": base64.b64encode(seek.to_bytes()).decode("ascii")}),
         "fields": list(members.fields),
         "keys": members.keys(),
     }
@@ -103,6 +107,8 @@ class JsonIndexWriter(BaseIndexWriter):
         >>> with JsonIndexWriter("train.json", name="train") as w:  # doctest: +SKIP
         ...     w.add(ShardInfo("train-000000.tar", 100, size=123), members)
     """
+
+    records_seek = True
 
     def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         super().__init__(path, name=name)

@@ -8,11 +8,14 @@ range request fetches. Every value is checked on construction, whatever backend 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import IndexFormatError
+
+if TYPE_CHECKING:
+    from ..compress import SeekPoints
 
 __all__ = ["BLOCK", "MAX_FIELDS", "MAX_OFFSET", "ShardMembers"]
 
@@ -70,6 +73,10 @@ class ShardMembers:
     Members of a sample are consecutive in the tar, so the sample's bytes are one span.
     ``key_text`` is the keys as one ``str`` when they are ASCII (key ``i`` is
     ``key_text[key_offsets[i]:key_offsets[i + 1]]``, no decode), else ``None``.
+
+    A compressed shard's table (``.tar.gz``, ``.tar.zst``) has the same offsets, in the
+    decompressed tar, and ``seek``: its :class:`~wids.compress.SeekPoints` (how to reach them
+    in the compressed file); ``seek`` is ``None`` for a plain tar.
     """
 
     __slots__ = (
@@ -81,6 +88,7 @@ class ShardMembers:
         "member_offset",
         "member_size",
         "sample_start",
+        "seek",
     )
 
     def __init__(
@@ -92,6 +100,7 @@ class ShardMembers:
         member_field: np.ndarray,
         member_offset: np.ndarray,
         member_size: np.ndarray,
+        seek: SeekPoints | None = None,
     ) -> None:
         # Shared: each name is then one object in every shard's table, warm in the cache
         # and hashed once when samples are built from any of thousands of shards.
@@ -102,6 +111,7 @@ class ShardMembers:
         field_ids = _int64(member_field, "member_field")
         self.member_offset = _int64(member_offset, "member_offset")
         self.member_size = _int64(member_size, "member_size")
+        self.seek = seek
         problem = self._problem(field_ids)
         if problem:
             raise IndexFormatError(f"inconsistent member table: {problem}")
@@ -145,6 +155,11 @@ class ShardMembers:
             return f"member_offset outside [512, 2**62): {low} .. {high}"
         # Member j's data starts after member j-1's data and member j's own 512-byte header.
         # (int64 cannot overflow here: every offset and size is below 2**62.)
+        if self.seek is not None and high + int(sizes[-1]) > self.seek.uncompressed_size:
+            return (
+                f"members run to byte {high + int(sizes[-1])} of a compressed shard whose tar "
+                f"is {self.seek.uncompressed_size} bytes"
+            )
         bad = np.flatnonzero(offs[1:] < offs[:-1] + sizes[:-1] + BLOCK)
         if len(bad):
             j = int(bad[0]) + 1
@@ -161,6 +176,13 @@ class ShardMembers:
             IndexFormatError: The last member ends past ``size``.
         """
         if size is None or not self.nmembers:
+            return
+        if self.seek is not None:  # members are checked against the tar's size on creation
+            if self.seek.compressed_size > size:
+                raise IndexFormatError(
+                    f"compressed data runs to byte {self.seek.compressed_size}, past the "
+                    f"shard's recorded size {size}"
+                )
             return
         end = int(self.member_offset[-1] + self.member_size[-1])
         if end > size:
@@ -322,10 +344,32 @@ class ShardMembers:
             )
         ]
 
+    def with_seek(self, seek: SeekPoints | None) -> ShardMembers:
+        """The same table for a compressed shard with these seek points (checked)."""
+        return ShardMembers(
+            self.fields,
+            self.key_blob,
+            self.key_offsets,
+            self.sample_start,
+            self.member_field,
+            self.member_offset,
+            self.member_size,
+            seek=seek,
+        )
+
+    @property
+    def data_end(self) -> int:
+        """Where the shard's file must reach: its last member's end, or its compressed data's."""
+        if self.seek is not None:
+            return self.seek.compressed_size
+        if not self.nmembers:
+            return 0
+        return int(self.member_offset[-1] + self.member_size[-1])
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ShardMembers):
             return NotImplemented
-        return self.to_columns() == other.to_columns()
+        return self.to_columns() == other.to_columns() and self.seek == other.seek
 
     def __repr__(self) -> str:
         return f"ShardMembers({len(self)} samples, {self.nmembers} members, fields={self.fields})"

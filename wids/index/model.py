@@ -292,6 +292,12 @@ class BaseIndexWriter:
         self._report: dict[str, Any] = {}
         self._closed = False
 
+    records_seek = False
+    """Whether this format records compressed shards' seek points (others refuse them)."""
+
+    records_seek = False
+    """Whether this format records compressed shards' seek points (others refuse them)."""
+
     def start_component(self, name: str, weight: float | None = None) -> None:
         """Start a sub-dataset; shards added from now on belong to it.
 
@@ -324,6 +330,14 @@ class BaseIndexWriter:
         """
         self._check_open()
         check_entry(info, members)
+        if members is not None and members.seek is not None and not self.records_seek:
+            from ..storage import redact_url
+
+            raise IndexFormatError(
+                f"a compressed ({members.seek.kind}) shard: its seek points are recorded by "
+                "JSON indexes (*.json) only; write the index as .json",
+                shard=redact_url(info.url),
+            )
         self._add(info, members, extra)
 
     def set_report(self, report: Mapping[str, Any]) -> None:

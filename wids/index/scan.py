@@ -16,9 +16,12 @@
 
 from __future__ import annotations
 
+from typing import Any, BinaryIO
+
 import numpy as np
 
-from ..errors import RangeNotSupportedError
+from ..compress import sniff
+from ..errors import CompressedDataError, RangeNotSupportedError
 from ..samples import (
     DuplicatePolicy,
     GroupedColumns,
@@ -37,6 +40,7 @@ from ..tar import (
     scan_local_rows,
 )
 from .members import ShardMembers
+from .scancompressed import DEFAULT_SPACING, scan_compressed
 
 __all__ = ["HOP_STRIDE", "PROBE", "scan_shard"]
 
@@ -53,6 +57,7 @@ def scan_shard(
     duplicates: DuplicatePolicy = "error",
     stats: IOStats | None = None,
     hop: bool | None = None,
+    seek_spacing: int = DEFAULT_SPACING,
 ) -> tuple[FileStat, ShardMembers, int]:
     """Scan one shard's headers and group its members into samples.
 
@@ -62,6 +67,8 @@ def scan_shard(
         stats: Counters for remote bytes and requests.
         hop: Remote shards: ``None`` chooses from the first headers, ``True`` hops from header
             to header, ``False`` streams the whole shard.
+        seek_spacing: Compressed shards (recognised by their first bytes): uncompressed bytes
+            between gzip seek points (:mod:`wids.index.scancompressed`).
 
     Returns:
         ``(stat, members, skipped)``: the shard's size/etag/mtime, its member table, and the
@@ -74,6 +81,11 @@ def scan_shard(
     """
     name = redact_url(source.url)
     if source.local_path is not None:
+        kind = _local_compression(source.local_path, name)
+        if kind is not None:
+            return scan_compressed(
+                source, kind, shard=name, duplicates=duplicates, spacing=seek_spacing
+            )
         stat = source.info(stats)
         # Plain archives in bulk (numpy); any other, or repeated keys: the exact walker.
         headers = scan_local_headers(source.local_path, shard=name)
@@ -86,7 +98,12 @@ def scan_shard(
         cols = group_columns(rows, duplicates=duplicates, shard=name)
         return stat, _table(cols), len(cols.skipped)
     else:
-        stat, members = _scan_remote(source, stats, name, hop)
+        got = _scan_remote(source, stats, name, hop)
+        if isinstance(got, str):  # compressed: scanned from a local copy
+            return scan_compressed(
+                source, got, shard=name, duplicates=duplicates, stats=stats, spacing=seek_spacing
+            )
+        stat, members = got
         grouped = group_members(members, duplicates=duplicates, shard=name)
     return stat, ShardMembers.from_samples(grouped), len(grouped.skipped)
 
@@ -125,9 +142,31 @@ def _columns(cols: SampleColumns) -> ShardMembers:
     )
 
 
+def _local_compression(path: str, name: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except FileNotFoundError:
+        return None  # the scan below raises ShardNotFoundError
+    except OSError:
+        return None
+    try:
+        return sniff(head)
+    except CompressedDataError as e:
+        raise e.for_shard(name) from None
+
+
+def _sniffed(head: bytes, name: str) -> str | None:
+    try:
+        return sniff(head)
+    except CompressedDataError as e:
+        raise e.for_shard(name) from None
+
+
 def _scan_remote(
     source: Source, stats: IOStats | None, name: str, hop: bool | None
-) -> tuple[FileStat, list[TarMember]]:
+) -> tuple[FileStat, list[TarMember]] | str:
+    """The remote shard's stat and members, or its compression kind (scanned elsewhere)."""
     if hop is not False:
         stat = source.info(stats)
         # Every read pinned to what was stat'ed: a shard replaced meanwhile fails, never mixes.
@@ -139,6 +178,9 @@ def _scan_remote(
                 if hop:
                     raise  # asked to hop, which needs ranges
                 head, hop = b"", False  # no ranges: one sequential stream (below)
+            kind = _sniffed(head, name) if head else None
+            if kind is not None:
+                return kind
             if hop is None:
                 stride = header_stride(head, stat.size, shard=name)
                 hop = stride is None or stride >= HOP_STRIDE  # None: all headers are in head
@@ -150,4 +192,28 @@ def _scan_remote(
             pinned.close()
     with source.open_stream(stats) as stream:
         stat = stream.stat  # type: ignore[attr-defined]  # stat'ed once, by the stream
-        return stat, list(iter_members_stream(stream, shard=name))
+        head = stream.read(8)
+        kind = _sniffed(head, name)
+        if kind is not None:
+            return kind
+        prefixed: Any = _Prefixed(head, stream)
+        return stat, list(iter_members_stream(prefixed, shard=name))
+
+
+class _Prefixed:
+    """A stream whose first bytes were read already (to recognise compression)."""
+
+    def __init__(self, head: bytes, stream: BinaryIO) -> None:
+        self._head, self._stream = head, stream
+
+    def read(self, n: int = -1) -> bytes:
+        head = self._head
+        if not head:
+            return self._stream.read(n)
+        self._head = b""
+        if n is None or n < 0:
+            return head + self._stream.read()
+        if n <= len(head):
+            self._head = head[n:]
+            return head[:n]
+        return head + self._stream.read(n - len(head))

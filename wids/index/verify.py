@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..compress import tar_reader
 from ..errors import WidsError
 from ..storage import Store, named_by, redact_url
 from .access import count_shards, shard_getter
@@ -81,16 +82,20 @@ def check_shard(
     note = None
     try:
         stat = src.info()
-        end = None if members is None else int(members.spans()[1].max(initial=0))
+        end = None if members is None else members.data_end
         memo = memo if memo is not None else ContentMemo()
         problem, copied = settle(info.fingerprint, stat, src.local_path, memo, data_end=end)
         if copied:
             note = "same size and md5 as indexed, another modification time (a copy)"
         if problem is None and members is not None:
-            problem = header_mismatch_at_spot(members, src.read_range)
+            read = src.read_range
+            if members.seek is not None:  # compressed: decode from the seek point before it
+                read = tar_reader(members.seek, src.read_range)  # type: ignore[assignment]
+            if read is not None:  # None: no seek points, checked by a deep verify only
+                problem = header_mismatch_at_spot(members, read)
         if problem is None and deep:
             _, now, _ = scan_shard(src)
-            if members is not None and now != members:
+            if members is not None and now.to_columns() != members.to_columns():
                 problem = "its member offsets differ from the index (found by rescanning)"
             elif len(now) != info.nsamples:
                 problem = f"it has {len(now)} samples where the index says {info.nsamples}"

@@ -107,12 +107,23 @@ def _check_copy(path: str, info: ShardInfo, stat: Any, members: Any) -> None:
     if members is None or len(members) == 0:
         return
     with open(path, "rb") as f:
+
+        def read(start: int, end: int) -> bytes:
+            f.seek(start)
+            return f.read(end - start)
+
+        if members.seek is not None:  # compressed: headers are in the decoded tar
+            from ..compress import tar_reader
+
+            read = tar_reader(members.seek, read)  # type: ignore[assignment]
+            if read is None:
+                return  # no seek points: the fingerprint (and md5) above are the check
         for sample in {0, len(members) - 1}:
             fields = members.members(sample)
             for field, offset, size in (fields[0], fields[-1]):
                 member = members.key(sample) + field
-                f.seek(max(0, offset - 512))
-                problem = header_mismatch(f.read(512) if offset >= 512 else b"", member, size)
+                header = read(offset - 512, offset) if offset >= 512 else b""
+                problem = header_mismatch(header, member, size)
                 if problem is not None:
                     raise IndexMismatchError(
                         f"the copy is not the indexed shard: at member {member!r} (byte "

@@ -1,0 +1,252 @@
+"""Compressed shards end to end: indexed, read by seek point or whole, locally and remotely.
+
+Shards are made by GNU ``tar czf`` and by Python's ``tarfile`` (``w:gz``); every sample read
+must equal what ``tarfile`` extracts from the same file.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+from compressfixtures import compressible_samples, gnu_tar_czf, tar_oracle, tarfile_gz
+
+from wids import ShardListDataset, build_index
+from wids.errors import (
+    CompressedDataError,
+    IndexFormatError,
+    TarFormatError,
+)
+from wids.index import open_index
+
+pytest.importorskip("indexed_gzip")
+
+SPACING = 64 << 10
+N = 120
+
+
+@pytest.fixture(scope="module")
+def gz_dir(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("gz")
+    tarfile_gz(d / "a.tar.gz", compressible_samples(N, seed=1))
+    gnu_tar_czf(d / "b.tgz", compressible_samples(N, seed=2))
+    build_index(
+        [str(d / "a.tar.gz"), str(d / "b.tgz")], str(d / "train.json"), seek_spacing=SPACING
+    )
+    return d
+
+
+def _oracle(d: Path) -> list[dict[str, bytes]]:
+    """Samples in index order, from tarfile."""
+    out = []
+    for name in ("a.tar.gz", "b.tgz"):
+        members = tar_oracle(d / name)
+        keys = sorted({n.split(".")[0] for n in members})
+        for k in keys:
+            out.append(
+                {"." + n.split(".", 1)[1]: v for n, v in members.items() if n.split(".")[0] == k}
+            )
+    return out
+
+
+def _equal(ds: ShardListDataset, oracle: list[dict[str, bytes]]) -> None:
+    assert len(ds) == len(oracle)
+    for i, want in enumerate(oracle):
+        got = {k: v for k, v in ds[i].items() if not k.startswith("__")}
+        assert got == want, i
+
+
+def test_index_records_seek_points_in_a_version_2_sidecar(gz_dir):
+    idx = open_index(str(gz_dir / "train.json"))
+    for i, info in enumerate(idx.shards):
+        members = idx.members(i)
+        assert members is not None and members.seek is not None and members.seek.kind == "gzip"
+        assert members.seek.compressed_size == info.size == os.path.getsize(info.url)
+        assert len(members.seek) > 2  # 64 KiB spacing over ~1 MB of tar
+    sidecars = list((gz_dir / "train.members").glob("*.json"))
+    assert {json.loads(p.read_bytes())["version"] for p in sidecars} == {2}
+
+
+@pytest.mark.parametrize("access", ["range", "auto"])
+def test_local_reads_equal_tarfile(gz_dir, access):
+    ds = ShardListDataset(str(gz_dir / "train.json"), transformations=[], access=access)
+    _equal(ds, _oracle(gz_dir))
+    # a random read costs about a spacing of compressed bytes, not the shard
+    before = ds.stats.bytes_read
+    ds[N // 2]
+    assert ds.stats.bytes_read - before < 3 * SPACING
+
+
+def test_access_shard_decompresses_once_into_the_cache(gz_dir, tmp_path):
+    cache = tmp_path / "cache"
+    ds = ShardListDataset(
+        str(gz_dir / "train.json"), transformations=[], access="shard", cache_dir=str(cache)
+    )
+    _equal(ds, _oracle(gz_dir))
+    entries = [p for p in (cache / "data").rglob("*") if p.is_file()]
+    assert len(entries) == 2  # one decompressed copy per shard
+    sizes = sorted(p.stat().st_size for p in entries)
+    idx = open_index(str(gz_dir / "train.json"))
+    assert sizes == sorted(idx.members(i).seek.uncompressed_size for i in range(2))  # type: ignore[union-attr]
+    ds2 = ShardListDataset(
+        str(gz_dir / "train.json"), transformations=[], access="shard", cache_dir=str(cache)
+    )
+    ds2[3]
+    assert ds2.stats.bytes_read == 0  # read from the copy
+
+
+def test_batches_and_dataloader_workers(gz_dir):
+    torch = pytest.importorskip("torch")
+    ds = ShardListDataset(str(gz_dir / "train.json"), transformations=[])
+    oracle = _oracle(gz_dir)
+    batch = ds.__getitems__([5, N + 7, 6, 2 * N - 1])
+    assert [{k: v for k, v in s.items() if not k.startswith("__")} for s in batch] == [
+        oracle[i] for i in (5, N + 7, 6, 2 * N - 1)
+    ]
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=8, num_workers=2, collate_fn=list, multiprocessing_context="forkserver"
+    )
+    seen = 0
+    for samples in loader:
+        for s in samples:
+            assert s[".txt"] == oracle[s["__index__"]][".txt"]
+            seen += 1
+    assert seen == len(ds)
+
+
+def test_open_gives_the_members_bytes(gz_dir):
+    ds = ShardListDataset(str(gz_dir / "train.json"), transformations=[])
+    oracle = _oracle(gz_dir)
+    with ds.open(N + 3, ".bin") as f:
+        assert f.read() == oracle[N + 3][".bin"]
+    s = ShardListDataset(str(gz_dir / "train.json"), transformations=[], stream_over=100)[4]
+    assert s[".txt"].read() == oracle[4][".txt"] and s[".cls"] == oracle[4][".cls"]
+
+
+def test_only_json_indexes_record_seek_points(gz_dir, tmp_path):
+    for out in ("t.sqlite", "t.widx"):
+        with pytest.raises(IndexFormatError, match="JSON indexes"):
+            build_index([str(gz_dir / "a.tar.gz")], str(tmp_path / out))
+
+
+def test_sidecar_versions_and_seek_points_go_together(gz_dir, tmp_path):
+    d = tmp_path / "copy"
+    d.mkdir()
+    for name in ("a.tar.gz",):
+        os.link(gz_dir / name, d / name)
+    build_index([str(d / "a.tar.gz")], str(d / "t.json"), seek_spacing=SPACING)
+    (sidecar,) = (d / "t.members").glob("*.json")
+    doc = json.loads(sidecar.read_bytes())
+    for change, match in (
+        ({"version": 1}, "cannot have 'seek'"),  # what an old reader would take for a tar
+        ({"seek": None}, "must have 'seek'"),
+        ({"seek": "!!"}, "not base64"),
+        ({"seek": base64.b64encode(b"WIDSSEEK" + bytes(30)).decode()}, "seek points"),
+    ):
+        sidecar.write_text(json.dumps({**doc, **change}))
+        with pytest.raises(IndexFormatError, match=match):
+            ShardListDataset(str(d / "t.json"), transformations=[])[0]
+
+
+def test_truncated_shard_is_a_typed_error_naming_it(tmp_path):
+    path = tarfile_gz(tmp_path / "t.tar.gz", compressible_samples(60))
+    path.write_bytes(path.read_bytes()[:-3000])
+    with pytest.raises(CompressedDataError, match="t.tar.gz") as e:
+        build_index([str(path)], str(tmp_path / "t.json"))
+    assert isinstance(e.value, TarFormatError) and e.value.offset is not None
+    assert not (tmp_path / "t.json").exists()
+
+
+def test_bad_data_at_a_seek_point_is_a_typed_error_naming_shard_and_offset(tmp_path):
+    path = tarfile_gz(tmp_path / "c.tar.gz", compressible_samples(N))
+    build_index([str(path)], str(tmp_path / "c.json"), seek_spacing=SPACING, md5=False)
+    points = open_index(str(tmp_path / "c.json")).members(0).seek  # type: ignore[union-attr]
+    assert points is not None
+    k = len(points) // 2
+    at = int(points.compressed[k])
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[at - 1 : at + 60] = bytes(61)  # the point's first block: not valid deflate
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size and mtime, no md5
+    ds = ShardListDataset(str(tmp_path / "c.json"), transformations=[])
+    members = open_index(str(tmp_path / "c.json")).members(0)
+    starts, _ = members.spans()  # type: ignore[union-attr]
+    hit = [i for i in range(len(ds)) if points.cover(int(starts[i]) - 512, int(starts[i]))[0] == k]
+    assert hit
+    with pytest.raises(CompressedDataError, match="c.tar.gz") as e:
+        ds[hit[0]]
+    assert e.value.offset is not None and at - 1 <= e.value.offset <= at
+
+
+def test_cli_index_verify_show_subset(gz_dir, tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def wids(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "wids", *args], capture_output=True, text=True, env=env
+        )
+
+    out = tmp_path / "cli.json"
+    r = wids("index", "create", str(gz_dir / "a.tar.gz"), "-o", str(out), "--seek-spacing", "65536")
+    assert r.returncode == 0, r.stderr
+    r = wids("index", "verify", str(out), "--deep")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = wids("show", str(out), "-n", "2")
+    assert r.returncode == 0 and "s000001" in r.stdout, r.stderr
+    sub = tmp_path / "sub"
+    r = wids("subset", str(out), "--to", str(sub), "--samples", "10")
+    assert r.returncode == 0, r.stderr
+    (index,) = sub.glob("*.json")
+    ds = ShardListDataset(str(index), transformations=[])
+    oracle = tar_oracle(gz_dir / "a.tar.gz")
+    assert len(ds) == N and ds[N - 1][".txt"] == oracle[ds[N - 1]["__key__"] + ".txt"]
+    assert open_index(str(index)).members(0).seek is not None  # type: ignore[union-attr]
+
+
+# -- remote ------------------------------------------------------------------------------------
+
+
+def _upload(server, d: Path) -> str:
+    prefix = f"gz{uuid.uuid4().hex[:8]}"
+    for p in d.rglob("*"):
+        if p.is_file():
+            server.put(str(p), f"{prefix}/{p.relative_to(d)}")
+    return server.url(f"{prefix}/train.json")
+
+
+@pytest.mark.parametrize("server", ["http_server", "s3_server"])
+@pytest.mark.parametrize("access", ["range", "shard"])
+def test_remote_reads_equal_tarfile(gz_dir, server, access, request, tmp_path):
+    srv = request.getfixturevalue(server)
+    url = _upload(srv, gz_dir)
+    ds = ShardListDataset(
+        url,
+        transformations=[],
+        storage_options=srv.storage_options,
+        access=access,
+        cache_dir=str(tmp_path / "cache") if access == "shard" else None,
+    )
+    _equal(ds, _oracle(gz_dir))
+
+
+def test_remote_index_create_of_a_tar_gz(gz_dir, http_server, tmp_path):
+    prefix = f"gzc{uuid.uuid4().hex[:8]}"
+    http_server.put(str(gz_dir / "b.tgz"), f"{prefix}/b.tgz")
+    out = tmp_path / "remote.json"
+    build_index([http_server.url(f"{prefix}/b.tgz")], str(out), seek_spacing=SPACING)
+    ds = ShardListDataset(str(out), transformations=[], storage_options=http_server.storage_options)
+    oracle = tar_oracle(gz_dir / "b.tgz")
+    for i in (0, N // 2, N - 1):
+        s = ds[i]
+        assert s[".txt"] == oracle[s["__key__"] + ".txt"]
+    before = ds.stats.bytes_read
+    ds[N // 3]
+    assert ds.stats.bytes_read - before < 3 * SPACING + 1024
