@@ -127,6 +127,7 @@ class _Resumed:
         # copies and without the samples a copy of which was read
         self._extra = max(0, first.replicas * first.length - self._n)  # padding slots
         seen = {r: self._read_marks(r) for r in self._marked_ranks()}
+        self._marked = set(seen)
         self._consumed = {slot % self._n for marks in seen.values() for slot in marks}
         heads = [
             first.length - first.position - self._dropped(r, seen.get(r, set()))
@@ -224,7 +225,9 @@ class _Resumed:
                 rank += 1
             offset, stop = a - self._starts[rank], min(b, self._starts[rank + 1])
             unread = itertools.islice(self._old_order(rank), first.position, None)
-            kept = (int(i) for i in unread if type(i) is not _Slot or not self._drops(i.slot))
+            kept: Iterator[int] = unread  # a rank without copies or indices that have one
+            if rank in self._marked:
+                kept = (int(i) for i in unread if type(i) is not _Slot or not self._drops(i.slot))
             yield from itertools.islice(kept, offset, offset + stop - a)
             a = stop
 
