@@ -243,24 +243,32 @@ def test_dataloader_workers_read_correctly(ctx, http_server, tmp_path):
 # -- choosing, and falling back to fsspec ----------------------------------------------------
 
 
-def test_the_default_is_fsspec_and_a_bad_choice_is_refused():
-    assert not isinstance(
-        Store({}).source("http://127.0.0.1:1/x.tar").transport(), ObstoreTransport
-    )
+def test_auto_is_the_default_and_picks_obstore_for_s3_only():
+    s3 = {"key": "k", "secret": "s", "client_kwargs": {"region_name": "us-east-1"}}
+    for options in ({}, {"transport": "auto"}):
+        src = Store({**s3, **options}).source("s3://bkt/k.tar")
+        assert isinstance(src.transport(), ObstoreTransport)
+        http = Store(options).source("http://127.0.0.1:1/x.tar").transport()
+        assert not isinstance(http, ObstoreTransport)
+        gcs = obstore_transport("gs://b/k", {"token": "anon", **options}, 5.0)
+        assert gcs is None
+    src = Store({**s3, "transport": "fsspec"}).source("s3://bkt/k.tar")
+    assert type(src.transport()).__name__ == "S3Transport"
     with pytest.raises(ValueError, match="transport"):
         Store({"transport": "rust"}).source("http://127.0.0.1:1/x.tar").transport()
 
 
-def test_auto_and_obstore_read_through_obstore_where_the_options_translate():
-    for choice in ("auto", "obstore"):
-        src = Store({"transport": choice}).source("http://127.0.0.1:1/x.tar")
-        assert isinstance(src.transport(), ObstoreTransport)
+def test_obstore_reads_http_and_gcs_too_where_the_options_translate():
+    src = Store({"transport": "obstore"}).source("http://127.0.0.1:1/x.tar")
+    assert isinstance(src.transport(), ObstoreTransport)
+    assert obstore_transport("gs://b/k", {"token": "anon", "transport": "obstore"}, 5.0)
 
 
 def test_without_obstore_auto_is_fsspec_and_obstore_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "obstore", None)  # import obstore raises ImportError
-    src = Store({"transport": "auto"}).source("http://127.0.0.1:1/x.tar")
-    assert type(src.transport()).__name__ in ("PlainTransport", "HttpTransport")
+    s3 = {"key": "k", "secret": "s", "client_kwargs": {"region_name": "us-east-1"}}
+    src = Store({**s3, "transport": "auto"}).source("s3://bkt/k.tar")
+    assert type(src.transport()).__name__ == "S3Transport"
     with pytest.raises(ImportError, match=r"'obstore' extra"):
         Store({"transport": "obstore"}).source("http://127.0.0.1:1/x.tar").transport()
 
@@ -281,6 +289,7 @@ def test_options_that_do_not_translate_go_to_fsspec(url, options):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert obstore_transport(url, {**options, "transport": "auto"}, 5.0) is None
+        assert obstore_transport(url, options, 5.0) is None  # auto is the default
     with pytest.warns(ObstoreFallbackWarning, match="read through fsspec"):
         assert obstore_transport(url, {**options, "transport": "obstore"}, 5.0) is None
 

@@ -7,11 +7,20 @@ of one generated file, in batches of 32 concurrent requests (obstore: ``get_rang
 ``cat_ranges``), and one at a time (``get_range`` / ``Source.read_range``). Prints CPU
 microseconds per request (process time, all threads) and wall reads/s, and the ratios to the
 bare client in the same run. moto materialises the whole object per GET: its figures are
-ratios only.
+ratios only. ``wids (obstore)`` rows are wids's own reads (``read_ranges`` / ``read_range``,
+every check included) through the obstore transport (storage option ``transport="obstore"``,
+:mod:`wids.storage.viaobstore`); ``wids`` rows through fsspec (nginx: plain ``http://``
+reads go through wids's own HTTP/1.1 client).
+
+The second form reads samples from a dataset (4 shards x 250 samples of ~20 KB, an index with
+its member tables; ``access="range"``) on nginx and moto, through fsspec and through obstore:
+``ds[i]`` one at a time in a random order, and ``ds.__getitems__`` batches of 32 (one request
+per sample); samples/s and CPU per sample (process time), ratios to fsspec in the same run.
 
 Usage::
 
     python tools/bench_obstore.py [--requests 512]
+    python tools/bench_obstore.py ds [--samples 1000]
 """
 
 from __future__ import annotations
@@ -118,15 +127,23 @@ def main(argv: list[str] | None = None) -> None:
 
             wids_http = Store().source(url, size=size)
             wids_s3 = Store(moto.storage_options).source(s3url, size=size)
+            ob = {"transport": "obstore"}
+            ob_http = Store(ob).source(url, size=size)
+            ob_s3 = Store({**moto.storage_options, **ob}).source(s3url, size=size)
             cases: list[tuple[str, str, Callable[[], object], int]] = [
                 ("nginx", "aiohttp (batches)", aiohttp_batches, n),
                 ("nginx", "obstore (batches)", lambda: ob_batches(http_store, "data.bin"), n),
                 ("nginx", "wids read_ranges", lambda: wids_batches(wids_http), n),
+                ("nginx", "wids (obstore) ranges", lambda: wids_batches(ob_http), n),
                 ("nginx", "obstore get_range", lambda: ob_single(http_store, "data.bin"), n // 4),
                 ("nginx", "wids read_range", lambda: wids_single(wids_http), n // 4),
+                ("nginx", "wids (obstore) range", lambda: wids_single(ob_http), n // 4),
                 ("moto", "s3fs cat_ranges", s3fs_batches, n),
                 ("moto", "obstore (batches)", lambda: ob_batches(s3_store, "data.bin"), n),
                 ("moto", "wids read_ranges", lambda: wids_batches(wids_s3), n),
+                ("moto", "wids (obstore) ranges", lambda: wids_batches(ob_s3), n),
+                ("moto", "wids read_range", lambda: wids_single(wids_s3), n // 4),
+                ("moto", "wids (obstore) range", lambda: wids_single(ob_s3), n // 4),
             ]
             for server, name, run, count in cases:
                 cpu, rate = _timed(run, count)
@@ -140,10 +157,94 @@ def main(argv: list[str] | None = None) -> None:
         base.setdefault(server, (cpu, rate))
         b = base[server]
         print(
-            f"{server:6} {name:20} {cpu:8.1f} us CPU/request ({cpu / b[0]:4.2f}x)  "
+            f"{server:6} {name:22} {cpu:8.1f} us CPU/request ({cpu / b[0]:4.2f}x)  "
             f"{rate:8.0f} reads/s ({rate / b[1]:4.2f}x)"
         )
 
 
+def _dataset(root: str, nshards: int, per: int) -> list[str]:
+    """``nshards`` tars of ``per`` samples (``.bin`` of ~20 KB, ``.cls``) under ``root``."""
+    import io
+    import tarfile
+
+    paths = []
+    for k in range(nshards):
+        path = os.path.join(root, f"shard-{k}.tar")
+        with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tf:
+            for i in range(per):
+                for ext, data in ((".bin", os.urandom(20_000 + i)), (".cls", b"%d" % i)):
+                    info = tarfile.TarInfo(f"s{k}-{i:05d}{ext}")
+                    info.size = len(data)
+                    tf.addfile(info, io.BytesIO(data))
+        paths.append(path)
+    return paths
+
+
+def ds_main(argv: list[str]) -> None:
+    """Samples/s of a dataset through fsspec and obstore (see the module), one run."""
+    import random
+
+    p = argparse.ArgumentParser(description="samples/s through fsspec and obstore")
+    p.add_argument("--samples", type=int, default=1000)
+    args = p.parse_args(argv)
+    from wids import ShardListDataset, build_index
+
+    n = args.samples
+    rows: list[tuple[str, str, float, float]] = []
+    with tempfile.TemporaryDirectory() as root:
+        paths = _dataset(root, 4, 250)
+        nginx, moto = Nginx(root), Moto("bench")
+        try:
+            places = {
+                "nginx": ([f"{nginx.base}/{os.path.basename(q)}" for q in paths], {}),
+                "moto": (
+                    [moto.put(q, os.path.basename(q)) for q in paths],
+                    dict(moto.storage_options),
+                ),
+            }
+            for server, (urls, options) in places.items():
+                index = os.path.join(root, f"{server}.json")
+                build_index(urls, index, storage_options=options)
+                order = [random.randrange(1000) for _ in range(n)]
+                for transport in ("fsspec", "obstore"):
+                    opts = {**options, "transport": transport}
+                    ds = ShardListDataset(
+                        index, access="range", transformations=[], storage_options=opts
+                    )
+                    for i in range(0, 1000, 50):  # every shard opened, pinned, connected
+                        ds[i]
+
+                    def single(ds: ShardListDataset = ds, order: list[int] = order) -> None:
+                        for i in order:
+                            ds[i]
+
+                    def batches(ds: ShardListDataset = ds, order: list[int] = order) -> None:
+                        for k in range(0, n, BATCH):
+                            ds.__getitems__(order[k : k + BATCH])
+
+                    for name, run in (("ds[i]", single), ("batches of 32", batches)):
+                        c, w = time.process_time(), time.perf_counter()
+                        run()
+                        cpu = (time.process_time() - c) / n * 1e6
+                        rate = n / (time.perf_counter() - w)
+                        rows.append((server, f"{name} {transport}", cpu, rate))
+                    ds.close()
+        finally:
+            nginx.stop()
+            moto.stop()
+    print(f"{n} samples of ~20 KB, access='range'; load {os.getloadavg()[0]:.2f}")
+    base: dict[tuple[str, str], tuple[float, float]] = {}
+    for server, name, cpu, rate in rows:
+        kind = name.rsplit(" ", 1)[0]
+        b = base.setdefault((server, kind), (cpu, rate))
+        print(
+            f"{server:6} {name:22} {cpu:8.1f} us CPU/sample ({cpu / b[0]:4.2f}x)  "
+            f"{rate:8.0f} samples/s ({rate / b[1]:4.2f}x)"
+        )
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["ds"]:
+        ds_main(sys.argv[2:])
+    else:
+        main()

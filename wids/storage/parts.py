@@ -113,7 +113,9 @@ def download(
     if source.is_local or not source.answers_with_stat:
         return download_stream(source, dest, stats, expected_size, limit)
     transport = source.transport()
-    if not isinstance(transport, (HttpTransport, S3Transport, GcsTransport)):
+    # parts need checked answers on an event loop (the obstore transport's too)
+    parted = getattr(transport, "parted", False)
+    if not parted and not isinstance(transport, (HttpTransport, S3Transport, GcsTransport)):
         http = getattr(transport, "http", None)  # plain connections: aiohttp's for downloads
         if not isinstance(http, HttpTransport):
             return download_stream(source, dest, stats, expected_size, limit)
@@ -126,7 +128,8 @@ def download(
             return download_stream(source, dest, stats, expected_size, limit)
     else:  # no stat: the first answer's etag pins the others (each answer is compared)
         stat = FileStat(expected_size, source.etag, None)
-    etag = None if isinstance(transport, GcsTransport) else stat.etag  # GCS: its generation
+    gcs = isinstance(transport, GcsTransport) or getattr(transport, "gcs", False)
+    etag = None if gcs else stat.etag  # GCS: its generation
     pin = Pin(source.url, stat.size, etag, indexed=expected_size is not None)
     spans = part_spans(stat.size, connections, part_size)
     _fetch_all(pin, transport, spans, dest, connections, source, stats)
@@ -134,7 +137,7 @@ def download(
         return download_stream(source, dest, stats, expected_size, limit)
     # the version's date: a stat's, or what the first answer said (Last-Modified) where the
     # server gives no etag, which a cache entry records (wids.cache.entries)
-    version = stat.etag if isinstance(transport, GcsTransport) else pin.etag
+    version = stat.etag if gcs else pin.etag
     return FileStat(stat.size, version, stat.mtime if stat.mtime is not None else pin.since)
 
 

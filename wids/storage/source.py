@@ -324,16 +324,14 @@ class Source:
         """This process's :class:`~wids.storage.transport.Transport` of the (remote) file."""
         transport = self._transport
         if transport is None or self._made != forks.generation:  # (no getpid() per read)
-            options = self._options
-            if "transport" in options:  # wids's choice of transport (storage/viaobstore.py)
-                from .viaobstore import obstore_transport
+            from .viaobstore import obstore_transport  # the choice: storage/viaobstore.py
 
-                chosen = obstore_transport(self.url, options, self.retry.timeout)
-                if chosen is not None:
-                    self._transport, self._pid = chosen, os.getpid()
-                    self._made = forks.stamp()
-                    return chosen
-                options = {k: v for k, v in options.items() if k != "transport"}
+            chosen = obstore_transport(self.url, self._options, self.retry.timeout)
+            if chosen is not None:
+                self._transport, self._pid = chosen, os.getpid()
+                self._made = forks.stamp()
+                return chosen
+            options = {k: v for k, v in self._options.items() if k != "transport"}
             fs, path = self._filesystem()
             timeout = request_timeout(self.url, options, self.retry)
             transport = transport_for(self.url, fs, path, self.retry.timeout, timeout)

@@ -1,10 +1,11 @@
 """obstore (a Rust object-store client) as one more transport: S3, GCS and HTTP(S) range reads.
 
 The optional ``obstore`` extra. Which transport a file is read with is the storage option
-``"transport"`` (:func:`choice`): ``"fsspec"`` (the default: :mod:`wids.storage.transport`),
-``"obstore"`` (this module wherever the other options translate; where they do not, fsspec
-with a :class:`ObstoreFallbackWarning` saying why) or ``"auto"`` (the same, silently: obstore
-where it is installed and every option translates). The option is wids's own: fsspec never
+``"transport"`` (:func:`choice`): ``"auto"`` (the default: obstore for ``s3://`` where it is
+installed and the options translate, the backend where it was measured to win, :func:`_wins`;
+fsspec for everything else), ``"obstore"`` (obstore for S3, GCS and HTTP(S) wherever the
+options translate; fsspec with a :class:`ObstoreFallbackWarning` saying why where they do not)
+or ``"fsspec"`` (:mod:`wids.storage.transport` always). The option is wids's own: fsspec never
 sees it. :func:`obstore_transport` makes the choice for one file.
 
 Translation (:func:`translate`) is exact or nothing: every storage option either has its
@@ -18,14 +19,11 @@ timeout, on URLs without a query or user name. The options are the ones
 :class:`~wids.storage.origins.Scope` gives the file's origin, so credentials still go only
 where they were given.
 
-A :class:`ObstoreTransport` makes one request per call: obstore's own retries are off
-(``max_retries=0``), wids's retry loop is the only one. Requests are conditional on the file's
-:class:`~wids.storage.answer.Pin` (``if_match`` the etag; GCS ``version=`` the generation;
-HTTP without an etag ``if_unmodified_since``) and answers become
-:class:`~wids.storage.answer.Answer` values checked by
-:func:`~wids.storage.answer.check_answer` like every other transport's. obstore's errors are
-sorted into wids's (:func:`_failure`): not found, permission, range not satisfiable, the
-version changed, transient; their messages go through :func:`~wids.storage.redact.redact_text`.
+A :class:`ObstoreTransport` makes one request per call (obstore's retries off: wids's loop is
+the only one), conditional on the file's :class:`~wids.storage.answer.Pin` (``if_match`` the
+etag; GCS ``version=`` the generation; else ``if_unmodified_since``); its
+:class:`~wids.storage.answer.Answer` is checked by :func:`~wids.storage.answer.check_answer`.
+obstore's errors are sorted into wids's (:func:`_failure`), messages redacted.
 
 Processes: obstore runs on a tokio runtime that does not survive ``fork`` (a child that
 touches it hangs). Stores are made lazily in the reading process, kept in
@@ -73,15 +71,16 @@ _S3_CLIENT_KEYS = frozenset({"endpoint_url", "region_name"})
 _GCS_KEYS = frozenset({"token", "endpoint_url", "project", "requests_timeout"})
 _HTTP_KEYS = frozenset({"headers", "client_kwargs"})
 _STATUS = re.compile(r"status code: (\d{3})")
+_TIMED_OUT = re.compile(r"timed? ?out", re.IGNORECASE)
 
 
 def choice(options: Mapping[str, Any]) -> str:
-    """The transport the ``"transport"`` storage option selects (``"fsspec"`` by default).
+    """The transport the ``"transport"`` storage option selects (``"auto"`` by default).
 
     Raises:
         ValueError: Not one of :data:`CHOICES`.
     """
-    value = options.get("transport", "fsspec")
+    value = options.get("transport", "auto")
     if value not in CHOICES:
         raise ValueError(f"storage option 'transport' must be one of {CHOICES}, not {value!r}")
     return str(value)
@@ -112,7 +111,7 @@ def obstore_transport(
         ValueError: The ``"transport"`` option is not one of :data:`CHOICES`.
     """
     wanted = choice(options)
-    if wanted == "fsspec":
+    if wanted == "fsspec" or (wanted == "auto" and not _wins(url)):
         return None
     try:
         import obstore  # noqa: F401
@@ -134,6 +133,15 @@ def obstore_transport(
     return ObstoreTransport(url, config, timeout)
 
 
+def _wins(url: str) -> bool:
+    """Whether ``auto`` reads ``url`` through obstore: S3, where it wins (docs/storage.md).
+
+    ``tools/bench_obstore.py``: on moto a third of s3fs's CPU per request; on nginx more than
+    wids's own HTTP/1.1 client and aiohttp (each answer crosses from tokio into Python twice).
+    """
+    return url.split("://", 1)[0].lower() in ("s3", "s3a") and "::" not in url
+
+
 def _fell_back(url: str, wanted: str, why: str) -> None:
     """Say why ``url`` is read through fsspec (a warning if obstore was asked for)."""
     logger.debug("%s read through fsspec, not obstore: %s", redact_url(url), why)
@@ -153,10 +161,6 @@ class _Config:
     def __init__(self, kind: str, root: str, path: str, kwargs: dict[str, Any]) -> None:
         self.kind, self.root, self.path, self.kwargs = kind, root, path, kwargs
 
-    def key(self) -> tuple[Any, ...]:
-        """What identifies the store (one per process and key)."""
-        return ("obstore", self.kind, self.root, repr(sorted(self.kwargs.items())))
-
 
 def translate(url: str, options: Mapping[str, Any], timeout: float) -> _Config | str:
     """The obstore store and path of ``url`` under ``options``, or why there is none.
@@ -167,10 +171,7 @@ def translate(url: str, options: Mapping[str, Any], timeout: float) -> _Config |
     if "::" in url or "://" not in url:
         return "not an s3://, gs:// or http(s):// URL"
     scheme = url.split("://", 1)[0].lower()
-    client = {
-        "timeout": f"{timeout:g}s",
-        "connect_timeout": f"{timeout:g}s",
-    }
+    client: dict[str, Any] = {"timeout": f"{timeout:g}s", "connect_timeout": f"{timeout:g}s"}
     if scheme in ("s3", "s3a"):
         return _s3(url, options, client)
     if scheme in ("gs", "gcs"):
@@ -248,24 +249,14 @@ _AWS_OVERRIDDEN = {
 }
 # AWS_* variables that change nothing once the options give a key and secret (or anon)
 _AWS_UNUSED = frozenset(
-    {
-        "AWS_PROFILE",
-        "AWS_DEFAULT_PROFILE",
-        "AWS_CONFIG_FILE",
-        "AWS_SHARED_CREDENTIALS_FILE",
-        "AWS_PAGER",
-        "AWS_DEFAULT_OUTPUT",
-        "AWS_EXECUTION_ENV",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_ROLE_ARN",
-        "AWS_ROLE_SESSION_NAME",
-        "AWS_STS_REGIONAL_ENDPOINTS",
-        "AWS_CA_BUNDLE",  # botocore's trust roots; obstore keeps its own (fails, never leaks)
-    }
+    (
+        "AWS_PROFILE AWS_DEFAULT_PROFILE AWS_CONFIG_FILE AWS_SHARED_CREDENTIALS_FILE AWS_PAGER "
+        "AWS_DEFAULT_OUTPUT AWS_EXECUTION_ENV AWS_CONTAINER_CREDENTIALS_RELATIVE_URI "
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI AWS_CONTAINER_AUTHORIZATION_TOKEN "
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE AWS_WEB_IDENTITY_TOKEN_FILE AWS_ROLE_ARN "
+        "AWS_ROLE_SESSION_NAME AWS_STS_REGIONAL_ENDPOINTS "
+        "AWS_CA_BUNDLE"  # botocore's trust roots; obstore keeps its own (fails, never leaks)
+    ).split()
 )
 
 
@@ -353,7 +344,8 @@ def _make_store(config: _Config) -> Any:
 def store(config: _Config) -> Any:
     """This process's obstore store for ``config`` (made on first use, kept under the pid)."""
     usable()  # records the first process that uses obstore, before its runtime starts
-    return get((os.getpid(), *config.key()), lambda: _make_store(config))
+    key = (os.getpid(), "obstore", config.kind, config.root, repr(sorted(config.kwargs.items())))
+    return get(key, lambda: _make_store(config))
 
 
 class _Loop:
@@ -383,6 +375,7 @@ class ObstoreTransport(Transport):
     checked = True
     asynchronous = True
     direct = True  # one read at a time in the calling thread: no hop into an event loop
+    parted = True  # a whole-file download may fetch parts concurrently (storage/parts.py)
 
     def __init__(self, url: str, config: _Config, timeout: float = 30.0) -> None:
         super().__init__(url, _LOOP, config.path, timeout)
@@ -452,7 +445,7 @@ class ObstoreTransport(Transport):
                 raise too_large(self.url, size, limit)
             return bytes(result.bytes())
         except Exception as exc:
-            raise _failure(exc, self.url) from None
+            raise _failure(exc, self.url, self.timeout) from None
 
     async def get_whole(self, limit: int | None) -> bytes:
         """The whole file, refused past ``limit`` from its announced size."""
@@ -465,7 +458,7 @@ class ObstoreTransport(Transport):
                 raise too_large(self.url, size, limit)
             return bytes(await result.bytes_async())
         except Exception as exc:
-            raise _failure(exc, self.url) from None
+            raise _failure(exc, self.url, self.timeout) from None
 
     def stat_sync(self) -> FileStat:
         """One HEAD of the file, in the calling thread."""
@@ -473,17 +466,29 @@ class ObstoreTransport(Transport):
 
         try:
             return self._stat_of_meta(obstore.head(self._obstore(), self.path))
+        except FileNotFoundError:  # a HEAD has no body to say "no such bucket": a GET has
+            try:
+                obstore.get(self._obstore(), self.path, options={"range": (0, 1)})
+            except Exception as exc:
+                raise _failure(exc, self.url, self.timeout) from None
+            raise FileNotFoundError(redact_url(self.url)) from None
         except Exception as exc:
-            raise _failure(exc, self.url) from None
+            raise _failure(exc, self.url, self.timeout) from None
 
     async def stat(self) -> FileStat:
-        """One HEAD of the file."""
+        """One HEAD of the file (see :meth:`stat_sync`)."""
         import obstore
 
         try:
             return self._stat_of_meta(await obstore.head_async(self._obstore(), self.path))
+        except FileNotFoundError:
+            try:
+                await obstore.get_async(self._obstore(), self.path, options={"range": (0, 1)})
+            except Exception as exc:
+                raise _failure(exc, self.url, self.timeout) from None
+            raise FileNotFoundError(redact_url(self.url)) from None
         except Exception as exc:
-            raise _failure(exc, self.url) from None
+            raise _failure(exc, self.url, self.timeout) from None
 
     def _stat_of_meta(self, meta: Mapping[str, Any]) -> FileStat:
         modified = meta.get("last_modified")
@@ -496,13 +501,13 @@ class ObstoreTransport(Transport):
     def _failure_sync(self, exc: Exception, pin: Pin, options: Mapping[str, Any]) -> Exception:
         """The error to raise for ``exc`` (the pin's, where the file changed)."""
         meta = self._head_sync() if _needs_head(exc, options) else None
-        return _pinned_failure(exc, pin, options, meta, self.url)
+        return _pinned_failure(exc, pin, options, meta, self.url, self.timeout)
 
     async def _failure_async(
         self, exc: Exception, pin: Pin, options: Mapping[str, Any]
     ) -> Exception:
         meta = await self._head_async() if _needs_head(exc, options) else None
-        return _pinned_failure(exc, pin, options, meta, self.url)
+        return _pinned_failure(exc, pin, options, meta, self.url, self.timeout)
 
     def _head_sync(self) -> Any:
         import obstore
@@ -527,7 +532,7 @@ def _needs_head(exc: Exception, options: Mapping[str, Any]) -> bool:
 
 
 def _pinned_failure(
-    exc: Exception, pin: Pin, options: Mapping[str, Any], meta: Any, url: str
+    exc: Exception, pin: Pin, options: Mapping[str, Any], meta: Any, url: str, timeout: float
 ) -> Exception:
     """The error for ``exc``: the pin's where the file changed (``meta``: its HEAD, if asked)."""
     changed = _changed(exc, pin, options)
@@ -537,7 +542,7 @@ def _pinned_failure(
         return pin.differs(f"its generation is {meta.get('version')} where it was {pin.etag}")
     if meta is not None:  # 416: did the file shrink? its size decides
         pin.learn(int(meta["size"]), None, None)
-    return _failure(exc, url)
+    return _failure(exc, url, timeout)
 
 
 def _changed(exc: Exception, pin: Pin, options: Mapping[str, Any]) -> IndexMismatchError | None:
@@ -567,7 +572,7 @@ class ObstoreConnectionError(ConnectionError):
     """A failure obstore reported without an answer (connect, timeout, a cut body): transient."""
 
 
-def _failure(exc: Exception, url: str) -> Exception:
+def _failure(exc: Exception, url: str, timeout: float) -> Exception:
     """The wids error for obstore's ``exc`` (sorted as :mod:`wids.storage.retry` expects)."""
     from ..errors import WidsError
 
@@ -586,6 +591,8 @@ def _failure(exc: Exception, url: str) -> Exception:
         return ObstoreStatusError(status, text)
     if names & {"PermissionDeniedError", "UnauthenticatedError"}:
         return PermissionError(text)
+    if _TIMED_OUT.search(str(exc)):
+        return TimeoutError(f"no answer within {timeout:g}s ({text})")
     if names & {"GenericError", "JoinError"}:
         return ObstoreConnectionError(text)
     return exc
