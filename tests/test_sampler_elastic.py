@@ -365,3 +365,47 @@ def test_the_resumed_rest_over_nginx_carries_the_read_plan(remote, ctx):  # noqa
         got = list(_loader(ds, s, ctx))
         _check(remote, got, rest)  # the samples asked for, checked against tarfile
         assert _hits(got) > 0  # and the workers read ahead from the plan
+
+
+class Mixed(Shards):
+    """Shard lengths and weighted sub-datasets (what ShardListDataset.components gives)."""
+
+    def __init__(self, lengths: list[int], components: list[tuple[int, int, float]]) -> None:
+        from types import SimpleNamespace
+
+        super().__init__(lengths)
+        self.components = [
+            SimpleNamespace(name=f"c{k}", weight=w, start=a, stop=b)
+            for k, (a, b, w) in enumerate(components)
+        ]
+
+
+@pytest.mark.parametrize("pad", [False, True])
+def test_mixing_resumes_the_same_draws(pad):
+    """With mix=True an epoch draws some samples several times: the rest is the unread draws
+    (slots), so the whole epoch is the old world size's epoch, draw for draw."""
+    lengths = [12] * 8 if not pad else LENGTHS  # 96: no padding on 4, then 3 ranks
+    ds = Mixed(lengths, [(0, 40, 3.0), (40, sum(lengths), 1.0)])
+
+    def world(n):
+        return [
+            DistributedChunkedSampler(ds, num_replicas=n, rank=r, seed=3, chunksize=8, mix=True)
+            for r in range(n)
+        ]
+
+    full = [list(s) for s in world(4)]  # epoch 0 on 4 ranks, draw for draw
+    before = [order[:6] for order in full]
+    state = world(4)[0].state_dict(position=6)
+    after = []
+    for s in world(3):
+        s.load_state_dict(state)
+        after.append(list(s))
+    assert len({len(a) for a in after}) == 1
+    served = Counter(i for part in before + after for i in part)
+    draws = Counter(i for order in full for i in order)
+    assert max(draws.values()) > 1  # the heavy component is drawn more than once
+    if not pad:
+        assert served == draws
+        assert [i for a in after for i in a] == [i for order in full for i in order[6:]]
+    else:  # the old epoch's padding copy and the new stage's padding: at most 3 + 2 off
+        assert (served - draws).total() + (draws - served).total() <= 5
