@@ -125,8 +125,9 @@ def main(argv: list[str] | None = None) -> None:
                         [path] * len(part), [s for s, _ in part], [e for _, e in part]
                     )
 
-            wids_http = Store().source(url, size=size)
-            wids_s3 = Store(moto.storage_options).source(s3url, size=size)
+            fs = {"transport": "fsspec"}  # (S3's default, "auto", is obstore's)
+            wids_http = Store(fs).source(url, size=size)
+            wids_s3 = Store({**moto.storage_options, **fs}).source(s3url, size=size)
             ob = {"transport": "obstore"}
             ob_http = Store(ob).source(url, size=size)
             ob_s3 = Store({**moto.storage_options, **ob}).source(s3url, size=size)
