@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import random
 from collections import Counter
 from pathlib import Path
 
@@ -409,3 +410,55 @@ def test_mixing_resumes_the_same_draws(pad):
         assert [i for a in after for i in a] == [i for order in full for i in order[6:]]
     else:  # the old epoch's padding copy and the new stage's padding: at most 3 + 2 off
         assert (served - draws).total() + (draws - served).total() <= 5
+
+
+def test_tiny_epochs_with_more_padding_than_samples():
+    """1 sample on 4 ranks: 3 of the 4 slots are copies (slots past the end wrap more than
+    once); the copies are not also counted as indices that have a copy."""
+    for lengths, old, new in [([1], 4, 1), ([2], 7, 3), ([1, 0, 2], 6, 4)]:
+        for steps in range(2):
+            stages, _ = run_chain([(old, steps), (new, None)], lengths)
+            read = [Counter(i for rank in stage for i in rank) for stage in stages]
+            assert not set(read[0]) & set(read[1])
+            assert set(read[0]) | set(read[1]) == set(range(sum(lengths)))
+
+
+def test_random_chains_of_resumes():
+    """Seeded random datasets, settings and chains of world sizes: nothing read before a
+    checkpoint is read after it, nothing is lost (drop_last: nothing twice), and each stage
+    pads at most R - 1."""
+    rng = random.Random(23)
+    settings = [*SETTINGS, {"partition": "global", "num_workers": 3, "batch_size": 1}]
+    for _ in range(200):
+        lengths = [rng.randint(0, 9) for _ in range(rng.randint(1, 6))]
+        n, kw = sum(lengths), rng.choice(settings)
+        worlds = [rng.randint(1, 7) for _ in range(rng.randint(2, 4))]
+        worlds = [w for k, w in enumerate(worlds) if k == 0 or w != worlds[k - 1]]
+        if not n or len(worlds) < 2:
+            continue
+        state, reads = None, []
+        for k, world in enumerate(worlds):
+            samplers = ranks(world, lengths, **kw)
+            for s in samplers:
+                if state is not None:
+                    s.load_state_dict(state)
+            share = len(samplers[0]) if state is None else samplers[0].state_dict()["stages"][-1]
+            steps = None
+            if k < len(worlds) - 1:
+                length = share if isinstance(share, int) else share["length"]
+                steps = rng.randint(0, max(0, length - 1))
+            read = [list(itertools.islice(iter(s), steps)) for s in samplers]
+            assert len({len(r) for r in read}) == 1
+            reads.append(Counter(i for r in read for i in r))
+            if steps is not None:
+                state = samplers[0].state_dict()
+        case = (lengths, kw, worlds)
+        for k in range(1, len(reads)):
+            assert not set(sum(reads[:k], Counter())) & set(sum(reads[k:], Counter())), case
+        for read, world in zip(reads, worlds, strict=True):
+            assert (read - Counter(set(read))).total() <= world - 1, case
+        served = sum(reads, Counter())
+        if kw.get("drop_last"):
+            assert not served or max(served.values()) == 1, case
+        else:
+            assert set(served) == set(range(n)), case

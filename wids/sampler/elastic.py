@@ -178,7 +178,7 @@ class _Resumed:
         """Old ``rank``'s slots that are padding copies or have one (at most ``2 * (R - 1)``)."""
         first, n = self._first, self._n
         a, b = rank * first.length, (rank + 1) * first.length
-        return [*range(a, min(b, self._extra)), *range(max(a, n), b)]
+        return [*range(a, min(b, self._extra, n)), *range(max(a, n), b)]
 
     def _marked_ranks(self) -> list[int]:
         """The old ranks holding marked slots: the first and the last ones."""
