@@ -621,3 +621,63 @@ def test_a_position_saved_after_the_loader_drew_the_last_batch_names_that_epoch(
         *[[s["__index__"] for s in b] for b in head],
         *rest,
     ]
+
+
+# -- torchrun ---------------------------------------------------------------------------------
+
+
+def _torchrun(local, tmp, phase, ranks, workers):
+    import socket
+    import sys
+
+    from procgroup import run_group
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    keys = tmp / "keys.json"
+    keys.write_text(json.dumps(local["ratios"].tolist()))
+    job = Path(__file__).with_name("bucket_job.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={ranks}"]
+    cmd += ["--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={port}", str(job)]
+    cmd += [local["index"], str(keys), str(tmp), phase, str(workers)]
+    proc = run_group(cmd, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads((tmp / f"{phase}.json").read_text())
+
+
+@pytest.mark.slow
+def test_torchrun_two_ranks_of_two_workers_then_three_of_one(local, tmp_path):
+    """World size from the process group; exact lengths; a checkpoint at step 3 on 2 ranks x 2
+    workers resumed on 3 ranks x 1 worker reads every batch of the epoch once overall."""
+    pytest.importorskip("torch")
+    run = _torchrun(local, tmp_path, "run", 2, 2)
+    ratios = local["ratios"]
+    assert run["replicas"] == [2, 2] and len(set(run["len"])) == 1
+    length = run["len"][0]
+
+    def check(batches):
+        for batch in batches:
+            assert len(batch) == 4 and len({key for _, key in batch}) == 1
+            assert all(key == ratios[i] for i, key in batch)  # the bytes read are the sample's
+        return [tuple(i for i, _ in batch) for batch in batches]
+
+    epoch1 = [check(rank) for rank in run["epoch1"]]
+    assert [len(r) for r in epoch1] == [length, length]
+    # the same order as the shard lengths, keys and seed give in this process
+    whole = BucketBatchSampler(Shards(SHARD_LENGTHS), ratios, batch_size=4, num_buckets=4, seed=5)
+    batches = Counter(b for rank in epoch1 for b in rank)
+    assert set(batches) == {tuple(b) for b in whole.epoch_batches(1).tolist()}
+    assert sum(batches.values()) - len(batches) == 2 * length - whole.total_batches  # padding
+
+    resume = _torchrun(local, tmp_path, "resume", 3, 1)
+    assert resume["replicas"] == [3, 3, 3]
+    rest = [check(rank) for rank in resume["rest"]]
+    assert len({len(r) for r in rest}) == 1  # equal per rank
+    done = [b for rank in run["partial"] for b in check(rank)]
+    read = Counter(done + [b for rank in rest for b in rank])
+    epoch2 = {tuple(b) for b in whole.epoch_batches(2).tolist()}
+    assert set(read) == epoch2  # none lost
+    assert sum(c - 1 for c in read.values()) <= 2  # the new ranks' padding: at most R - 1
+    nxt = [check(rank) for rank in resume["next"]]
+    assert [len(r) for r in nxt] == resume["len"]  # the next epoch: the normal order of 3 ranks
