@@ -282,6 +282,10 @@ def test_without_obstore_auto_is_fsspec_and_obstore_names_the_extra(monkeypatch)
         ("gs://b/k.tar", {"token": "/path/to/service-account.json"}),
         ("https://h.example/k.tar", {"client_kwargs": {"auth": ("u", "p")}}),
         ("https://h.example/k.tar?sig=1", {}),
+        ("https://h.example/a%2Fb.tar", {}),  # one segment "a/b.tar", not two
+        ("https://h.example/a//b.tar", {}),
+        ("s3://b/a//b.tar", {"anon": True, "endpoint_url": "http://127.0.0.1:1"}),
+        ("s3://b/./b.tar", {"anon": True, "endpoint_url": "http://127.0.0.1:1"}),
         ("memory://k.tar", {}),
     ],
 )

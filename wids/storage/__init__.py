@@ -19,7 +19,8 @@ The only part of wids that imports fsspec. Other parts import from this package,
   identity without known credentials: :func:`strip_credentials`, :func:`file_identity`;
 - :mod:`.origins`: which storage options a URL is opened with (credentials per origin);
 - inside: :mod:`.retry` (policy, failure kinds, retry loops), :mod:`.backends` (fsspec
-  backend specifics), :mod:`.transport` and :mod:`.objectstores` (one transport per backend),
+  backend specifics), :mod:`.transport` and :mod:`.objectstores` (one transport per backend;
+  :mod:`.viaobstore`: obstore, the optional extra, chosen by the ``transport`` option),
   :mod:`.clients` (this process's filesystems and sessions), :mod:`.streams`,
   :mod:`.parts` (whole-file downloads in concurrent checked parts; :func:`read_whole`),
   :mod:`.local` (``os.pread`` on local files).

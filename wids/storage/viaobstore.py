@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
-from ..errors import IndexMismatchError, PermanentRemoteError
+from ..errors import IndexMismatchError, PermanentRemoteError, WidsError
 from ..errors import RangeNotSupportedError as _RangeNotSupported
 from .answer import Answer, Pin, too_large
 from .clients import get
@@ -123,22 +123,16 @@ def obstore_transport(
         raise missing("obstore", "storage_options transport='obstore'", e) from None
     rest = {k: v for k, v in options.items() if k != "transport"}
     config = translate(url, rest, timeout)
+    if isinstance(config, _Config) and not usable():
+        config = "this process was forked from one that used obstore (tokio cannot be forked)"
     if isinstance(config, str):
         _fell_back(url, wanted, config)
-        return None
-    if not usable():
-        why = "this process was forked from one that used obstore (tokio cannot be forked)"
-        _fell_back(url, wanted, why)
         return None
     return ObstoreTransport(url, config, timeout)
 
 
 def _wins(url: str) -> bool:
-    """Whether ``auto`` reads ``url`` through obstore: S3, where it wins (docs/storage.md).
-
-    ``tools/bench_obstore.py``: on moto a third of s3fs's CPU per request; on nginx more than
-    wids's own HTTP/1.1 client and aiohttp (each answer crosses from tokio into Python twice).
-    """
+    """Whether ``auto`` reads ``url`` through obstore: S3, where it wins (docs/storage.md)."""
     return url.split("://", 1)[0].lower() in ("s3", "s3a") and "::" not in url
 
 
@@ -191,7 +185,15 @@ def _bucket_key(url: str) -> tuple[str, str] | str:
     bucket, _, key = rest.partition("/")
     if not bucket or not key or "?" in rest or "#" in rest:
         return "not a bucket/key URL"
-    return bucket, key
+    return (bucket, key) if _plain_path(key) else _ODD_PATH
+
+
+_ODD_PATH = "a key with an empty, '.' or '..' segment (obstore's paths have none)"
+
+
+def _plain_path(path: str) -> bool:
+    """Whether obstore addresses ``path`` as it is (no segment it would drop or refuse)."""
+    return all(part not in ("", ".", "..") for part in path.split("/"))
 
 
 def _s3(url: str, options: Mapping[str, Any], client: dict[str, Any]) -> _Config | str:
@@ -302,16 +304,18 @@ def _http(url: str, options: Mapping[str, Any], client: dict[str, Any]) -> _Conf
     parts = urllib.parse.urlsplit(url)
     if parts.query or parts.fragment or parts.username is not None or parts.password is not None:
         return "a URL with a query, fragment or user name"
-    path = parts.path.lstrip("/")
-    if not path or path.endswith("/"):
-        return "not a file URL"
+    if "%2f" in parts.path.lower():  # an encoded "/" inside a segment
+        return "a URL path with an encoded '/'"
+    path = urllib.parse.unquote(parts.path[1:])
+    if not _plain_path(path):
+        return _ODD_PATH
     if url.lower().startswith("http://"):
         client["allow_http"] = True
     headers = options.get("headers")
     if headers:
         client["default_headers"] = {str(k): str(v) for k, v in dict(headers).items()}
     root = f"{parts.scheme}://{parts.netloc}"
-    return _Config("http", root, urllib.parse.unquote(path), {"client_options": client})
+    return _Config("http", root, path, {"client_options": client})
 
 
 def _make_store(config: _Config) -> Any:
@@ -574,8 +578,6 @@ class ObstoreConnectionError(ConnectionError):
 
 def _failure(exc: Exception, url: str, timeout: float) -> Exception:
     """The wids error for obstore's ``exc`` (sorted as :mod:`wids.storage.retry` expects)."""
-    from ..errors import WidsError
-
     if isinstance(exc, WidsError):
         return exc
     text = redact_text(str(exc).split("\n", 1)[0])
