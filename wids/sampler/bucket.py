@@ -185,11 +185,20 @@ def _per_rank(total: int, replicas: int, drop_last: bool) -> int:
 def _rest(seq: np.ndarray, replicas: int, length: int, position: int) -> np.ndarray:
     """What a stage left unread: each rank's slots ``[position, length)`` in rank order.
 
-    Slot ``j`` of the stage (rank ``j // length``) reads ``seq[j]``; slots past ``len(seq)``
-    are padding copies (left out), and ``drop_last``'s dropped tail is never a slot.
+    Slot ``j`` of the stage (rank ``j // length``) reads ``seq[j % len(seq)]``; slots past
+    ``len(seq)`` are padding copies: left out, and so is a batch whose copy was read before
+    the checkpoint (its original may come later in its rank's order). ``drop_last``'s dropped
+    tail is never a slot.
     """
-    slots = np.arange(min(len(seq), replicas * length))
-    rest: np.ndarray = seq[: len(slots)][slots % length >= position] if length else seq[:0]
+    if not length or not len(seq):
+        return seq[:0]
+    slots = np.arange(replicas * length)
+    unread = slots % length >= position
+    real = slots < len(seq)
+    copies_read = slots[~real & ~unread] % len(seq)
+    keep = real & unread
+    keep[copies_read] = False
+    rest: np.ndarray = seq[slots[keep]]
     return rest
 
 
