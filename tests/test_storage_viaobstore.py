@@ -388,3 +388,49 @@ def test_a_server_that_ignores_range_is_told_apart(tmp_path):
         for start in (0, 10):
             with pytest.raises(RangeNotSupportedError):
                 src.read_range(start, start + 20)
+
+
+class _Unavailable(BaseHTTPRequestHandler):
+    """Answers every request with 503 (counted)."""
+
+    count = 0
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        type(self).count += 1
+        self.send_response(503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_HEAD = do_GET  # noqa: N815 - http.server's name
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_one_request_per_attempt_and_typed_redacted_errors():
+    """obstore's own retries are off: wids's loop makes every attempt (obstore alone would
+    send 11 requests for one 503); the error is wids's, without the header's secret."""
+    from wids.errors import RetriesExhaustedError
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Unavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _Unavailable.count = 0
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/x.tar"
+        options = _obstore({"headers": {"Authorization": "Bearer TOPSECRET"}})
+        src = Store(options, FAST).source(url)
+        assert isinstance(src.transport(), ObstoreTransport)
+        with pytest.raises(RetriesExhaustedError) as info:
+            src.read_range(0, 10)
+        assert _Unavailable.count == FAST.attempts == info.value.attempts  # type: ignore[attr-defined]
+        assert info.value.status == 503  # type: ignore[attr-defined]
+        assert "TOPSECRET" not in str(info.value) and info.value.shard == url
+        _Unavailable.count = 0
+        from wids.storage import read_ranges
+
+        with pytest.raises(RetriesExhaustedError):
+            read_ranges([(src, 0, 10)])  # the asynchronous path: the same
+        assert _Unavailable.count == FAST.attempts
+    finally:
+        server.shutdown()
+        server.server_close()
