@@ -176,7 +176,10 @@ class EntryFiles:
         return out
 
     def entries(self) -> list[CacheEntry]:
-        """The recorded entries that have their data, least recently used first.
+        """The recorded entries that have their data, in the order eviction takes them.
+
+        Least recently used first, then the copies fetched ahead of their reads (their last
+        use is set in the future), the latest fetched first: its reads come last.
 
         Raises:
             CacheDirError: A subdirectory of the cache is a symbolic link.
@@ -199,7 +202,14 @@ class EntryFiles:
                     last_access=max(float(rec.get("last_access", 0)), self._touched(key)),
                 )
             )
-        out.sort(key=lambda e: (e.last_access, e.key))
+        # a last use in the future is a copy fetched ahead of its reads (ShardCache): after
+        # the entries used, and the one fetched last (its reads come last) first among them
+        now = time.time()
+        out.sort(
+            key=lambda e: (
+                (0, e.last_access, e.key) if e.last_access <= now else (1, -e.last_access, e.key)
+            )
+        )
         return out
 
     def _touched(self, key: str) -> float:

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from ..storage import redact_url
@@ -77,8 +78,9 @@ class PromotionCache(Protocol):
         expected: Fingerprint | None = None,
         stats: IOStats | None = None,
         verify: Callable[[str], None] | None = None,
+        ahead: bool = True,
     ) -> Future[None]:
-        """Fetch ``source`` into the cache in the background."""
+        """Fetch ``source`` into the cache in the background (``ahead``: of its reads)."""
         ...
 
     def open_cached(
@@ -88,6 +90,17 @@ class PromotionCache(Protocol):
         expected: Fingerprint | None = None,
     ) -> CachedShard | None:
         """The cached copy of ``url`` if it is cached now, else ``None``."""
+        ...
+
+    def open(
+        self,
+        source: Source,
+        *,
+        expected: Fingerprint | None = None,
+        stats: IOStats | None = None,
+        verify: Callable[[str], None] | None = None,
+    ) -> CachedShard:
+        """The cached copy of ``source``, fetched first if needed (waits for other fetchers)."""
         ...
 
     def close(self) -> None:
@@ -101,6 +114,17 @@ class PromotionCache(Protocol):
     def may_fetch_ahead(self, url: str, size: int) -> bool:
         """Whether ``url`` may be fetched ahead of its reads now (counted ahead if so)."""
         ...
+
+
+@dataclass(frozen=True)
+class _Fetch:
+    """What a promotion fetches: the arguments of :meth:`PromotionCache.prefetch`."""
+
+    source: Source
+    shard_bytes: int
+    expected: Fingerprint | None
+    stats: IOStats | None
+    verify: Callable[[str], None] | None
 
 
 class Promoter:
@@ -170,7 +194,10 @@ class Promoter:
         self._promotions: dict[str, int] = {}
         self._slow: set[str] = set()
         self._planned: set[str] = set()  # promoted on a plan: most of it comes next, so wait
-        self._deferred: set[str] = set()  # announced by a plan when the budget had no room
+        # announced by a plan when this process's share of the budget had no room: fetched
+        # whole when room frees (in the plan's order) or when its reads begin, never by range
+        self._deferred: dict[str, _Fetch] = {}
+        self._jobs: dict[str, _Fetch] = {}  # what each promotion of _futures fetches
         self._mutex = threading.Lock()
 
     def requested(
@@ -200,9 +227,8 @@ class Promoter:
             focused = self._count_recent(url)
             if url in self._futures or url in self._failed:
                 return
-            if url in self._deferred:  # a plan announced it, the budget had no room then
-                if self._start(source, shard_bytes, expected, stats, verify):
-                    self._planned.add(url)
+            if url in self._deferred:  # a plan announced it: its reads begin, fetch it now
+                self._start_deferred(url, ahead=False)
                 return
             total = self._requested.get(url, 0) + nbytes
             self._requested[url] = total
@@ -238,10 +264,55 @@ class Promoter:
                 if share >= self.plan_share:
                     self._planned.add(url)
                 return True
+            if url in self._deferred:
+                return True
             if url in self._failed or share < self.plan_share:
                 return False
             self._planned.add(url)
-            return self._start(source, shard_bytes, expected, stats, verify)
+            if self._start(source, shard_bytes, expected, stats, verify):
+                return True
+            if url in self._deferred:  # fetched whole later: not by range meanwhile
+                return True
+            self._planned.discard(url)
+            return False
+
+    def reading(self, url: str, *, cached: bool = False) -> None:
+        """The reads of ``url`` begin: a shard a plan announced (deferred) is fetched now.
+
+        Its reads then wait for the download (:meth:`open_if_ready`) rather than request the
+        shard by range as well: the budget holds two shards per reader (checked when it was
+        announced and again now), so its copy stays while it is read. ``cached``: they read
+        a copy another process fetched, so it is not fetched here (nor later).
+        """
+        with self._mutex:
+            if url not in self._deferred:
+                return
+            if cached:
+                del self._deferred[url]
+                self._planned.discard(url)
+            else:
+                self._start_deferred(url, ahead=False)
+
+    def _start_deferred(self, url: str, *, ahead: bool) -> bool:
+        """Start a deferred shard's fetch (under the mutex); ``ahead``: only if its share allows."""
+        job = self._deferred[url]
+        if not ahead:
+            if not self.cache.roomy(job.shard_bytes):
+                del self._deferred[url]  # readers came meanwhile: it goes by range after all
+                self._planned.discard(url)
+                return False
+            del self._deferred[url]
+            self._planned.add(url)
+            self._launch(job, ahead=False)
+            return True
+        return self._start(job.source, job.shard_bytes, job.expected, job.stats, job.verify)
+
+    def _start_next(self) -> None:
+        """Room freed (a shard fetched ahead was opened): fetch the next deferred ones, in order."""
+        with self._mutex:
+            for url in list(self._deferred):
+                if not self._start_deferred(url, ahead=True):
+                    break
 
     def fetching(self, url: str) -> bool:
         """Whether a promotion of ``url`` was started and not yet handed out."""
@@ -282,17 +353,24 @@ class Promoter:
             # fewer than two shards per reader active at once: promoted copies would be
             # evicted before they are read, and fetched again; range reads move fewer bytes
             return False
+        job = _Fetch(source, shard_bytes, expected, stats, verify)
         if not self.cache.may_fetch_ahead(url, shard_bytes):
             # this process's share of the budget is taken by shards fetched ahead and not
-            # read yet: promoted when its reads begin (requested), not now
-            self._deferred.add(url)
+            # read yet: fetched when room frees or its reads begin (reading), not now
+            self._deferred[url] = job
             return False
-        self._deferred.discard(url)
-        log.debug("promoting %s into the cache", redact_url(url))
-        self._futures[url] = self.cache.prefetch(
-            source, expected=expected, stats=stats, verify=verify
-        )
+        self._deferred.pop(url, None)
+        self._launch(job, ahead=True)
         return True
+
+    def _launch(self, job: _Fetch, *, ahead: bool) -> None:
+        """Hand the fetch to the cache's background threads (under the mutex)."""
+        url = job.source.url
+        log.debug("promoting %s into the cache", redact_url(url))
+        self._jobs[url] = job
+        self._futures[url] = self.cache.prefetch(
+            job.source, expected=job.expected, stats=job.stats, verify=job.verify, ahead=ahead
+        )
 
     def open_if_ready(
         self,
@@ -323,6 +401,8 @@ class Promoter:
             if not future.done() or self._futures.get(url) is not future:
                 return None
             del self._futures[url]
+            job = self._jobs.pop(url)
+            planned = url in self._planned
             self._planned.discard(url)
             if future.cancelled():  # the cache was closed
                 return None
@@ -333,7 +413,27 @@ class Promoter:
                 return None
             self._requested.pop(url, None)
             self._promotions[url] = self._promotions.get(url, 0) + 1
-        return self.cache.open_cached(url, expected=expected)
+        cached = self.cache.open_cached(url, expected=expected)
+        if cached is None and planned and self.cache.roomy(job.shard_bytes):
+            # not there now: another process is still writing it, or it was evicted or not
+            # fetched ahead after all; most of it is read next, so wait for it or fetch it
+            cached = self._open_now(job)
+        if self._deferred:  # opening it freed its room in this process's share
+            self._start_next()
+        return cached
+
+    def _open_now(self, job: _Fetch) -> CachedShard | None:
+        """A planned shard opened from the cache, fetched now if needed; ``None`` on failure."""
+        url = job.source.url
+        try:
+            return self.cache.open(
+                job.source, expected=job.expected, stats=job.stats, verify=job.verify
+            )
+        except Exception as error:  # read by range instead; a real problem shows there
+            with self._mutex:
+                self._failed.add(url)
+            log.warning("could not promote %s into the cache: %s", redact_url(url), error)
+            return None
 
     def wait_all(self, timeout: float | None = None) -> bool:
         """Wait until every promotion started so far has finished (done, failed or cancelled).

@@ -23,7 +23,7 @@ import weakref
 __all__ = ["ReaderMarks"]
 
 _PREFIX = ".reader."
-_RECOUNT = 1.0  # seconds a count is reused
+_RECOUNT = 0.25  # seconds a count is reused (readers arriving are seen soon)
 _STALE_AGE = 10.0  # a free mark younger than this may be one being created: left alone
 
 
@@ -53,6 +53,11 @@ class ReaderMarks:
             n = len(pids | {str(os.getpid())})
             self._count = (time.monotonic(), n)
             return n
+
+    def hold(self) -> None:
+        """Make this process's mark now (counting makes it too)."""
+        with self._mutex:
+            self._hold()
 
     def _hold(self) -> None:
         if self._fd is not None and self._pid == os.getpid():

@@ -29,6 +29,7 @@ Eviction: :mod:`wids.cache.budget`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -104,6 +105,9 @@ class ShardCache:
         self._readers = ReaderMarks(os.path.join(self.cache_dir, "locks"))
         # fetched ahead, not yet opened by a read: url -> (bytes, when, fetched)
         self._ahead: dict[str, tuple[int, float, bool]] = {}
+        # readers known to come whatever the marks say yet (a DataLoader's workers: each is
+        # a process of its own, and its siblings may not have marked themselves yet)
+        self.min_readers = 1
         self.files = EntryFiles(self.cache_dir)
 
     def __repr__(self) -> str:
@@ -194,11 +198,12 @@ class ShardCache:
         expect: Fingerprint,
         stats: IOStats | None,
         verify: Callable[[str], None] | None,
+        ahead: bool = False,
     ) -> CachedShard:
         def download(dest: str) -> Any:
             return fetch_checked(source, dest, stats, expect.size, verify)
 
-        return self.open_with(source.url, download, expected=expect)
+        return self.open_with(source.url, download, expected=expect, ahead=ahead)
 
     def open_with(
         self,
@@ -209,11 +214,14 @@ class ShardCache:
         size: int | None = None,
         etag: str | None = None,
         md5sum: str | None = None,
+        ahead: bool = False,
     ) -> CachedShard:
         """The core of :meth:`open`: ``download(dest_path)`` writes the whole shard to a path.
 
         ``download`` may return an object with an ``etag`` attribute (a ``FileStat``), which
         is then compared with the expected etag and recorded. Expectations as for :meth:`open`.
+        ``ahead``: downloaded ahead of its reads; until a read opens it, eviction takes the
+        entries already read first (its last use is set :data:`_AHEAD_AGE` seconds ahead).
         """
         expect = _expectation(expected, size, etag, md5sum)
         self._prepare()
@@ -254,6 +262,8 @@ class ShardCache:
                     tmp = os.path.join(self.cache_dir, "tmp")
                     with writing(redact_url(url), tmp):  # a full disk: which shard, which cache
                         shard = self._fetch(key, url, download, expect)
+                    if ahead:
+                        self._reserve(key)
                     lock.release()
             except BaseException:
                 if lock.locked:
@@ -336,6 +346,16 @@ class ShardCache:
                 lock_timeout=self.lock_timeout,
             )
         return CachedShard(url, self.files.data(key), fd, size, True, self.files.meta(key))
+
+    def _reserve(self, key: str) -> None:
+        """Mark a copy fetched ahead as used :data:`_AHEAD_AGE` s from now (until a read opens it).
+
+        Eviction is least recently used first: without this, a shard fetched ahead and not
+        read yet was older than the shard being read, and evicted before its own reads.
+        """
+        when = time.time() + _AHEAD_AGE
+        with contextlib.suppress(OSError):  # evicted at once: nothing to keep
+            os.utime(self.files.meta(key), (when, when))
 
     def _evict_quietly(self) -> None:
         if self.max_bytes is None:  # an invariant, kept under python -O
@@ -436,23 +456,31 @@ class ShardCache:
         md5sum: str | None = None,
         stats: IOStats | None = None,
         verify: Callable[[str], None] | None = None,
+        ahead: bool = True,
     ) -> Future[None]:
         """Fetch ``source`` into the cache in a background thread (one fetch per URL at a time).
 
         The future's result is ``None``; its exception is what :meth:`open` would raise. A
-        budget that does not hold two shards of this size per reader active now is not
-        fetched into ahead of time (it would evict what is being read): the future is done.
+        fetch ``ahead`` of the shard's reads happens only within this process's share of the
+        budget (:meth:`may_fetch_ahead`: it would evict what is being read); otherwise the
+        future is done at once. ``ahead=False``: its reads begin now, as with :meth:`open`.
         """
         expect = _expectation(expected, size, etag, md5sum)
-        if expect.size is not None and not self.may_fetch_ahead(source.url, expect.size):
+        if ahead and expect.size is not None and not self.may_fetch_ahead(source.url, expect.size):
             skipped: Future[None] = Future()
             skipped.set_result(None)
             return skipped
 
+        with self._mutex:
+            counted = ahead and source.url in self._ahead  # against this process's share
+
         def job() -> None:
+            with self._mutex:  # queued behind other fetches: its reads may be done already
+                if counted and source.url not in self._ahead:
+                    return  # a read opened it meanwhile (and fetches it if it must)
             log.debug("cache: fetching %s ahead of its reads", redact_url(source.url))
             try:
-                self._open_source(source, expect, stats, verify).close()
+                self._open_source(source, expect, stats, verify, ahead=ahead).close()
             except BaseException:
                 with self._mutex:  # nothing was fetched: it holds no room
                     self._ahead.pop(source.url, None)
@@ -509,11 +537,23 @@ class ShardCache:
     def active_readers(self) -> int:
         """Processes reading through this cache directory now, this one included.
 
+        At least :attr:`min_readers`: a process that knows it is one of several (a DataLoader
+        worker) counts them all before their marks are made.
+
         Raises:
             CacheDirError: The directory is not one wids may use (see :mod:`wids.cache.layout`).
         """
         self._prepare()
-        return self._readers.count()
+        return max(self.min_readers, self._readers.count())
+
+    def mark_reader(self) -> None:
+        """Mark this process a reader now, before it counts (so others count it early).
+
+        Raises:
+            CacheDirError: The directory is not one wids may use (see :mod:`wids.cache.layout`).
+        """
+        self._prepare()
+        self._readers.hold()
 
     def close(self) -> None:
         """Stop background fetches (waiting for those running) and drop this reader mark."""

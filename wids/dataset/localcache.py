@@ -70,6 +70,19 @@ class LocalCache:
             self._cache, self._pid = cache, os.getpid()
         return cache
 
+    def reading_cache(self) -> ShardCache:
+        """:meth:`shard_cache`, with this process marked a reader of it (before it counts).
+
+        The budget's share per reader divides by the readers active at once: this process's
+        DataLoader siblings are counted from the start, before they mark themselves.
+        """
+        from .lookahead import loader_workers
+
+        cache = self.shard_cache()
+        cache.min_readers = max(cache.min_readers, loader_workers())
+        cache.mark_reader()
+        return cache
+
     def contents(self, index: Any) -> ContentMemo:
         """MD5s of local shards read to tell a copy from a rewrite (``wids.index.contents``).
 

@@ -32,10 +32,11 @@ stops the threads.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..storage import Window, read_ranges
@@ -46,14 +47,14 @@ if TYPE_CHECKING:
     from ..storage import Check, IOStats
     from .readers import Block, ShardReader
 
-__all__ = ["Lookahead", "fetch_prefetched"]
+__all__ = ["Lookahead", "fetch_prefetched", "loader_workers"]
 
 log = logging.getLogger(__name__)
 
 Prefetched = dict["Block", bytes]
 
 
-def _workers() -> int:
+def loader_workers() -> int:
     """The number of DataLoader workers in a worker (torch's ``get_worker_info``), else 1."""
     import sys
 
@@ -117,6 +118,7 @@ class Lookahead:
         self._window = Window(max_requests)
         self._announced: set[int] = set()
         self._whole: set[int] = set()  # announced shards being fetched whole: not by range
+        self._announcing: dict[int, Future[None]] = {}  # announcements not answered yet
         # what it did, for tests and benchmarks: batches served with prefetched blocks, and
         # the most bytes and requests held or in flight at once
         self.hits = self.peak_bytes = 0
@@ -134,7 +136,12 @@ class Lookahead:
         """
         self._wait_planning()  # one thread moves the position at a time
         last = self.plan
-        if last is not None and last.token == plan.token and position > self.position:
+        fresh = last is None or last.token != plan.token
+        if fresh:  # a new iteration reads every shard again: announce them again
+            with self._mutex:
+                self._announced.clear()
+                self._whole.clear()
+        if not fresh and position > self.position:
             # the guess was right: read further ahead; wrong: less far (none after a few)
             if position == self.position + self.stride:
                 self.reach = min(self.depth, self.reach + 1)
@@ -142,9 +149,11 @@ class Lookahead:
                 self.reach = 0
             self.stride = position - self.position
         else:  # a new iteration (or its start again): the DataLoader's workers take turns
-            self.stride = size * _workers()
+            self.stride = size * loader_workers()
         self.plan, self.position, self.size = plan, position, size
         self.batches += 1
+        if fresh:  # before this batch's reads: a shard fetched whole is not read by range too
+            self._look_far(plan)
         key = (plan.token, position)
         with self._mutex:
             job = self._jobs.pop(key, None)
@@ -249,13 +258,30 @@ class Lookahead:
                 if executor is None:
                     return
                 self._whole.add(shard)  # until the pool says it is not fetched whole
-                executor.submit(self._announce_one, shard, n / self._lengths[shard])
+                self._announcing[shard] = executor.submit(
+                    self._announce_one, shard, n / self._lengths[shard]
+                )
+
+    def settle(self, shards: Iterable[int]) -> None:
+        """Wait for the announcements of ``shards`` still being made.
+
+        A batch of a shard the plan announced is read once the pool has heard of it: then
+        its reads wait for the shard's download instead of requesting it by range as well.
+        """
+        with self._mutex:
+            pending = [f for f in map(self._announcing.get, set(shards)) if f is not None]
+        for f in pending:
+            with contextlib.suppress(CancelledError):
+                f.result()
 
     def _announce_one(self, shard: int, share: float) -> None:
         try:
             whole = self._announce(shard, share)
         except Exception:
             whole = False
+        finally:
+            with self._mutex:
+                self._announcing.pop(shard, None)
         if not whole:
             self._whole.discard(shard)
 

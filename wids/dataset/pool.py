@@ -105,6 +105,7 @@ class ReaderPool:
         self.fast: dict[int, LocalShard] = {}
         self.descriptors.check_process()  # after a fork: the parent's descriptors closed
         self._lock = threading.RLock()
+        self._swaps = [threading.Lock() for _ in range(16)]  # range -> cached reader, by shard
         self._promoter: Promoter | None = None
         self._lookahead: Lookahead | None = None
 
@@ -116,6 +117,7 @@ class ReaderPool:
             "_local",
             "fast",
             "_lock",
+            "_swaps",
             "_promoter",
             "_lookahead",
         ):
@@ -239,6 +241,7 @@ class ReaderPool:
         prefetched = None
         if ahead is not None and plan is not None:
             prefetched = ahead.observe(plan[0], plan[1], len(located))
+            ahead.settle(shard for _, shard, _ in located)
         # the next batches are planned once this one's reads are out: before, the first
         # batch's own requests queued behind a round of prefetches in the window
         window = ahead.window if ahead is not None else None
@@ -389,7 +392,9 @@ class ReaderPool:
             else:
                 self._tables[shard] = MemberTable(members[0], url, dataset)
                 self.readers[shard] = reader
-            return reader
+        if self._promoter is not None and not isinstance(reader, LocalReader):  # first reads too
+            return self._promoted(shard, reader)
+        return reader
 
     def evict(self) -> None:
         """Close the least recently used readers beyond ``lru_size``, and evicted copies.
@@ -487,7 +492,7 @@ class ReaderPool:
             if self._promoter is None:
                 from ..cache import Promoter
 
-                self._promoter = Promoter(self.local.shard_cache(), self.promote_share)
+                self._promoter = Promoter(self.local.reading_cache(), self.promote_share)
             return self._promoter
 
     def requested(self, shard: int, reader: ShardReader, nbytes: int) -> None:
@@ -497,23 +502,14 @@ class ReaderPool:
         source = reader.source
         if source is None or source.is_local:
             return
-        info = self.catalog.load().infos[shard]
-        members, data_end = self.catalog.members(shard)
-        self.get_promoter().requested(
-            source,
-            nbytes,
-            shard_bytes=info.size if info.size is not None else data_end,
-            expected=info.fingerprint,
-            stats=self.catalog.store.stats,
-            verify=download_check(members, info.url),
-        )
+        self.get_promoter().requested(source, nbytes, **self._whole_fetch(shard))
 
     def planned(self, shard: int, share: float) -> bool:
         """The plan reads ``share`` of the samples of ``shard`` soon: start its download early.
 
         Returns:
-            Whether the shard is being fetched whole (its reads will come from the cache):
-            ``access="auto"`` promotes it now, ``access="shard"`` starts its download.
+            Whether the shard is fetched whole (its reads will come from the cache): promoted
+            (``auto``: now, or once room frees) or downloading (``shard``).
         """
         local = self.local
         if local.cache_dir is None or local.offline or self.access == "range":
@@ -522,24 +518,23 @@ class ReaderPool:
         source = self.catalog.source(info.url, info)
         if source.is_local or self.catalog.members(shard)[0].seek is not None:
             return False  # compressed shards: decompressed into the cache by the first read
-        members, data_end = self.catalog.members(shard)
-        stats = self.catalog.store.stats
-        verify = download_check(members, info.url)
+        fetch = self._whole_fetch(shard)
         if self.access == "shard":  # read whole anyway: start the download before the first read
-            local.shard_cache().prefetch(
-                source, expected=info.fingerprint, stats=stats, verify=verify
-            )
+            del fetch["shard_bytes"]
+            local.reading_cache().prefetch(source, **fetch)
             return True
-        return bool(
-            self.get_promoter().planned(
-                source,
-                share,
-                shard_bytes=info.size if info.size is not None else data_end,
-                expected=info.fingerprint,
-                stats=stats,
-                verify=verify,
-            )
-        )
+        return self.get_promoter().planned(source, share, **fetch)
+
+    def _whole_fetch(self, shard: int) -> dict[str, Any]:
+        """What a download of the whole shard is checked against: size, fingerprint, headers."""
+        info = self.catalog.load().infos[shard]
+        members, data_end = self.catalog.members(shard)
+        return {
+            "shard_bytes": info.size if info.size is not None else data_end,
+            "expected": info.fingerprint,
+            "stats": self.catalog.store.stats,
+            "verify": download_check(members, info.url),
+        }
 
     def _ahead(self, merge_gap: int) -> Lookahead:
         """This process's lookahead, made on the first batch that carries a plan."""
@@ -586,15 +581,20 @@ class ReaderPool:
 
     def _promoted(self, shard: int, reader: ShardReader) -> ShardReader:
         """Swap a range reader for the cached copy once its promotion has finished."""
-        info = self.catalog.load().infos[shard]
-        promoter = self._promoter
+        info, promoter = self.catalog.load().infos[shard], self._promoter
         if promoter is None:  # closed meanwhile by another thread
             return reader
-        cached = promoter.open_if_ready(info.url, expected=info.fingerprint)
-        if cached is None:
-            return reader
-        with self._lock:
-            reader.close()
-            new = CachedReader(cached)
-            self.readers[shard] = new
-            return new
+        # one thread per shard: another found the promotion handed out, and read by range
+        with self._swaps[shard % len(self._swaps)]:
+            current = self.readers.get(shard)
+            if current is not None and current.cached:  # swapped by another thread (or cached)
+                promoter.reading(info.url, cached=True)  # by another process: not fetched here
+                return current
+            promoter.reading(info.url)  # announced by a plan: fetched now, and waited for
+            cached = promoter.open_if_ready(info.url, expected=info.fingerprint)
+            if cached is None:
+                return reader
+            with self._lock:
+                reader.close()
+                new = self.readers[shard] = CachedReader(cached)
+                return new
