@@ -55,7 +55,10 @@ def default_index(pattern: str) -> str:
     """
     head, sep, tail = pattern.rpartition("/")
     stem = _FORMAT.sub("", tail)
-    stem = stem[: -len(".tar")] if stem.endswith(".tar") else stem
+    for suffix in (".tar.zst", ".tar"):
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
     stem = stem.strip("-_. ") or "index"
     return f"{head}{sep}{stem}.json"
 
@@ -91,6 +94,12 @@ class ShardWriter:
             --column`` collects them (``"json:width"``, ``"size:.jpg"``, ``"has:.txt"``,
             ``"NAME=json:a.b"``; ``docs/columns.md``), taken from each sample's encoded
             members as it is written (shards kept by ``resume``/``start_shard`` are read).
+        compress: ``"zstd"`` writes seekable ``.tar.zst`` shards (name the pattern so): one
+            zstd frame per ``samples_per_frame`` samples and a seek table at the end, read
+            by range like plain tars and by every zstd tool as ordinary ``.tar.zst``.
+            ``maxsize`` counts the tar's (uncompressed) bytes.
+        samples_per_frame: Samples per zstd frame (``compress="zstd"``).
+        level: zstd compression level (``compress="zstd"``).
 
     Raises:
         ValueError: A pattern without exactly one number field, or bad limits.
@@ -124,6 +133,9 @@ class ShardWriter:
         group: str = "",
         md5: bool = True,
         columns: Sequence[str] | None = None,
+        compress: str | None = None,
+        samples_per_frame: int = 1,
+        level: int = 3,
     ) -> None:
         if len(_FORMAT.findall(pattern)) != 1 or pattern % 0 == pattern % 1:
             raise ValueError(f"pattern needs exactly one number field like %06d: {pattern!r}")
@@ -151,6 +163,10 @@ class ShardWriter:
             "user": user,
             "group": group,
         }
+        if compress:  # checked by the TarWriter made just below
+            self._tar_options.update(
+                compress=compress, samples_per_frame=samples_per_frame, level=level
+            )
         TarWriter(_NullSink(), encoder=False, **self._tar_options)  # type: ignore[arg-type]
         self.total = 0
         self.count = 0

@@ -64,7 +64,15 @@ class TarWriter:
         mode: Permission bits of every member.
         user: User name in the headers (uid is 0).
         group: Group name in the headers (gid is 0).
-        compress: Only ``None`` or ``False``: a compressed tar cannot be read by byte range.
+        compress: ``None``/``False`` for a plain tar, or ``"zstd"`` for a seekable
+            ``.tar.zst``: a zstd frame ends after every ``samples_per_frame`` samples and a
+            seek table follows the last one (:mod:`wids.compress.zstdwrite`), so a sample is
+            one range read of its compressed bytes while GNU tar, ``zstd -d`` and webdataset
+            read the file as an ordinary ``.tar.zst``. Offsets in :meth:`members` are the
+            tar's (uncompressed); :meth:`seek_table` says where the frames are.
+        samples_per_frame: Samples per zstd frame (``compress="zstd"``): 1 reads the fewest
+            bytes per random sample, more compress better.
+        level: zstd compression level (``compress="zstd"``).
         storage_options: fsspec options for a URL destination.
         index: Record members' offsets and sizes (:meth:`members`); off only to measure its cost.
         md5: Compute the MD5 of what is written to a local path, which :attr:`stat` then
@@ -73,8 +81,8 @@ class TarWriter:
             destination's stat has the store's etag instead, and GCS's MD5.)
 
     Raises:
-        ValueError: ``compress`` is set, or ``mtime``/``mode``/``user``/``group`` do not fit a
-            ustar header.
+        ValueError: ``compress`` is not ``"zstd"``, or ``mtime``/``mode``/``user``/``group``
+            do not fit a ustar header.
 
     Example:
         >>> with TarWriter("out/train-000000.tar") as w:  # doctest: +SKIP
@@ -90,13 +98,19 @@ class TarWriter:
         mode: int = 0o444,
         user: str = "",
         group: str = "",
-        compress: bool | None = None,
+        compress: str | bool | None = None,
+        samples_per_frame: int = 1,
+        level: int = 3,
         storage_options: Mapping[str, Any] | Store | None = None,
         index: bool = True,
         md5: bool = True,
     ) -> None:
-        if compress:
-            raise ValueError("compressed tars cannot be read by byte range; wids writes plain tar")
+        if compress and compress != "zstd":
+            raise ValueError(
+                f"compress must be None or 'zstd' (a seekable .tar.zst), not {compress!r}"
+            )
+        if not (isinstance(samples_per_frame, int) and samples_per_frame >= 1):
+            raise ValueError(f"samples_per_frame must be an int >= 1, not {samples_per_frame!r}")
         if not (isinstance(mtime, int) and 0 <= mtime <= MAX_OCTAL):
             raise ValueError(f"mtime must be an int in [0, 8**11), not {mtime!r}")
         if not (isinstance(mode, int) and 0 <= mode <= 0o7777777):
@@ -126,6 +140,13 @@ class TarWriter:
         else:
             self._stream = fileobj
         self._write = self._stream.write if self._md5 is None else self._hashing_write
+        self._zstd: Any = None
+        self._per_frame = samples_per_frame
+        if compress:
+            from .compress.zstdwrite import SeekableZstdWriter
+
+            self._zstd = SeekableZstdWriter(_Sink(self._write), level=level)  # compressed bytes
+            self._write = self._zstd.write
         self._closed = False
 
     def _open_destination(self, url: str) -> IO[bytes]:
@@ -199,6 +220,9 @@ class TarWriter:
         self.offset = offset
         self._keys[key] = None
         self._counts.append(len(members))
+        if self._zstd is not None and len(self._counts) % self._per_frame == 0:
+            with writing(self._where()):
+                self._zstd.end_frame()
         return payload
 
     def write(self, sample: Mapping[str, Any]) -> int:
@@ -211,9 +235,15 @@ class TarWriter:
         return self.emit(self.prepare(sample))
 
     def members(self) -> ShardMembers:
-        """The member table of what was written so far (offsets from the tar's start)."""
+        """The member table of what was written so far (offsets from the tar's start).
+
+        A ``.tar.zst``'s table carries its seek points (``seek``), so it is complete only
+        after :meth:`finish`; before, it raises ``ValueError``.
+        """
         if not self.index:
             raise ValueError("this TarWriter was made with index=False")
+        if self._zstd is not None and not self._closed:
+            raise ValueError("the member table of a .tar.zst needs finish() first")
         keys = list(self._keys)
         blob = "".join(keys).encode("utf-8")
         lengths = [len(k) for k in keys] if blob.isascii() else [len(k.encode()) for k in keys]
@@ -229,6 +259,7 @@ class TarWriter:
             member_field=np.array(self._mfield, dtype=np.int64),
             member_offset=np.array(self._moffset, dtype=np.int64),
             member_size=np.array(self._msize, dtype=np.int64),
+            seek=self.seek_points(),
         )
 
     def finish(self) -> None:
@@ -237,8 +268,37 @@ class TarWriter:
         with writing(self._where()):
             self._write(ZEROS * 2)
             self.offset += 2 * BLOCK
+            if self._zstd is not None:
+                self._zstd.close()
             self._stream.flush()
         self._closed = True
+
+    def seek_table(self) -> Any:
+        """Where the zstd frames are (``compress="zstd"``, after :meth:`finish`), else ``None``.
+
+        Returns:
+            A :class:`~wids.compress.zstdframes.SeekTable`: frame ``i`` is compressed bytes
+            ``[compressed[i], compressed[i+1])`` and tar bytes ``[content[i], content[i+1])``.
+        """
+        if self._zstd is None:
+            return None
+        if not self._closed:
+            raise ValueError("seek_table() needs a finished TarWriter")
+        return self._zstd.table()
+
+    def seek_points(self) -> Any:
+        """The seek points an index records for this ``.tar.zst`` (``None`` for a plain tar).
+
+        Returns:
+            :class:`~wids.compress.SeekPoints` equal to what ``wids index create`` finds.
+        """
+        table = self.seek_table()
+        if table is None:
+            return None
+        from .compress import SeekPoints
+
+        compressed, content = table.points()
+        return SeekPoints("zstd", table.table_offset, table.content_size, compressed, content)
 
     def temp_stat(self) -> Any:
         """Size and mtime the published file will have (after :meth:`finish`; paths only).
@@ -334,3 +394,10 @@ class TarWriter:
     def _check_open(self) -> None:
         if self._closed:
             raise ValueError(f"TarWriter({self.url!r}) is closed")
+
+
+class _Sink:
+    """A write-only file over a write function (where the zstd frames go)."""
+
+    def __init__(self, write: Callable[[bytes], Any]) -> None:
+        self.write = write
