@@ -170,3 +170,12 @@ def test_shardwriter_writes_seekable_shards(tmp_path: Path) -> None:
     parsed = parse_footer(data[-FOOTER_SIZE:])
     assert parsed is not None
     assert len(parse_seek_table(data[-parsed[0] :], len(data))) == 11  # 10 samples + the end
+
+
+@pytest.mark.parametrize("index", ["x.sqlite", "x.widx"])
+def test_an_index_that_cannot_record_seek_points_is_refused_before_writing(
+    tmp_path: Path, index: str
+) -> None:
+    with pytest.raises(ValueError, match="JSON indexes only"):
+        ShardWriter(str(tmp_path / "s-%03d.tar.zst"), compress="zstd", index=str(tmp_path / index))
+    assert list(tmp_path.iterdir()) == []

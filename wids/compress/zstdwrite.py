@@ -17,6 +17,7 @@ from __future__ import annotations
 import struct
 from typing import Any, Protocol
 
+from ..extras import missing
 from .zstdframes import MAX_FRAME_CONTENT, SeekTable, encode_seek_table
 
 __all__ = ["DEFAULT_LEVEL", "SeekableZstdWriter"]
@@ -45,7 +46,10 @@ class SeekableZstdWriter:
     """
 
     def __init__(self, fileobj: _Writable, *, level: int = DEFAULT_LEVEL) -> None:
-        import zstandard
+        try:
+            import zstandard
+        except ImportError as e:
+            raise missing("zstandard", "writing .tar.zst shards", e) from None
 
         if not isinstance(level, int) or not -(1 << 17) <= level <= zstandard.MAX_COMPRESSION_LEVEL:
             raise ValueError(f"zstd level must be an int up to 22, not {level!r}")
