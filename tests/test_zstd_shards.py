@@ -173,3 +173,24 @@ def test_a_corrupt_frame_is_a_typed_error_naming_shard_and_offset(
         ds[35]
     assert isinstance(info.value, TarFormatError)
     assert "train-001.tar.zst" in str(info.value) and info.value.offset == at
+
+
+def _as_list(batch: list) -> list:
+    return batch
+
+
+@pytest.mark.parametrize("ctx", ["fork", "forkserver", "spawn"])
+def test_dataloader_workers_read_seekable_shards(
+    ctx: str, written: tuple[Path, list[dict]], http_server  # type: ignore[no-untyped-def]
+) -> None:
+    torch = pytest.importorskip("torch")
+    d, oracle = written
+    ds = ShardListDataset(
+        _upload(http_server, d), transformations=[], storage_options=http_server.storage_options
+    )
+    assert _raw(ds[0]) == oracle[0]  # the parent has read (its pins and connections)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=4, num_workers=2, multiprocessing_context=ctx, collate_fn=_as_list
+    )
+    got = {s["__key__"]: _raw(s) for batch in loader for s in batch}
+    assert got == {s["__key__"]: s for s in oracle}
