@@ -96,9 +96,7 @@ def test_single_frame_tar_zst_from_gnu_tar_has_no_points(tmp_path: Path) -> None
     for i in range(5):
         (src / f"{i:03d}.txt").write_text(f"sample {i}\n" * 200)
     path = tmp_path / "gnu.tar.zst"
-    subprocess.run(
-        [require_gnu_tar(), "--zstd", "-cf", str(path), "-C", str(src), "."], check=True
-    )
+    subprocess.run([require_gnu_tar(), "--zstd", "-cf", str(path), "-C", str(src), "."], check=True)
     _zstd()
     points, tar = _index(path)
     assert not points.seekable and points.uncompressed_size == len(tar)
@@ -147,11 +145,10 @@ def test_corrupt_frame_is_a_typed_error_naming_the_frame(tmp_path: Path) -> None
         CODEC.stream(f).read()
     assert info.value.offset == c2
     # and the range read of that frame says the same
-    c0, c1 = CODEC.compressed_range(points, int(points.uncompressed[2]), int(points.uncompressed[3]))
+    u2, u3 = int(points.uncompressed[2]), int(points.uncompressed[3])
+    c0, c1 = CODEC.compressed_range(points, u2, u3)
     with pytest.raises(CompressedDataError) as info:
-        CODEC.decode(
-            points, bytes(data[c0:c1]), int(points.uncompressed[2]), int(points.uncompressed[3])
-        )
+        CODEC.decode(points, bytes(data[c0:c1]), u2, u3)
     assert info.value.offset == c2
 
 

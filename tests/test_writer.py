@@ -178,7 +178,7 @@ def test_an_error_leaves_no_file_and_no_temporary(tmp_path):
 
 
 def test_options_are_checked():
-    with pytest.raises(ValueError, match="compressed"):
+    with pytest.raises(ValueError, match="compress must be None or .zstd."):
         TarWriter(io.BytesIO(), compress=True)
     with pytest.raises(ValueError, match="mtime"):
         TarWriter(io.BytesIO(), mtime=-1)

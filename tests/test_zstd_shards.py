@@ -20,7 +20,7 @@ from tarfixtures import require_gnu_tar
 pytest.importorskip("zstandard")
 
 from wids import ShardListDataset, ShardWriter, build_index  # noqa: E402
-from wids.errors import CompressedDataError, TarFormatError  # noqa: E402
+from wids.errors import CompressedDataError, IndexFormatError, TarFormatError  # noqa: E402
 from wids.index import open_index  # noqa: E402
 
 
@@ -181,7 +181,9 @@ def _as_list(batch: list) -> list:
 
 @pytest.mark.parametrize("ctx", ["fork", "forkserver", "spawn"])
 def test_dataloader_workers_read_seekable_shards(
-    ctx: str, written: tuple[Path, list[dict]], http_server  # type: ignore[no-untyped-def]
+    ctx: str,
+    written: tuple[Path, list[dict]],
+    http_server,  # type: ignore[no-untyped-def]
 ) -> None:
     torch = pytest.importorskip("torch")
     d, oracle = written
@@ -194,3 +196,43 @@ def test_dataloader_workers_read_seekable_shards(
     )
     got = {s["__key__"]: _raw(s) for batch in loader for s in batch}
     assert got == {s["__key__"]: s for s in oracle}
+
+
+def test_small_compressible_samples_are_bounded_by_the_tar_not_the_file(tmp_path: Path) -> None:
+    # 500 one-line samples compress to far less than 512 bytes each: the index's sanity bound
+    # on nsamples is the tar's size ("tarsize"), not the compressed file's
+    pattern = str(tmp_path / "tiny-%03d.tar.zst")
+    with ShardWriter(pattern, maxcount=500, compress="zstd") as sink:
+        for i in range(500):
+            sink.write({"__key__": f"{i:06d}", "txt": "a caption", "cls": i % 3})
+    shard = tmp_path / "tiny-000.tar.zst"
+    assert shard.stat().st_size < 500 * 512
+    entry = json.loads((tmp_path / "tiny.json").read_text())["shardlist"][0]
+    assert entry["filesize"] == shard.stat().st_size
+    assert entry["tarsize"] == (500 * 2 * 2 + 2) * 512  # a header and a data block per member
+    ds = ShardListDataset(str(tmp_path / "tiny.json"))
+    assert len(ds) == 500 and ds[499][".txt"] == "a caption" and ds[499][".cls"] == 499 % 3
+    build_index([str(shard)], str(tmp_path / "rebuilt.json"))  # a build's worker's sidecar
+    rebuilt = json.loads((tmp_path / "rebuilt.json").read_text())["shardlist"][0]
+    assert rebuilt["tarsize"] == entry["tarsize"]
+    # a description whose tarsize cannot hold its samples is refused, as a filesize would be
+    for bad in (512 * 10, None, "big", -1):
+        desc = json.loads((tmp_path / "tiny.json").read_text())
+        desc["shardlist"][0]["tarsize"] = bad
+        (tmp_path / "bad.json").write_text(json.dumps(desc))
+        with pytest.raises(IndexFormatError, match="shardlist\\[0\\]"):
+            len(ShardListDataset(str(tmp_path / "bad.json")))
+
+
+def test_the_documented_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "compressed.md").read_text()
+    section = doc.split("## Seekable .tar.zst", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "docs/compressed.md", "exec"), scope)
+    ds = scope["ds"]
+    assert len(ds) == 2500 and ds[1234][".txt"] == "caption 1234"
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.tar.zst")) == [
+        f"train-{i:06d}.tar.zst" for i in range(3)
+    ]

@@ -132,9 +132,7 @@ def main() -> int:
     goal = sum(floors[i] for i in picks)
     moved, requests = counts["bytes_out"], counts["requests"]
     print(f"{'reads':>6} {'requests':>9} {'moved':>12} {'frames':>12} {'moved/frames':>13}")
-    print(
-        f"{len(picks):>6} {requests:>9} {moved:>12,} {floor:>12,} {moved / floor:>13.3f}"
-    )
+    print(f"{len(picks):>6} {requests:>9} {moved:>12,} {floor:>12,} {moved / floor:>13.3f}")
     print(f"moved / (compressed sample + its tar header) = {moved / goal:.3f} (goal <= 1.2)")
     return 0
 

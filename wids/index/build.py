@@ -457,7 +457,7 @@ def _write(
             if result.members is None:  # a JSON sidecar the job wrote at its final place
                 if not isinstance(writer, JsonIndexWriter):
                     raise TypeError(f"{type(writer).__name__} cannot take a written sidecar")
-                writer.add_written(info)
+                writer.add_written(info, result.tar_size)
             else:
                 writer.add(info, result.members)
             report.shards += 1

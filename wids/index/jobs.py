@@ -77,6 +77,7 @@ class JobResult:
         skipped: Regular members that belong to no sample (0 when not scanned).
         bytes_read: Bytes read from remote storage.
         requests: Requests made to remote storage.
+        tar_size: A compressed shard's decompressed tar size (its seek points'), else ``None``.
     """
 
     info: ShardInfo
@@ -85,6 +86,7 @@ class JobResult:
     skipped: int = 0
     bytes_read: int = 0
     requests: int = 0
+    tar_size: int | None = None
 
 
 def run_job(job: ShardJob, store: Store) -> JobResult:
@@ -113,7 +115,8 @@ def run_job(job: ShardJob, store: Store) -> JobResult:
     if job.sidecar is None:
         return JobResult(info, members, True, skipped, stats.bytes_read, stats.requests)
     _put(job.sidecar, render_sidecar(info, members), store)
-    return JobResult(info, None, True, skipped, stats.bytes_read, stats.requests)
+    tar_size = None if members.seek is None else members.seek.uncompressed_size
+    return JobResult(info, None, True, skipped, stats.bytes_read, stats.requests, tar_size)
 
 
 def _kept(

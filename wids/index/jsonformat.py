@@ -58,7 +58,10 @@ SEEK_VERSION = 2
 """Version of a sidecar of a compressed shard: it has ``seek``, the shard's seek points
 (:meth:`wids.compress.SeekPoints.to_bytes`, base64), which readers of version 1 would miss."""
 
-SHARD_KEYS = frozenset(("url", "nsamples", "filesize", "md5sum", "etag", "mtime", "members"))
+SHARD_KEYS = frozenset(
+    ("url", "nsamples", "filesize", "md5sum", "etag", "mtime", "members", "tarsize")
+)
+"""Keys of a shard's entry in the description; ``tarsize``: a compressed shard's tar size."""
 """Keys of a shard entry with a meaning; the rest are extras kept for the caller."""
 SIDECAR_NAME = re.compile(r"^[0-9a-f]{16}(?:[0-9a-f]{8})?-.*\.json$")
 """What the name of a sidecar looks like (others in the members directory are not ours).

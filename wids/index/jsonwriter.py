@@ -24,7 +24,7 @@ from .jsonformat import (
     sidecar_name,
 )
 from .members import ShardMembers
-from .model import BaseIndexWriter, ShardInfo
+from .model import BaseIndexWriter, ShardInfo, check_entry
 from .spec import KIND
 
 __all__ = ["JsonIndexWriter", "render_sidecar"]
@@ -144,6 +144,8 @@ class JsonIndexWriter(BaseIndexWriter):
             entry.update(extra)
         if members is not None:
             entry["members"] = self._write_sidecar(info, members)
+            if members.seek is not None:  # nsamples is bounded by the tar's size, not the file's
+                entry["tarsize"] = members.seek.uncompressed_size
         self._current.append(entry)
 
     def _write_sidecar(self, info: ShardInfo, members: ShardMembers) -> str:
@@ -161,7 +163,7 @@ class JsonIndexWriter(BaseIndexWriter):
         self._written.add(name)
         return f"{os.path.basename(self.members_dir)}/{name}"
 
-    def add_written(self, info: ShardInfo) -> None:
+    def add_written(self, info: ShardInfo, tar_size: int | None = None) -> None:
         """Record one shard whose sidecar is already in place (written by a build's worker).
 
         The sidecar is ``members_dir/sidecar_name(info.url)`` beside the final description;
@@ -169,10 +171,16 @@ class JsonIndexWriter(BaseIndexWriter):
 
         Args:
             info: The shard, as :meth:`add` takes it.
+            tar_size: A compressed shard's decompressed tar size (its seek points'), else
+                ``None``.
         """
         self._check_open()
-        self.add(info, None)
-        self._current[-1]["members"] = self._record(sidecar_name(info.url))
+        check_entry(info, None, tar_size=tar_size)
+        self._add(info, None, None)
+        entry = self._current[-1]
+        entry["members"] = self._record(sidecar_name(info.url))
+        if tar_size is not None:
+            entry["tarsize"] = tar_size
 
     def flush(self, *, fsync: bool = True) -> None:
         """Publish the description of the shards added so far; the writer stays open.

@@ -105,7 +105,9 @@ class Component:
         return self.stop_shard - self.first_shard
 
 
-def check_entry(info: ShardInfo, members: ShardMembers | None) -> None:
+def check_entry(
+    info: ShardInfo, members: ShardMembers | None, *, tar_size: int | None = None
+) -> None:
     """Check a shard's record, and its member table if given, before an index stores them.
 
     Every index writer calls this in ``add``. A :class:`ShardMembers` has already checked its
@@ -115,15 +117,30 @@ def check_entry(info: ShardInfo, members: ShardMembers | None) -> None:
     Args:
         info: The shard's record.
         members: Its member table, or ``None``.
+        tar_size: A compressed shard's decompressed tar size, when ``members`` is not given
+            (a sidecar its build's worker wrote); ``members.seek`` says it otherwise.
 
     Raises:
         IndexFormatError: ``url`` is not a non-empty string; ``nsamples`` is not an ``int`` in
-            ``[0, max_samples(size)]``; ``size`` is not ``None`` or an ``int`` in
-            ``[0, 2**62)``; ``etag``/``md5sum`` are not strings, ``mtime`` not a finite
-            number; the table's sample count differs from ``nsamples``; or a member ends
-            past ``size``.
+            ``[0, max_samples(size)]`` (a compressed shard: of its tar's size); ``size`` is
+            not ``None`` or an ``int`` in ``[0, 2**62)``; ``etag``/``md5sum`` are not
+            strings, ``mtime`` not a finite number; the table's sample count differs from
+            ``nsamples``; or a member ends past ``size``.
     """
-    problem = None if _entry_ok(info, members) else _entry_problem(info, members)
+    if members is not None and members.seek is not None:
+        tar_size = members.seek.uncompressed_size
+    if tar_size is not None:  # a compressed shard: samples are bounded by its tar's size
+        n = getattr(info, "nsamples", None)
+        if type(n) is int and n > max_samples(tar_size):
+            problem: str | None = (
+                f"nsamples must be an int in [0, {max_samples(tar_size)}], got {n!r} (the "
+                f"shard's {tar_size}-byte tar holds at most {max_samples(tar_size)} samples)"
+            )
+        else:
+            ok = _entry_ok(info, members, False)
+            problem = None if ok else _entry_problem(info, members, False)
+    else:
+        problem = None if _entry_ok(info, members) else _entry_problem(info, members)
     if problem is not None:
         from ..storage import redact_url
 
@@ -139,8 +156,12 @@ def check_entry(info: ShardInfo, members: ShardMembers | None) -> None:
             raise IndexFormatError(e.message, shard=redact_url(info.url)) from None
 
 
-def _entry_ok(info: ShardInfo, members: ShardMembers | None) -> bool:
-    """The common case in one expression (an index of 10**6 shards checks each one)."""
+def _entry_ok(info: ShardInfo, members: ShardMembers | None, by_size: bool = True) -> bool:
+    """The common case in one expression (an index of 10**6 shards checks each one).
+
+    ``by_size``: bound ``nsamples`` by the file's size (false: a compressed shard, bounded by
+    its tar's size by the caller).
+    """
     if type(info) is not ShardInfo:
         return False
     n, size, mtime = info.nsamples, info.size, info.mtime
@@ -152,7 +173,9 @@ def _entry_ok(info: ShardInfo, members: ShardMembers | None) -> bool:
         and (
             n <= MAX_NSAMPLES
             if size is None
-            else type(size) is int and 0 <= size < MAX_SHARD_SIZE and n <= max(0, size // 512 - 1)
+            else type(size) is int
+            and 0 <= size < MAX_SHARD_SIZE
+            and (not by_size or n <= max(0, size // 512 - 1))
         )
         and (info.etag is None or type(info.etag) is str)
         and (info.md5sum is None or type(info.md5sum) is str)
@@ -164,7 +187,9 @@ def _entry_ok(info: ShardInfo, members: ShardMembers | None) -> bool:
     )
 
 
-def _entry_problem(info: ShardInfo, members: ShardMembers | None) -> str | None:
+def _entry_problem(
+    info: ShardInfo, members: ShardMembers | None, by_size: bool = True
+) -> str | None:
     """What is wrong with a shard's record (not its extent), or ``None``."""
     if not isinstance(info, ShardInfo):
         return f"expected a ShardInfo, got {type(info).__name__}"
@@ -173,8 +198,8 @@ def _entry_problem(info: ShardInfo, members: ShardMembers | None) -> str | None:
         return f"url must be a non-empty string, got {url!r}"
     if size is not None and (type(size) is not int or not 0 <= size < MAX_SHARD_SIZE):
         return f"size must be None or an int in [0, 2**62), got {size!r}"
-    if type(n) is not int or not 0 <= n <= max_samples(size):
-        limit = max_samples(size)
+    if type(n) is not int or not 0 <= n <= max_samples(size if by_size else None):
+        limit = max_samples(size if by_size else None)
         return f"nsamples must be an int in [0, {limit}], got {n!r}" + (
             f" (a {size}-byte tar holds at most {limit} samples)" if size is not None else ""
         )

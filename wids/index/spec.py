@@ -252,6 +252,8 @@ class _Loader:
                 url, nsamples = entry["url"], entry["nsamples"]
                 get = entry.get
                 size, md5, etag, mtime = get("filesize"), get("md5sum"), get("etag"), get("mtime")
+                # a compressed shard's samples are bounded by its tar's size, not the file's
+                tar = get("tarsize", size)
             except (KeyError, TypeError, AttributeError):
                 raise _bad_entry(entry, k, where) from None
             if not (
@@ -261,7 +263,8 @@ class _Loader:
                 and type(nsamples) is int
                 and 0 <= nsamples <= MAX_NSAMPLES
                 and (size is None or (type(size) is int and 0 <= size < MAX_SHARD_SIZE))
-                and (size is None or nsamples <= size // 512 - 1 or not nsamples)
+                and (type(tar) is int and 0 <= tar < MAX_SHARD_SIZE if "tarsize" in entry else True)
+                and (tar is None or nsamples <= tar // 512 - 1 or not nsamples)
                 and (md5 is None or type(md5) is str)
                 and (etag is None or type(etag) is str)
                 and (mtime is None or (type(mtime) in (float, int) and _finite(mtime)))
@@ -311,16 +314,22 @@ def _bad_entry(entry: Any, k: int, where: _Where) -> IndexFormatError:
         return where.error(
             f"shardlist[{k}]: 'nsamples' missing or not a non-negative integer ({nsamples!r})"
         )
-    types = {"filesize": (int,), "md5sum": (str,), "etag": (str,), "mtime": (int, float)}
+    types = {
+        "filesize": (int,),
+        "tarsize": (int,),
+        "md5sum": (str,),
+        "etag": (str,),
+        "mtime": (int, float),
+    }
     for key, allowed in types.items():
         value = entry.get(key)
         if value is not None and (
             type(value) not in allowed
-            or (key == "filesize" and not 0 <= value < MAX_SHARD_SIZE)
+            or (key in ("filesize", "tarsize") and not 0 <= value < MAX_SHARD_SIZE)
             or (key == "mtime" and not _finite(value))
         ):
             return where.error(f"shardlist[{k}]: bad {key} {_short(value)}")
-    size = entry.get("filesize")
+    size = entry.get("tarsize", entry.get("filesize"))
     if nsamples > max_samples(size):
         return where.error(
             f"shardlist[{k}]: 'nsamples' {nsamples} is more than a "
