@@ -471,7 +471,7 @@ def _stage_reads(samplers, stop=None):
     return real, copies
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 30), min_size=1, max_size=5),
     worlds=st.lists(st.integers(1, 6), min_size=2, max_size=4),
@@ -498,7 +498,8 @@ def test_an_epoch_resumed_on_other_world_sizes_reads_every_batch_once(
         start = samplers[0]._resume
         step = start + int(cuts[k] * (len(samplers[0]._rank_batches()) - start))
         real, copies = _stage_reads(samplers, step)
-        assert not (set(real) | set(copies)) & before and len(set(real)) == len(real)
+        # (a padding copy may repeat a batch: that is what padding is)
+        assert not set(real) & before and len(set(real)) == len(real)
         before |= set(real) | set(copies)
         samplers = _resume_on(ds, keys, samplers[0].state_dict(step), replicas, **kw)
         assert all(s.epoch == 1 for s in samplers)

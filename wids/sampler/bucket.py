@@ -107,14 +107,27 @@ def quantile_boundaries(values: Any, num_buckets: int) -> np.ndarray:
     values = np.asarray(values)
     if num_buckets == 1 or len(values) == 0:
         return np.zeros(0, dtype=np.float64)
-    distinct = np.unique(values).astype(np.float64)
+    ordered = np.sort(values)  # one sort for both answers
+    distinct = ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))].astype(np.float64)
     if len(distinct) <= num_buckets:  # a bucket for each value (aspect ratios often are few)
         each: np.ndarray = distinct[1:]
         return each
-    q = np.quantile(values, np.arange(1, num_buckets) / num_buckets, method="higher")
-    edges = np.unique(q.astype(np.float64))
-    above: np.ndarray = edges[edges > values.min()]
+    # np.quantile(values, q, method="higher"): the value at rank ceil(q * (n - 1))
+    ranks = np.ceil(np.arange(1, num_buckets) / num_buckets * (len(ordered) - 1)).astype(np.int64)
+    edges = np.unique(ordered[ranks].astype(np.float64))
+    above: np.ndarray = edges[edges > distinct[0]]
     return above
+
+
+def _bucket_of(values: np.ndarray, boundaries: np.ndarray) -> np.ndarray:
+    """Each value's bucket (the number of boundaries <= it), in the smallest unsigned type."""
+    dtype = np.uint8 if len(boundaries) < 255 else np.uint16 if len(boundaries) < 65535 else None
+    if dtype is None:
+        return np.searchsorted(boundaries, values, side="right").astype(np.int64)
+    bucket: np.ndarray = np.zeros(len(values), dtype=dtype)
+    for edge in boundaries.tolist():  # a compare per boundary beats a binary search per value
+        np.add(bucket, values >= edge, out=bucket)
+    return bucket
 
 
 def _chunk_bounds(cuts: np.ndarray, chunksize: int) -> tuple[np.ndarray, np.ndarray]:
@@ -318,7 +331,7 @@ class BucketBatchSampler:
         else:
             self.boundaries = quantile_boundaries(values, operator.index(num_buckets))
         self.num_buckets = len(self.boundaries) + 1
-        self._bucket = np.searchsorted(self.boundaries, values, side="right").astype(np.int64)
+        self._bucket = _bucket_of(values, self.boundaries)
         self.bucket_sizes = np.bincount(self._bucket, minlength=self.num_buckets)
         self.batch_size, self.chunksize = int(batch_size), int(chunksize)
         self.seed, self.epoch = operator.index(seed), 0
@@ -345,7 +358,7 @@ class BucketBatchSampler:
 
     @property
     def buckets(self) -> np.ndarray:
-        """The bucket of every sample (int64, aligned with the dataset; read-only)."""
+        """The bucket of every sample (unsigned ints, aligned with the dataset; read-only)."""
         view = self._bucket.view()
         view.flags.writeable = False
         return view
