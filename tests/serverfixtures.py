@@ -53,12 +53,20 @@ __all__ = [
     "python_http_server",
     "gcs_server",
     "http_server",
+    "https_server",
     "pytest_collection_modifyitems",
     "remote_server",
     "s3_server",
 ]
 
-SERVER_FIXTURES = {"s3_server", "http_server", "gcs_server", "remote_server", "fault_proxy"}
+SERVER_FIXTURES = {
+    "s3_server",
+    "http_server",
+    "https_server",
+    "gcs_server",
+    "remote_server",
+    "fault_proxy",
+}
 BUCKET = "wids-test"
 
 S3Server = Moto
@@ -102,6 +110,16 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory):
 def http_server(tmp_path_factory: pytest.TempPathFactory):
     work = tmp_path_factory.mktemp("nginx")
     server = HttpServer(tmp_path_factory.mktemp("www"), work, workers=1)
+    server.reset_counts()
+    yield from _serving(server)
+
+
+@pytest.fixture(scope="session")
+def https_server(tmp_path_factory: pytest.TempPathFactory):
+    """nginx over https: a certificate for 127.0.0.1 from a test CA (``.cafile``) no client
+    trusts unless told (``SSL_CERT_FILE``)."""
+    work = tmp_path_factory.mktemp("nginx-tls")
+    server = HttpServer(tmp_path_factory.mktemp("www-tls"), work, workers=1, tls=True)
     server.reset_counts()
     yield from _serving(server)
 

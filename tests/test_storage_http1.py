@@ -297,3 +297,39 @@ def test_an_etag_with_a_line_break_never_adds_headers(server, options, batch):
         else:
             src.read_range(*SPANS[0])
     assert INJECTED == []
+
+
+def test_https_reads_use_the_plain_client_verified_as_aiohttp_verifies(https_server, monkeypatch):
+    """``https://`` shards read on the plain client's TLS connections (blocking for one read,
+    asynchronous for a batch), trusting what ``ssl.create_default_context()`` trusts."""
+    import ssl
+
+    from wids import PermanentRemoteError
+    from wids.storage.http1 import blocking_connections
+
+    url = https_server.put_bytes(DATA, "tls/data.bin")
+    port = int(https_server.base.rsplit(":", 1)[1])
+    policy = RetryPolicy(attempts=2, backoff=0.01, timeout=10.0)
+    monkeypatch.setenv("SSL_CERT_FILE", https_server.cafile)
+    store = Store(None, policy)
+    src = store.source(url, size=len(DATA))
+    https_server.reset_counts()
+    for s, e in SPANS[:4]:
+        assert src.read_range(s, e) == DATA[s:e]
+    assert read_ranges([(src, s, e) for s, e in SPANS]) == [DATA[s:e] for s, e in SPANS]
+    assert https_server.request_count() == 4 + len(SPANS)
+    conns = blocking_connections("127.0.0.1", port, True).conns
+    assert conns and all(isinstance(c.sock, ssl.SSLSocket) for c in conns)
+    # the certificate names 127.0.0.1, not localhost: refused, as a wrong name
+    other = Store(None, policy).source(url.replace("127.0.0.1", "localhost"), size=len(DATA))
+    with pytest.raises(PermanentRemoteError, match="certificate"):
+        other.read_range(0, 100)
+    monkeypatch.delenv("SSL_CERT_FILE")  # a CA nobody trusts: refused, nothing read
+    store.close_idle()  # (this process's verified connections are shared by its stores)
+    https_server.reset_counts()
+    untrusted = Store(None, policy).source(url, size=len(DATA))
+    with pytest.raises(PermanentRemoteError, match="certificate"):
+        untrusted.read_range(0, 100)
+    with pytest.raises(PermanentRemoteError, match="certificate"):
+        read_ranges([(untrusted, s, e) for s, e in SPANS[:2]])
+    assert https_server.request_count() == 0

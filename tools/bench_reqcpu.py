@@ -16,8 +16,8 @@ ratios to ``aiohttp`` in the same run.
 
 Usage::
 
-    python tools/bench_reqcpu.py [--requests 1024] [--repeat 5]
-    python tools/bench_reqcpu.py ds [--samples 2000] [--repeat 3] [--profile out.prof]
+    python tools/bench_reqcpu.py [--requests 1024] [--repeat 5] [--tls]
+    python tools/bench_reqcpu.py ds [--samples 2000] [--repeat 3] [--profile out.prof] [--tls]
 
 The second form reads samples one at a time (``ds[i]`` in a loop, ``access="range"``, random
 order over 4 shards of 1,000 samples) against a keep-alive ``http.client`` Range GET of the
@@ -84,14 +84,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=1024)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--tls", action="store_true", help="nginx over https (see ds --tls)")
     args = p.parse_args(argv)
     size = STRIDE * args.requests
     spans = [(k * STRIDE, k * STRIDE + SPAN) for k in range(args.requests)]
     with tempfile.TemporaryDirectory() as root:
         with open(os.path.join(root, "data.bin"), "wb") as f:
             f.write(os.urandom(size))
-        nginx = Nginx(root)
+        nginx = Nginx(root, tls=args.tls)
         try:
+            if nginx.cafile is not None:  # before aiohttp's import makes its default context
+                os.environ["SSL_CERT_FILE"] = nginx.cafile
             url = nginx.base + "/data.bin"
             rounds = {
                 "aiohttp": lambda: _aiohttp_round(url, spans),
@@ -107,7 +110,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         finally:
             nginx.stop()
     load = os.getloadavg()[0]
-    print(f"{args.requests} ranged GETs of {SPAN} B, batches of {BATCH}; load {load:.2f}")
+    scheme = "https" if args.tls else "http"
+    print(f"{args.requests} ranged GETs of {SPAN} B, batches of {BATCH}, {scheme}; load {load:.2f}")
     for name, sec in best.items():
         ratio = sec / best["aiohttp"]
         print(f"{name:14} {sec * 1e6:7.1f} us CPU per request  {ratio:5.2f}x aiohttp")
@@ -142,10 +146,16 @@ def _shards(root: str, nshards: int, per: int, payload: int) -> list[tuple[str, 
 
 def _floor_round(base: str, spans: list[tuple[str, int, int]], order: list[int]) -> float:
     import http.client
+    import ssl
     from urllib.parse import urlsplit
 
     parts = urlsplit(base)
-    conn = http.client.HTTPConnection(parts.hostname, parts.port)
+    conn: http.client.HTTPConnection
+    if parts.scheme == "https":  # trusted through SSL_CERT_FILE, as aiohttp's and wids's
+        context = ssl.create_default_context()
+        conn = http.client.HTTPSConnection(parts.hostname, parts.port, context=context)
+    else:
+        conn = http.client.HTTPConnection(parts.hostname, parts.port)
     t = time.perf_counter()
     for k in order:
         name, start, end = spans[k]
@@ -161,7 +171,7 @@ _DAFT = r"""
 import json, sys, time
 import daft
 
-urls, keys, order, repeat = json.load(sys.stdin)
+urls, keys, order = json.loads(sys.stdin.readline())
 rows = []
 for url in urls:  # one listing per shard: a list of URLs hung in daft 0.7.26 (2 cores)
     rows += daft.read_webdataset(url).select("__url__", "__key__", "cls", "bin").to_pylist()
@@ -170,8 +180,8 @@ samples = [by_key[tuple(k)] for k in keys]
 for k in order[:200]:  # warm: connections made
     with samples[k]["bin"].open() as f:
         f.read()
-best = float("inf")
-for _ in range(repeat):
+print("ready", flush=True)
+for _ in sys.stdin:  # one round per line
     t = time.perf_counter()
     for k in order:
         row = samples[k]
@@ -179,32 +189,57 @@ for _ in range(repeat):
             data = f.read()
         if len(data) != 2000 or row["cls"] is None:
             raise RuntimeError("a wrong read")
-    best = min(best, time.perf_counter() - t)
-print(best)
+    print(time.perf_counter() - t, flush=True)
 """
 
 
-def _daft_rounds(
-    python: str, nginx: Nginx, spans: list[tuple[str, int, int]], order: list[int], repeat: int
-) -> tuple[float, int]:
-    """Daft's best round (seconds) in a subprocess of ``python``, and nginx's requests then."""
-    import json
-    import subprocess
+class _Daft:
+    """Daft in a subprocess of ``python``, reading the samples of ``order`` a round at a time."""
 
-    urls = sorted({f"{nginx.base}/{name}" for name, _, _ in spans})
-    keys = [
-        (f"{nginx.base}/{name}", f"s{name[6:10]}{k % 1000:06d}")
-        for k, (name, _, _) in enumerate(spans)
-    ]
-    job = json.dumps([urls, keys, order, repeat])
-    nginx.reset()
-    out = subprocess.run(
-        [python, "-c", _DAFT], input=job, capture_output=True, text=True, check=True, timeout=600
-    )
+    def __init__(
+        self, python: str, nginx: Nginx, spans: list[tuple[str, int, int]], order: list[int]
+    ) -> None:
+        import json
+        import subprocess
+
+        urls = sorted({f"{nginx.base}/{name}" for name, _, _ in spans})
+        keys = [
+            (f"{nginx.base}/{name}", f"s{name[6:10]}{k % 1000:06d}")
+            for k, (name, _, _) in enumerate(spans)
+        ]
+        self.proc = subprocess.Popen(
+            [python, "-c", _DAFT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # noqa: S101
+        self.proc.stdin.write(json.dumps([urls, keys, order]) + "\n")
+        self.proc.stdin.flush()
+        if self.proc.stdout.readline().strip() != "ready":
+            self.proc.kill()
+            raise RuntimeError(self.proc.communicate()[1].strip().splitlines()[-1])
+
+    def round(self) -> float:
+        """One round's seconds."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # noqa: S101
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        """End the subprocess."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def _payload_gets(nginx: Nginx) -> int:
+    """Answers of a sample payload's size in nginx's log (since its last reset)."""
     nginx.counts()  # the log settled
-    with open(nginx.access_log) as log:  # the sample reads: answers of a payload's size
-        reads = sum(line.rsplit(" ", 1)[-1].strip() == "2000" for line in log)
-    return float(out.stdout.split()[-1]), reads
+    with open(nginx.access_log) as log:
+        return sum(line.rsplit(" ", 1)[-1].strip() == "2000" for line in log)
 
 
 def _wids_ds_round(ds: object, order: list[int]) -> float:
@@ -225,6 +260,11 @@ def ds_loop(argv: list[str] | None = None) -> dict[str, float]:
         default="/tmp/venv-daft/bin/python",
         help="a python with daft installed (its row is left out if there is none)",
     )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="nginx over https (a self-signed certificate, trusted through SSL_CERT_FILE)",
+    )
     args = p.parse_args(argv)
     import random
 
@@ -233,32 +273,53 @@ def ds_loop(argv: list[str] | None = None) -> dict[str, float]:
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as root:
         spans = _shards(root, 4, 1000, 2000)
-        nginx = Nginx(root)
+        nginx = Nginx(root, tls=args.tls)
         try:
+            if nginx.cafile is not None:  # before aiohttp's import makes its default context
+                os.environ["SSL_CERT_FILE"] = nginx.cafile
             urls = [f"{nginx.base}/shard-{s:04d}.tar" for s in range(4)]
             index = os.path.join(root, "index", "train.json")
             os.makedirs(os.path.dirname(index))
             build_index(urls, index)
             ds = ShardListDataset(index, access="range", transformations=[])
+            # a request header keeps wids on aiohttp (what its own client saves)
+            via = ShardListDataset(
+                index,
+                access="range",
+                transformations=[],
+                storage_options={"headers": {"X-Bench": "1"}},
+            )
             order = [rng.randrange(len(spans)) for _ in range(args.samples)]
             for k in order[:200]:
                 ds[k]  # opened, checked, connections made
+                via[k]
             _floor_round(nginx.base, spans, order[:50])
-            best = {"http.client": float("inf"), "wids ds[i]": float("inf")}
-            for _ in range(args.repeat):
-                best["http.client"] = min(
-                    best["http.client"], _floor_round(nginx.base, spans, order)
-                )
-                best["wids ds[i]"] = min(best["wids ds[i]"], _wids_ds_round(ds, order))
-            note = ""
+            rows = {
+                "http.client": lambda: _floor_round(nginx.base, spans, order),
+                "wids ds[i]": lambda: _wids_ds_round(ds, order),
+                "wids aiohttp": lambda: _wids_ds_round(via, order),
+            }
+            note, daft = "", None
             if os.path.exists(args.daft_python):
-                best["daft File.read"], requests = _daft_rounds(
-                    args.daft_python, nginx, spans, order, args.repeat
-                )
-                rounds = args.repeat + 1  # and the warm-up's 200 samples
-                note = f"daft: {requests} payload GETs for {rounds} x {args.samples} + 200 samples"
+                try:
+                    daft = _Daft(args.daft_python, nginx, spans, order)
+                    rows["daft File.read"] = daft.round
+                except RuntimeError as e:
+                    note = f"no daft row: it failed ({e})"
             else:
                 note = f"no daft row: {args.daft_python} does not exist"
+            best = {name: float("inf") for name in rows}
+            try:
+                for _ in range(args.repeat):  # interleaved: the machine's load varies
+                    for name, run in rows.items():
+                        if name.startswith("daft"):
+                            nginx.reset()
+                        best[name] = min(best[name], run())
+                        if name.startswith("daft"):
+                            note = f"daft: {_payload_gets(nginx)} payload GETs per round"
+            finally:
+                if daft is not None:
+                    daft.close()
             if args.profile:
                 import cProfile
 
@@ -266,7 +327,8 @@ def ds_loop(argv: list[str] | None = None) -> dict[str, float]:
         finally:
             nginx.stop()
     load = os.getloadavg()[0]
-    print(f"{args.samples} samples one at a time (2 KB + label, random); load {load:.2f}")
+    scheme = "https" if args.tls else "http"
+    print(f"{args.samples} samples one at a time (2 KB + label, random, {scheme}); load {load:.2f}")
     for name, sec in best.items():
         rate = args.samples / sec
         floor = args.samples / best["http.client"]

@@ -57,9 +57,12 @@ def which(name: str, *extra: str) -> str | None:
     return shutil.which(name) or next((p for p in extra if os.path.exists(p)), None)
 
 
-def _answers(url: str) -> bool:
+def _answers(url: str, cafile: str | None = None) -> bool:
+    import ssl
+
+    context = ssl.create_default_context(cafile=cafile) if cafile else None
     try:
-        with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 - 127.0.0.1 only
+        with urllib.request.urlopen(url, timeout=1, context=context) as r:  # noqa: S310
             r.read()
         return True
     except urllib.error.HTTPError:
@@ -73,6 +76,7 @@ class _Server:
 
     protocol = "local"
     _own_work = False
+    cafile: str | None = None  # the certificate a TLS server's clients must trust
 
     def __init__(self, cmd: list[str], probe: str, work: Path, log_name: str, **kw: Any) -> None:
         self.storage_options: dict[str, Any] = {}
@@ -81,7 +85,7 @@ class _Server:
         self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, **kw)
         deadline = time.monotonic() + 60
-        while not _answers(probe):
+        while not _answers(probe, self.cafile):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 tail = log.read_text(errors="replace")[-3000:]
@@ -163,7 +167,7 @@ http {{
     log_format counts '$uri $status $request_method "$http_range" $body_bytes_sent';
     {zone}
     server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{tls};
         root {root};
         access_log {work}/access.log counts;
         location /forbidden/ {{ return 403; }}
@@ -172,6 +176,27 @@ http {{
     }}
 }}
 """
+
+
+def _self_signed(wdir: Path) -> str:
+    """A test CA and a certificate for 127.0.0.1 it signed (``cert.pem``, ``key.pem`` in
+    ``wdir``); returns the CA's file. (Rust clients refuse a self-signed CA as the server's.)
+    """
+    exe = which("openssl", "/usr/bin/openssl")
+    if exe is None:
+        raise RuntimeError("openssl is not installed (apt-get install openssl)")
+    ca, ext = wdir / "ca.pem", wdir / "leaf.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")
+    for args in (
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=wids-ca"]
+        + ["-keyout", f"{wdir}/ca.key", "-out", str(ca)],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1"]
+        + ["-keyout", f"{wdir}/key.pem", "-out", f"{wdir}/leaf.csr"],
+        ["x509", "-req", "-in", f"{wdir}/leaf.csr", "-CA", str(ca), "-CAkey", f"{wdir}/ca.key"]
+        + ["-CAcreateserial", "-days", "2", "-extfile", str(ext), "-out", f"{wdir}/cert.pem"],
+    ):
+        subprocess.run([exe, *args], check=True, capture_output=True)
+    return str(ca)
 
 
 class Nginx(_Server):
@@ -187,12 +212,19 @@ class Nginx(_Server):
             removed by :meth:`stop`).
         pace: If > 0, limit to this many requests per second (a slow store).
         workers: nginx worker processes.
+        tls: Serve ``https://`` with a certificate for 127.0.0.1 from a test CA made by
+            ``openssl`` (the CA's file is :attr:`cafile`: trust it, e.g. ``SSL_CERT_FILE``).
     """
 
     protocol = "http"
 
     def __init__(
-        self, root: str | Path, work: str | Path | None = None, pace: int = 0, workers: int = 2
+        self,
+        root: str | Path,
+        work: str | Path | None = None,
+        pace: int = 0,
+        workers: int = 2,
+        tls: bool = False,
     ) -> None:
         exe = which("nginx", "/usr/sbin/nginx")
         if exe is None:
@@ -204,6 +236,11 @@ class Nginx(_Server):
         # the key must not be empty ($server_name is, here): empty keys are not limited
         zone = f"limit_req_zone $server_addr zone=pace:1m rate={pace}r/s;" if pace else ""
         limit = "limit_req zone=pace burst=1000000;" if pace else ""
+        tls_conf = ""
+        if tls:
+            self.cafile = _self_signed(wdir)
+            cert, key = wdir / "cert.pem", wdir / "key.pem"
+            tls_conf = f" ssl; ssl_certificate {cert}; ssl_certificate_key {key}"
         conf = wdir / "nginx.conf"
         conf.write_text(
             _NGINX_CONF.format(
@@ -211,12 +248,13 @@ class Nginx(_Server):
                 workers=workers,
                 work=wdir,
                 port=self.port,
+                tls=tls_conf,
                 root=root,
                 zone=zone,
                 limit=limit,
             )
         )
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         super().__init__([exe, "-c", str(conf), "-p", str(wdir)], self.base + "/", wdir, "out.log")
 
     @property
