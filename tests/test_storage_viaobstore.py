@@ -10,6 +10,7 @@ translate), credentials only for their origin, errors typed and redacted.
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -182,29 +183,28 @@ def _shard(n: int) -> bytes:
 
 
 _SCRIPT = """
-import functools, sys
+import functools, json, sys
 import torch.utils.data
 from wids import RetryPolicy, ShardListDataset
 from wids.storage import Store
 
-OPTIONS = {"transport": "obstore"}
 
-
-def collate(url, batch):
+def collate(url, options, batch):
     # in the worker: the samples, and the transport this process reads url with
-    transport = Store(OPTIONS, RetryPolicy(attempts=2)).source(url).transport()
+    transport = Store(options, RetryPolicy(attempts=2)).source(url).transport()
     rows = [(int(s[".cls"]), len(s[".bin"]), s[".bin"][0]) for s in batch]
     return rows, type(transport).__name__
 
 
 if __name__ == "__main__":
     index, url, ctx, used = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4] == "1"
-    ds = ShardListDataset(index, transformations=[], storage_options=OPTIONS)
+    options = json.loads(sys.argv[5])
+    ds = ShardListDataset(index, transformations=[], storage_options=options)
     if used:
         assert ds[0][".cls"] == b"0"  # the parent reads through obstore first
     loader = torch.utils.data.DataLoader(
         ds, batch_size=8, num_workers=2, multiprocessing_context=ctx,
-        collate_fn=functools.partial(collate, url),
+        collate_fn=functools.partial(collate, url, options),
     )
     rows, kinds = [], set()
     for got, kind in loader:
@@ -216,20 +216,25 @@ if __name__ == "__main__":
 
 
 @pytest.mark.servers
+@pytest.mark.parametrize("where", ["http", "s3"])
 @pytest.mark.parametrize("ctx", ["fork", "fork-after-use", "forkserver", "spawn"])
-def test_dataloader_workers_read_correctly(ctx, http_server, tmp_path):
+def test_dataloader_workers_read_correctly(ctx, where, http_server, s3_server, tmp_path):
     """Every start method reads the right samples; fresh processes (forkserver, spawn, a fork
     of a process that never used obstore) through obstore, forks of one that did through
-    fsspec (a tokio runtime does not survive fork: its child would hang)."""
+    fsspec (a tokio runtime does not survive fork: its child would hang). nginx with
+    ``transport="obstore"``, moto with the default (``auto``)."""
     pytest.importorskip("torch")
+    server = http_server if where == "http" else s3_server
+    options = _obstore({}) if where == "http" else dict(s3_server.storage_options)
     tag = uuid.uuid4().hex[:8]
-    urls = [http_server.put_bytes(_shard(30), f"obstore-dl-{tag}/{k}.tar") for k in range(3)]
+    urls = [server.put_bytes(_shard(30), f"obstore-dl-{tag}/{k}.tar") for k in range(3)]
     index = tmp_path / "i.json"
-    build_index(urls, str(index))
+    build_index(urls, str(index), storage_options=options)
     script = tmp_path / "loader.py"
     script.write_text(_SCRIPT)
     used = ctx == "fork-after-use"
     args = [str(index), urls[0], "fork" if used else ctx, "1" if used else "0"]
+    args.append(json.dumps(options))
     done = subprocess.run(
         [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300
     )
@@ -237,7 +242,8 @@ def test_dataloader_workers_read_correctly(ctx, http_server, tmp_path):
     rows, kinds = done.stdout.strip().splitlines()[-2:]
     want = sorted((i, 1000 + i, i % 256) for _ in range(3) for i in range(30))
     assert rows == str(want)
-    assert kinds == str(["PlainTransport" if used else "ObstoreTransport"])
+    fsspec = "PlainTransport" if where == "http" else "S3Transport"
+    assert kinds == str([fsspec if used else "ObstoreTransport"])
 
 
 # -- choosing, and falling back to fsspec ----------------------------------------------------
