@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wids import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
+from wids import ChunkedSampler, DistributedChunkedSampler, SamplerStateError, ShardedSampler
 
 
 class Shards:
@@ -480,7 +480,10 @@ def test_resume_at_any_position(cfg, where, workers, via_json):
             state = json.loads(json.dumps(state))
         fresh = ranks({**cfg, "epoch": 0}, num_workers=num_workers, batch_size=batch_size)
         other = fresh[s.rank]
-        other.seed = 12345  # the state's seed wins
+        other.seed = 12345  # a state of another seed is another order: refused
+        with pytest.raises(SamplerStateError, match="seed=12345"):
+            other.load_state_dict(state)
+        other.seed = cfg["seed"]
         other.load_state_dict(state)
         other.set_epoch(cfg["epoch"])  # setting the saved epoch keeps the position
         assert list(other) == full[position:]

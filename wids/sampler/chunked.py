@@ -429,12 +429,12 @@ class ChunkedSampler:
 
         A state saved on another number of ranks (``num_replicas``) is resumed elastically:
         the indices no rank had consumed are split anew over this sampler's ranks
-        (docs/elastic-resume.md). The state's seed replaces the sampler's.
+        (docs/elastic-resume.md).
 
         Raises:
             SamplerStateError: (a ``ValueError``) If the state is not a sampler state, or was
-                saved over other data (shard lengths, range) or with settings that give a
-                different order.
+                saved over other data (shard lengths, range), with another seed or with
+                settings that give a different order.
         """
         if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
             raise SamplerStateError(f"not a {_STATE_FORMAT} dict")
@@ -457,6 +457,10 @@ class ChunkedSampler:
             epoch, seed = operator.index(state["epoch"]), operator.index(state["seed"])
         except (KeyError, TypeError) as e:
             raise SamplerStateError(f"sampler state: no valid epoch and seed ({e})") from e
+        if seed != self.seed:  # another order for this epoch and every later one
+            raise SamplerStateError(
+                f"sampler state was saved with seed={seed}, this sampler has seed={self.seed}"
+            )
         stages = read_stages(state)
         if plain:
             resumed = None  # on the same world size: the same order, from the position
@@ -464,7 +468,7 @@ class ChunkedSampler:
             resumed = _Resumed(self, epoch, seed, stages[:-1], stages[-1])
         else:
             resumed = _Resumed(self, epoch, seed, stages)
-        self.epoch, self.seed, self._finished = epoch, seed, None
+        self.epoch, self._finished = epoch, None
         self._pending = resumed
         last = stages[-1] if resumed is None else resumed.stage
         self._resume = self._position = last.position
