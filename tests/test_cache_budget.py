@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 import signal
 import tarfile
 import threading
@@ -400,3 +401,73 @@ def test_every_epoch_announces_its_shards_again(http_server, shards, tmp_path):
             ds.__getitems__(order[k : k + 5])
     assert _shard_bytes(http_server) <= 1.05 * total
     ds.close()
+
+
+def _random_epoch(http_server, shards, cache_dir, access, budget, seed=3):
+    import random
+
+    ds = ShardListDataset(
+        shards["index"], access=access, cache_dir=cache_dir, cache_size=budget, transformations=[]
+    )
+    order = list(range(len(ds)))
+    random.Random(seed).shuffle(order)
+    http_server.reset_counts()
+    got = [strip_meta(ds[i]) for i in order]
+    ds.close()
+    assert got == [shards["oracle"][i] for i in order]
+    return _shard_bytes(http_server)
+
+
+def test_random_order_over_a_small_budget_shard_warns_once_auto_costs_range(
+    http_server, shards, tmp_path
+):
+    """A random order over a dataset four times the budget: access="shard" downloaded shards
+    again and again (18-37x the dataset per epoch) and said nothing. It now warns once,
+    naming the budget and the shard size; auto reads by range there and moves no more bytes
+    than range, without a warning."""
+    import warnings
+
+    from wids.dataset.localcache import CacheThrashWarning
+
+    total = sum(os.path.getsize(p) for p in shards["paths"])
+    budget = total // 4
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shard = _random_epoch(http_server, shards, str(tmp_path / "s"), "shard", budget)
+    thrash = [w for w in caught if issubclass(w.category, CacheThrashWarning)]
+    assert shard > 3 * total  # thrashing by nature: what the warning is about
+    assert len(thrash) == 1
+    message = str(thrash[0].message)
+    assert f"cache_size={budget} bytes" in message and "access='auto'" in message
+    sizes = {str(os.path.getsize(p)) for p in shards["paths"]}
+    assert re.search(r"holds about \d+ shards of (\d+) bytes", message)[1] in sizes
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        auto = _random_epoch(http_server, shards, str(tmp_path / "a"), "auto", budget)
+    assert not [w for w in caught if issubclass(w.category, CacheThrashWarning)]
+    rng = _random_epoch(http_server, shards, None, "range", None)
+    assert auto <= rng
+
+
+def test_chunked_epochs_in_shard_mode_do_not_warn_of_thrashing(http_server, shards, tmp_path):
+    """Each epoch of a chunked order downloads every shard again with a budget below the
+    dataset: that is the budget, not thrashing, and must not warn."""
+    import warnings
+
+    from wids.dataset.localcache import CacheThrashWarning
+
+    total = sum(os.path.getsize(p) for p in shards["paths"])
+    ds = ShardListDataset(
+        shards["index"],
+        access="shard",
+        cache_dir=str(tmp_path / "cache"),
+        cache_size=total // 2,
+        transformations=[],
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _epoch in range(3):
+            for i in range(len(ds)):
+                ds[i]
+    ds.close()
+    assert not [w for w in caught if issubclass(w.category, CacheThrashWarning)]

@@ -11,6 +11,9 @@ from __future__ import annotations
 from .download import (
     md5_file,
 )
+from .handle import (
+    CachedShard,
+)
 from .layout import (
     MARKER,
     cache_state,
@@ -34,6 +37,7 @@ from .snapshots import (
 
 __all__ = [
     "MARKER",
+    "CachedShard",
     "Promoter",
     "ShardCache",
     "cache_state",

@@ -50,6 +50,7 @@ from .entries import ENTRY_SUBDIRS, CacheEntry, EntryFiles, version_mismatch
 from .handle import CachedShard, acquire, open_local, open_valid, try_upgrade
 from .promote import BackgroundFetches
 from .readers import ReaderMarks
+from .refetch import Refetches
 
 if TYPE_CHECKING:
     from ..storage import IOStats, Source
@@ -108,6 +109,7 @@ class ShardCache:
         # readers known to come whatever the marks say yet (a DataLoader's workers: each is
         # a process of its own, and its siblings may not have marked themselves yet)
         self.min_readers = 1
+        self.refetches = Refetches()  # this object's downloads of a shard again, too soon
         self.files = EntryFiles(self.cache_dir)
 
     def __repr__(self) -> str:
@@ -345,6 +347,7 @@ class ShardCache:
                 keep=self.keep,
                 lock_timeout=self.lock_timeout,
             )
+        self.refetches.note(url)
         return CachedShard(url, self.files.data(key), fd, size, True, self.files.meta(key))
 
     def _reserve(self, key: str) -> None:

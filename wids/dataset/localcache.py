@@ -12,18 +12,31 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import OfflineError
 from ..storage import is_local, redact_url
 
 if TYPE_CHECKING:
-    from ..cache import ShardCache
-    from ..index import ContentMemo
+    from ..cache import CachedShard, ShardCache
+    from ..index import ContentMemo, Fingerprint
+    from ..storage import IOStats, Source
 
-__all__ = ["LocalCache"]
+__all__ = ["CacheThrashWarning", "LocalCache"]
 
 logger = logging.getLogger(__name__)
+
+_THRASH = 3  # downloads of a shard again too soon before this process warns
+
+
+class CacheThrashWarning(UserWarning):
+    """``access="shard"`` downloads shards again before their reads are done (once per process).
+
+    The budget holds fewer shards than the order reads at once (a random order over a dataset
+    larger than ``cache_size``): ``access="auto"`` reads by range there instead.
+    """
 
 
 class LocalCache:
@@ -51,6 +64,7 @@ class LocalCache:
         self._cache: ShardCache | None = None
         self._pid = 0
         self._memo: ContentMemo | None = None
+        self._warned = 0  # the process that warned of thrashing (CacheThrashWarning)
 
     def shard_cache(self) -> ShardCache:
         """This process's ``ShardCache``, made on first use.
@@ -82,6 +96,37 @@ class LocalCache:
         cache.min_readers = max(cache.min_readers, loader_workers())
         cache.mark_reader()
         return cache
+
+    def open_whole(
+        self,
+        source: Source,
+        *,
+        expected: Fingerprint,
+        stats: IOStats,
+        verify: Callable[[str], None],
+    ) -> CachedShard:
+        """``access="shard"``: ``source`` from the shard cache, downloaded first if needed.
+
+        Warns once per process (:class:`CacheThrashWarning`) when its downloads fetch shards
+        again soon after fetching them: the budget is too small for the order.
+        """
+        cache = self.shard_cache()
+        shard = cache.open(source, expected=expected, stats=stats, verify=verify)
+        again = cache.refetches.too_soon
+        if again >= _THRASH and self._warned != os.getpid() and self.cache_size is not None:
+            self._warned = os.getpid()
+            warnings.warn(
+                f"access='shard' downloaded {again} shards again soon after downloading them: "
+                f"cache_size={self.cache_size} bytes holds about "
+                f"{self.cache_size // max(1, shard.size)} shards of {shard.size} bytes, fewer "
+                "than this order reads at once (it does not read a shard at a time), so copies "
+                "are evicted before their samples are read and fetched whole again. Use "
+                "access='auto' (it reads by range then, moving no more bytes than "
+                "access='range'), or a cache_size that holds the shards read at once",
+                CacheThrashWarning,
+                stacklevel=2,
+            )
+        return shard
 
     def contents(self, index: Any) -> ContentMemo:
         """MD5s of local shards read to tell a copy from a rewrite (``wids.index.contents``).

@@ -450,7 +450,7 @@ class ReaderPool:
                 if check:
                     catalog.check_fingerprint(info, data_end)
                 verify = download_check(members, info.url)
-                shard = local.shard_cache().open(
+                shard = local.open_whole(
                     source, expected=expected, stats=catalog.store.stats, verify=verify
                 )
                 return CachedReader(shard)
