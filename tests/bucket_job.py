@@ -4,9 +4,9 @@ Usage: torchrun --nproc_per_node=R tests/bucket_job.py INDEX KEYS.json OUTDIR PH
 
 PHASE ``run``: a full epoch with :class:`wids.BucketBatchSampler` (world size and rank from the
 process group), then a partial epoch whose state (rank 0's, at the step the loop reached) is
-saved; ``resume`` (on any world size): a fresh process loads that state and reads the rest of
-the epoch, then the next epoch. Rank 0 writes what every rank read (``all_gather_object``) to
-OUTDIR/PHASE.json.
+saved, then a loader prepared by HF Accelerate; ``resume`` (on any world size): a fresh process
+loads that state and reads the rest of the epoch, then the next epoch. Rank 0 writes what every
+rank read (``all_gather_object``) to OUTDIR/PHASE.json.
 """
 
 from __future__ import annotations
@@ -48,6 +48,21 @@ def read(ds, sampler, workers, steps=None):
     return out
 
 
+def accelerate(ds, keys):
+    """accelerator.prepare(loader) would keep every R-th batch of the rank's share: refused."""
+    from accelerate import Accelerator
+
+    from wids import SamplerWrappedError
+
+    accelerator = Accelerator(cpu=True)
+    sampler = BucketBatchSampler(ds, keys, batch_size=BATCH, num_buckets=4, seed=5)
+    loader = accelerator.prepare(DataLoader(ds, batch_sampler=sampler, collate_fn=_collate))
+    try:
+        return ["read", len(list(loader))]
+    except SamplerWrappedError as e:
+        return [type(e).__name__, str(e)]
+
+
 def main() -> None:
     index, keys_json, outdir, phase, workers = sys.argv[1:6]
     workers = int(workers)
@@ -66,6 +81,7 @@ def main() -> None:
         if dist.get_rank() == 0:
             with open(state_path, "w") as f:
                 json.dump(sampler.state_dict(position=PARTIAL_STEPS), f)
+        result["accelerate"] = gather(accelerate(ds, keys))
     else:
         with open(state_path) as f:
             sampler.load_state_dict(json.load(f))

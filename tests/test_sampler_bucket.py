@@ -665,7 +665,8 @@ def _torchrun(local, tmp, phase, ranks, workers):
 @pytest.mark.slow
 def test_torchrun_two_ranks_of_two_workers_then_three_of_one(local, tmp_path):
     """World size from the process group; exact lengths; a checkpoint at step 3 on 2 ranks x 2
-    workers resumed on 3 ranks x 1 worker reads every batch of the epoch once overall."""
+    workers resumed on 3 ranks x 1 worker reads every batch of the epoch once overall; a loader
+    prepared by Accelerate is refused."""
     pytest.importorskip("torch")
     run = _torchrun(local, tmp_path, "run", 2, 2)
     ratios = local["ratios"]
@@ -686,6 +687,9 @@ def test_torchrun_two_ranks_of_two_workers_then_three_of_one(local, tmp_path):
     assert set(batches) == {tuple(b) for b in whole.epoch_batches(1).tolist()}
     assert sum(batches.values()) - len(batches) == 2 * length - whole.total_batches  # padding
 
+    for name, message in run["accelerate"]:  # prepare() would keep every 2nd batch: refused
+        assert name == "SamplerWrappedError" and "BatchSamplerShard" in message
+
     resume = _torchrun(local, tmp_path, "resume", 3, 1)
     assert resume["replicas"] == [3, 3, 3]
     rest = [check(rank) for rank in resume["rest"]]
@@ -697,3 +701,38 @@ def test_torchrun_two_ranks_of_two_workers_then_three_of_one(local, tmp_path):
     assert sum(c - 1 for c in read.values()) <= 2  # the new ranks' padding: at most R - 1
     nxt = [check(rank) for rank in resume["next"]]
     assert [len(r) for r in nxt] == resume["len"]  # the next epoch: the normal order of 3 ranks
+
+
+def test_stateful_dataloader_state_resumes_on_another_world_size(local):
+    """StatefulDataLoader 2 ranks x 2 workers -> 3 ranks x 2 workers (its state holds the
+    batch sampler's, loaded through load_state_dict): each batch of the epoch once overall."""
+    stateful = pytest.importorskip("torchdata.stateful_dataloader")
+    ds = ShardListDataset(local["index"], transformations=[])
+    kw = dict(batch_size=BATCH, num_buckets=4, seed=14)
+
+    def make(replicas, rank):
+        sampler = BucketBatchSampler(ds, local["ratios"], num_replicas=replicas, rank=rank, **kw)
+        loader = stateful.StatefulDataLoader(
+            ds, batch_sampler=sampler, num_workers=2, collate_fn=_collate
+        )
+        return loader
+
+    k, read, states = 5, [], []
+    for rank in range(2):
+        loader = make(2, rank)
+        it = iter(loader)
+        read += [tuple(s["__index__"] for s in next(it)) for _ in range(k)]
+        states.append(loader.state_dict())
+        del it
+    lengths = set()
+    for rank in range(3):
+        loader = make(3, rank)
+        loader.load_state_dict(states[0])  # one rank's state is everybody's (lockstep)
+        got = [tuple(s["__index__"] for s in b) for b in loader]
+        lengths.add(len(got))
+        read += got
+    assert len(lengths) == 1
+    every = BucketBatchSampler(ds, local["ratios"], **kw)
+    counts = Counter(read)
+    assert set(counts) == {tuple(b) for b in every}
+    assert sum(c - 1 for c in counts.values()) <= 2  # the new ranks' padding
