@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 
@@ -333,3 +334,124 @@ def test_https_reads_use_the_plain_client_verified_as_aiohttp_verifies(https_ser
     with pytest.raises(PermanentRemoteError, match="certificate"):
         read_ranges([(untrusted, s, e) for s, e in SPANS[:2]])
     assert https_server.request_count() == 0
+
+
+def _raw_server(answer_all) -> tuple[str, list, Any]:
+    """A server on 127.0.0.1 that hands each connection to ``answer_all(conn)`` in a thread."""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    conns: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conns.append(conn)
+            threading.Thread(target=answer_all, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", conns, listener
+
+
+def _answer(start: int, end: int) -> bytes:
+    return (
+        b"HTTP/1.1 206 Partial Content\r\nContent-Range: bytes %d-%d/%d\r\nETag: %s\r\n"
+        b"Content-Length: %d\r\n\r\n%s"
+        % (start, end - 1, len(DATA), ETAG.encode(), end - start, DATA[start:end])
+    )
+
+
+def _ranges(request: bytes) -> tuple[int, int]:
+    line = next(x for x in request.split(b"\r\n") if x.lower().startswith(b"range:"))
+    first, last = line.split(b"=")[1].split(b"-")
+    return int(first), int(last) + 1
+
+
+@pytest.mark.parametrize("junk", [False, True])
+def test_a_single_read_takes_an_answer_in_any_pieces(junk):
+    """``ds[i]``'s blocking read: an answer trickled in pieces (a byte at a time in its head)
+    is read whole; bytes after an answer (in the same packet) are never read as the next
+    answer: that connection is not reused."""
+    from wids.storage.http1 import blocking_connections
+
+    def answer_all(conn) -> None:
+        try:
+            while True:
+                request = conn.recv(65536)
+                if not request:
+                    return
+                answer = _answer(*_ranges(request))
+                if junk:
+                    conn.sendall(answer + b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nbad")
+                    continue
+                cut = answer.index(b"\r\n\r\n") + 4
+                for k in range(cut):  # the head a byte at a time, the body in three pieces
+                    conn.sendall(answer[k : k + 1])
+                    if k % 40 == 0:
+                        time.sleep(0.001)
+                third = (len(answer) - cut) // 3
+                for piece in (answer[cut : cut + third], answer[cut + third : cut + 2 * third]):
+                    conn.sendall(piece)
+                    time.sleep(0.005)
+                conn.sendall(answer[cut + 2 * third :])
+        except OSError:
+            pass
+
+    base, conns, listener = _raw_server(answer_all)
+    try:
+        store = Store(None, RetryPolicy(attempts=1, timeout=10.0))
+        src = store.source(f"{base}/x", size=len(DATA), etag="v1")
+        for s, e in SPANS[:4]:
+            assert src.read_range(s, e) == DATA[s:e]
+        port = int(base.rsplit(":", 1)[1])
+        assert len(conns) == (4 if junk else 1)
+        assert len(blocking_connections("127.0.0.1", port).conns) == (0 if junk else 1)
+        store.close_idle()
+    finally:
+        listener.close()
+        for c in conns:
+            c.close()
+
+
+def test_a_single_read_cut_mid_answer_is_retried_and_typed():
+    """A connection closed mid-answer is a transient failure: retried on a new connection;
+    one that keeps failing ends in a typed error, never in a short read."""
+    from wids import RetriesExhaustedError
+
+    cuts: list[int] = []
+
+    def answer_all(conn) -> None:
+        try:
+            request = conn.recv(65536)
+            answer = _answer(*_ranges(request))
+            cuts.append(len(cuts))
+            if len(cuts) % 2:  # every other connection: half the answer, then closed
+                conn.sendall(answer[: len(answer) // 2])
+            else:
+                conn.sendall(answer)
+                conn.recv(65536)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    base, conns, listener = _raw_server(answer_all)
+    try:
+        src = Store(None, RetryPolicy(attempts=3, backoff=0.01, timeout=10.0)).source(
+            f"{base}/x", size=len(DATA), etag="v1"
+        )
+        s, e = SPANS[1]
+        assert src.read_range(s, e) == DATA[s:e]
+        assert len(cuts) == 2
+        once = Store(None, RetryPolicy(attempts=1, timeout=10.0)).source(
+            f"{base}/x", size=len(DATA), etag="v1"
+        )
+        with pytest.raises(RetriesExhaustedError, match="closed"):
+            once.read_range(s, e)
+    finally:
+        listener.close()
+        for c in conns:
+            c.close()
