@@ -460,3 +460,23 @@ def test_random_chains_of_resumes():
             assert not served or max(served.values()) == 1, case
         else:
             assert set(served) == set(range(n)), case
+
+
+def test_a_forged_state_is_refused_without_working_on_it():
+    """Loading costs work per rank and per worker: absurd counts are refused at once."""
+    import time
+
+    _, state = run_chain([(2, 6)])
+    s = ranks(3)[0]
+    start = time.perf_counter()
+    for forged in [
+        {**state, "num_replicas": 10**12, "length": 1},
+        {**state, "num_workers": 10**12},
+        {**state, "version": 2, "stages": [{**state, "position": 0}] * 5000},
+        {**state, "version": 2, "stages": "x"},
+    ]:
+        with pytest.raises(SamplerStateError):
+            s.load_state_dict(forged)
+    assert time.perf_counter() - start < 1
+    s.load_state_dict(state)  # and the sampler still takes a good one
+    assert len(list(s)) == -(-(103 - 12) // 3)

@@ -40,6 +40,11 @@ from .workers import _interleave
 
 __all__: list[str] = []
 
+# bounds on what a state may ask for (a real job is far below them)
+_MAX_RANKS = 1 << 22  # all stages' ranks together
+_MAX_STAGES = 1024
+_MAX_WORKERS = 1 << 16
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Stage:
@@ -83,11 +88,6 @@ class _Stage:
 
 def _per_rank(total: int, replicas: int, drop_last: bool) -> int:
     return total // replicas if drop_last else -(-total // replicas)
-
-
-def _padding(total: int, length: int, rank: int) -> int:
-    """How many of ``rank``'s ``length`` slots lie past ``total`` (wrapped-around copies)."""
-    return max(0, min(length, (rank + 1) * length - max(total, rank * length)))
 
 
 class _Resumed:
@@ -308,10 +308,19 @@ def _unread(total: int, replicas: int, length: int, position: int) -> list[Range
 
 
 def read_stages(state: dict[str, Any]) -> list[_Stage]:
-    """The stages of a sampler state (one for a state of a plain epoch)."""
+    """The stages of a sampler state (one for a state of a plain epoch).
+
+    Loading costs work per rank of every stage: a state beyond :data:`_MAX_RANKS` ranks in
+    all, :data:`_MAX_STAGES` stages or :data:`_MAX_WORKERS` workers is refused, not worked on.
+    """
     stages = state.get("stages")
     if stages is None:
-        return [_Stage.from_dict(state)]
-    if not isinstance(stages, list) or not stages:
-        raise SamplerStateError("sampler state: 'stages' must be a non-empty list")
-    return [_Stage.from_dict(s) for s in stages]
+        stages = [state]
+    if not isinstance(stages, list) or not 0 < len(stages) <= _MAX_STAGES:
+        raise SamplerStateError(f"sampler state: 'stages' must be a list of 1 to {_MAX_STAGES}")
+    result = [_Stage.from_dict(s) for s in stages]
+    if sum(s.replicas for s in result) > _MAX_RANKS:
+        raise SamplerStateError(f"sampler state: more than {_MAX_RANKS} ranks in its stages")
+    if any(s.num_workers > _MAX_WORKERS for s in result):
+        raise SamplerStateError(f"sampler state: more than {_MAX_WORKERS} workers")
+    return result
