@@ -5,8 +5,8 @@ each (request and response objects, header multidicts, timers, cookie and redire
 several times what the request itself needs; on a machine whose cores also decode and train,
 that is the cost of remote reading. :class:`Http1Pool` sends exactly one request line and
 its headers on a kept-alive connection and reads back a ``Content-Length`` answer through an
-``asyncio.Protocol``: about a third of the CPU (tools/bench_reqcpu.py). A single read in the
-calling thread (``ds[i]``) takes the same exchange on a blocking socket of its own
+``asyncio.Protocol``: half the CPU of wids on aiohttp (tools/bench_reqcpu.py). A single read
+in the calling thread (``ds[i]``) takes the same exchange on a blocking socket of its own
 (:meth:`Http1Pool.get_sync`): no hop into the event loop's thread, and about half the CPU of
 ``http.client``, whose header parsing alone costs what the whole exchange costs here
 (``python tools/bench_reqcpu.py ds``).
