@@ -736,3 +736,14 @@ def test_stateful_dataloader_state_resumes_on_another_world_size(local):
     counts = Counter(read)
     assert set(counts) == {tuple(b) for b in every}
     assert sum(c - 1 for c in counts.values()) <= 2  # the new ranks' padding
+
+
+def test_the_docstring_examples_run():
+    import doctest
+
+    import wids.sampler.bucket
+
+    result = doctest.testmod(
+        wids.sampler.bucket, extraglobs={"BucketBatchSampler": BucketBatchSampler}
+    )
+    assert result.attempted >= 2 and result.failed == 0

@@ -26,7 +26,10 @@ most ``R - 1`` batches repeat). No sample is in two batches of an epoch except t
 
 Every rank computes the whole epoch's batches from ``seed`` and the epoch (numpy, a few
 arrays of the dataset's size) and keeps its own. Epochs advance after each full pass as in
-the other samplers (``auto_epoch``); ``state_dict`` / ``load_state_dict`` resume mid-epoch.
+the other samplers (``auto_epoch``); ``state_dict`` / ``load_state_dict`` resume mid-epoch,
+also on another world size: the batches each old rank had not consumed, in rank order, are cut
+into equal slices for the new ranks (the state lists the epoch's *stages*, see
+:meth:`BucketBatchSampler.load_state_dict`).
 Over remote shards the batches carry the read plan (:mod:`wids.plan`), as the other samplers'
 indices do, so a DataLoader's workers read ahead the same way.
 """
