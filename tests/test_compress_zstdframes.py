@@ -222,7 +222,7 @@ def test_content_size_claims_are_checked_before_decoding() -> None:
     blob = encode_seek_table([(len(frame), 10)])
     table = parse_seek_table(frame + blob, len(frame) + len(blob))
     with pytest.raises(
-        CompressedDataError, match="declares 5000 bytes of content, entry 0 has 10 left"
+        CompressedDataError, match="declares 5000 bytes of content, its entry has 10 left"
     ):
         table.decode(frame, 0, 1, shard=SHARD)
     # and without a declared size, the output is bounded by the table's
@@ -313,5 +313,5 @@ def test_points_drop_empty_frames_and_read_back_as_merged_entries() -> None:
     # merged: the first two entries as one
     merged_c, merged_u = bounds_c[[0, 2, 3]], bounds_u[[0, 2, 3]]
     assert decode_frames(merged_c, merged_u, joined, 0, 2) == b"".join(chunks)
-    with pytest.raises(CompressedDataError, match="entry 0 decodes to 300 bytes"):
+    with pytest.raises(CompressedDataError, match="frames at byte 0 decode to 300 bytes"):
         decode_frames(merged_c, np.array([0, 301, 350]), joined[: merged_c[1]], 0, 1)

@@ -113,7 +113,7 @@ def test_remote_reads_equal_tarfile_one_request_per_sample(
     random.Random(1).shuffle(order)
     for i in order[:3]:  # first touches of the three shards
         assert _raw(ds[i]) == oracle[i]
-    before = ds.stats.requests if hasattr(ds.stats, "requests") else None
+    before = ds.stats.requests
     reader = open_index(str(d / "train.json"))
     frames = {}
     for s in range(3):
@@ -126,8 +126,7 @@ def test_remote_reads_equal_tarfile_one_request_per_sample(
         assert _raw(ds[i]) == oracle[i]
     moved = ds.stats.bytes_read - bytes_before
     assert moved == sum(frames[i] for i in order[3:])  # exactly each sample's frame
-    if before is not None:
-        assert ds.stats.requests - before == len(order) - 3
+    assert ds.stats.requests - before == len(order) - 3  # one request per sample
     ds.close()
 
 

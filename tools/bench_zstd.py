@@ -12,8 +12,12 @@ counts the bytes it sent (response bodies) and the requests. Two floors, per sam
   compressed alone (zstd, the same level; no tar headers or padding inside) plus 512 bytes
   (the issue's goal is moved <= 1.2x this).
 
-Also printed: the shard's compression ratio and the seek table's size. Samples are
-text-like (compressible) payloads of 2-60 KB with a small label.
+Also printed: the shard's compression ratio, the seek table's size, and locally (page cache
+warm, one process, best of 3 passes) random ``ds[i]`` per second on the ``.tar.zst`` shards
+against a floor measured in the same run: ``os.pread`` of each sample's frames and one zstd
+decode of them with a reused context (and the same samples as plain ``.tar`` shards, which
+need no decoding). Samples are text-like
+(compressible) payloads of 2-60 KB with a small label.
 
 Usage::
 
@@ -46,6 +50,71 @@ def payload(rng: random.Random) -> bytes:
     n = rng.randrange(2_000, 60_000)
     text = b" ".join(rng.choice(WORDS) for _ in range(n // 5))[:n]
     return text + rng.randbytes(n // 10)  # a tenth incompressible
+
+
+def write_plain(root: Path, samples: int, seed: int) -> None:
+    rng = random.Random(seed)
+    with ShardWriter(str(root / "plain-%06d.tar"), maxcount=max(1, samples // 4), md5=False) as w:
+        for i in range(samples):
+            w.write({"__key__": f"{i:08d}", "txt": payload(rng), "cls": str(i % 10).encode()})
+
+
+def frame_spans(root: Path, picks: list[int]) -> list[tuple[int, int, int]]:
+    """Per pick: (shard, start, stop) of the compressed frame holding the sample."""
+    reader = open_index(str(root / "train.json"))
+    spans = []
+    for i in picks:
+        shard, left = 0, i
+        while left >= len(reader.members(shard)):
+            left -= len(reader.members(shard))
+            shard += 1
+        members = reader.members(shard)
+        pts = members.seek
+        start, stop = members.span(left)
+        k, j = pts.cover(start - 512, stop)
+        c1 = int(pts.compressed[j]) if j < len(pts) else pts.compressed_size
+        spans.append((shard, int(pts.compressed[k]), c1))
+    reader.close()
+    return spans
+
+
+def local_rates(root: Path, reads: int, seed: int, rounds: int = 5) -> dict[str, float]:
+    """Random ``ds[i]`` per second on each index, and the floor: ``pread`` + decode of each
+    sample's frame. Passes alternate (this machine's load varies); best of ``rounds`` each."""
+    import time
+
+    import zstandard
+
+    zst = ShardListDataset(str(root / "train.json"), transformations=[])
+    plain = ShardListDataset(str(root / "plain.json"), transformations=[])
+    rng = random.Random(seed)
+    picks = [rng.randrange(len(zst)) for _ in range(reads)]
+    spans = frame_spans(root, picks)
+    fds = [os.open(p, os.O_RDONLY) for p in sorted(root.glob("train-*.tar.zst"))]
+    dctx = zstandard.ZstdDecompressor()
+
+    def floor() -> None:
+        for shard, c0, c1 in spans:
+            dctx.decompressobj().decompress(os.pread(fds[shard], c1 - c0, c0))  # one frame
+
+    passes = {
+        "train.json": lambda: [zst[i] for i in picks],
+        "plain.json": lambda: [plain[i] for i in picks],
+        "floor": floor,
+    }
+    best = dict.fromkeys(passes, float("inf"))
+    for fn in passes.values():  # warm: page cache, open shards
+        fn()
+    for _ in range(rounds):
+        for name, fn in passes.items():
+            t = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - t)
+    for fd in fds:
+        os.close(fd)
+    zst.close()
+    plain.close()
+    return {name: reads / t for name, t in best.items()}
 
 
 def write(root: Path, samples: int, per_frame: int, seed: int) -> list[int]:
@@ -113,6 +182,8 @@ def main() -> int:
             f"tar {tbytes:,} B -> zst {zbytes:,} B ({tbytes / zbytes:.2f}x), "
             f"{npoints} frames, seek table {8 + 12 * npoints + 9 * len(shards):,} B"
         )
+        write_plain(root, args.samples, args.seed)
+        rates = local_rates(root, args.reads, args.seed + 2)
         nginx = Nginx(root, workers=1)
         try:
             with ProxyProcess(nginx.url(""), delay=0.025, mbps=50.0) as proxy:
@@ -134,6 +205,12 @@ def main() -> int:
     print(f"{'reads':>6} {'requests':>9} {'moved':>12} {'frames':>12} {'moved/frames':>13}")
     print(f"{len(picks):>6} {requests:>9} {moved:>12,} {floor:>12,} {moved / floor:>13.3f}")
     print(f"moved / (compressed sample + its tar header) = {moved / goal:.3f} (goal <= 1.2)")
+    zst, plain = rates["train.json"], rates["plain.json"]
+    floor_rate = rates["floor"]
+    print(
+        f"local random ds[i]/s: .tar.zst {zst:,.0f} = {zst / floor_rate:.2f}x pread + zstd decode "
+        f"of its frames alone ({floor_rate:,.0f}/s); the same samples as .tar {plain:,.0f}"
+    )
     return 0
 
 

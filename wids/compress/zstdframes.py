@@ -27,6 +27,7 @@ No I/O here: callers hand in bytes (the tail, a frame range) read however they r
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,11 +243,13 @@ def encode_seek_table(sizes: list[tuple[int, int]], checksums: list[int] | None 
     return struct.pack("<II", SKIPPABLE_MAGIC, len(body)) + body
 
 
-def _frame_length(frame: memoryview, *, shard: str | None, offset: int) -> tuple[int, bool, bool]:
+def _frame_length(
+    frame: memoryview, *, shard: str | None, offset: int
+) -> tuple[int, bool, bool, int | None]:
     """The length of the zstd or skippable frame ``frame`` starts with, from its block headers.
 
     Returns:
-        ``(length, is_zstd, has_checksum)``.
+        ``(length, is_zstd, has_checksum, declared content size or None)``.
 
     Raises:
         CompressedDataError: Not a frame, or its blocks run past the bytes given.
@@ -257,13 +260,16 @@ def _frame_length(frame: memoryview, *, shard: str | None, offset: int) -> tuple
     if magic is not None and (magic & 0xFFFFFFF0) == 0x184D2A50:
         if len(frame) < 8:
             raise CompressedDataError("truncated skippable frame", shard=shard, offset=offset)
-        return 8 + struct.unpack_from("<I", frame, 4)[0], False, False
+        return 8 + struct.unpack_from("<I", frame, 4)[0], False, False, 0
     if magic != ZSTD_MAGIC:
         raise CompressedDataError("not a zstd frame", shard=shard, offset=offset)
     try:
         head = bytes(frame[:18])
         pos = zstandard.frame_header_size(head)
-        checksum = bool(zstandard.get_frame_parameters(head).has_checksum)
+        params = zstandard.get_frame_parameters(head)
+        checksum = bool(params.has_checksum)
+        size = params.content_size
+        declared = None if size == zstandard.CONTENTSIZE_UNKNOWN else int(size)
     except zstandard.ZstdError as e:
         raise CompressedDataError(
             f"bad zstd frame header: {e}", shard=shard, offset=offset
@@ -279,18 +285,19 @@ def _frame_length(frame: memoryview, *, shard: str | None, offset: int) -> tuple
         pos += 3 + (1 if kind == 1 else size)
         if block & 1:
             break
-    return pos + (4 if checksum else 0), True, checksum
+    return pos + (4 if checksum else 0), True, checksum, declared
 
 
 def decode_frames(
-    compressed: np.ndarray[Any, Any],
-    content: np.ndarray[Any, Any],
+    compressed: Sequence[int] | np.ndarray[Any, Any],
+    content: Sequence[int] | np.ndarray[Any, Any],
     data: bytes | memoryview,
     first: int,
     last: int,
     *,
     checksums: np.ndarray[Any, Any] | None = None,
     shard: str | None = None,
+    dctx: Any = None,
 ) -> bytes:
     """Decode entries ``[first, last)`` of a frame table from their compressed bytes ``data``.
 
@@ -304,6 +311,9 @@ def decode_frames(
     entry's content must come out exactly. A seekable table's checksum, where given, must be
     the frame's own (which zstd then verifies against the content).
 
+    ``dctx``: a ``zstandard.ZstdDecompressor`` to use (one costs about as much to make as a
+    100 KB frame to decode), else a new one.
+
     Returns:
         The content of those entries, ``content[last] - content[first]`` bytes.
 
@@ -315,29 +325,34 @@ def decode_frames(
     view = memoryview(data).cast("B")
     if len(view) != int(compressed[last]) - base:
         raise ValueError("data must be exactly the entries' compressed bytes")
+    if dctx is None:
+        import zstandard
+
+        dctx = zstandard.ZstdDecompressor()
     out: list[bytes] = []
     for i in range(first, last):
         entry = view[int(compressed[i]) - base : int(compressed[i + 1]) - base]
         want = int(content[i + 1]) - int(content[i])
         check = None if checksums is None else int(checksums[i])
-        out.extend(_decode_entry(entry, want, int(compressed[i]), i, check, shard))
-    return b"".join(out)
+        out.extend(_decode_entry(entry, want, int(compressed[i]), check, shard, dctx))
+    return out[0] if len(out) == 1 else b"".join(out)
 
 
 def _decode_entry(
-    entry: memoryview, want: int, at: int, i: int, checksum: int | None, shard: str | None
+    entry: memoryview, want: int, at: int, checksum: int | None, shard: str | None, dctx: Any
 ) -> list[bytes]:
     import zstandard
 
-    dctx = zstandard.ZstdDecompressor()
     out: list[bytes] = []
     pos = 0
     while pos < len(entry) or (want and pos == 0):  # no bytes for content: an error below
         offset = at + pos
-        length, is_frame, has_checksum = _frame_length(entry[pos:], shard=shard, offset=offset)
+        length, is_frame, has_checksum, declared = _frame_length(
+            entry[pos:], shard=shard, offset=offset
+        )
         if pos + length > len(entry):
             raise CompressedDataError(
-                f"frame of {length} bytes runs past entry {i}'s end ({len(entry) - pos} left)",
+                f"frame of {length} bytes runs past its entry's end ({len(entry) - pos} left)",
                 shard=shard,
                 offset=offset,
             )
@@ -348,15 +363,14 @@ def _decode_entry(
         if checksum is not None and has_checksum:
             if struct.unpack_from("<I", frame, length - 4)[0] != checksum:
                 raise CompressedDataError(
-                    f"frame {i}'s checksum is not its seek table entry's",
+                    "the frame's checksum is not its seek table entry's",
                     shard=shard,
                     offset=offset,
                 )
         left = want - sum(len(c) for c in out)
-        declared = zstandard.get_frame_parameters(bytes(frame[:18])).content_size
-        if declared != zstandard.CONTENTSIZE_UNKNOWN and declared > left:
+        if declared is not None and declared > left:
             raise CompressedDataError(
-                f"frame declares {declared} bytes of content, entry {i} has {left} left",
+                f"frame declares {declared} bytes of content, its entry has {left} left",
                 shard=shard,
                 offset=offset,
             )
@@ -369,7 +383,7 @@ def _decode_entry(
     got = sum(len(c) for c in out)
     if got != want:
         raise CompressedDataError(
-            f"entry {i} decodes to {got} bytes, its seek table says {want}",
+            f"frames at byte {at} decode to {got} bytes, the table says {want}",
             shard=shard,
             offset=at,
         )
