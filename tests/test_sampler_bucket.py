@@ -747,3 +747,27 @@ def test_the_docstring_examples_run():
         wids.sampler.bucket, extraglobs={"BucketBatchSampler": BucketBatchSampler}
     )
     assert result.attempted >= 2 and result.failed == 0
+
+
+@pytest.mark.parametrize(
+    "stages",
+    [
+        [{"num_replicas": 10**12, "length": 1, "position": 0}],  # 10^12 slots: refused, not built
+        [{"num_replicas": 1, "length": 25, "position": 0}] * 1025,
+        [{"num_replicas": 0, "length": 25, "position": 0}],
+        [{"num_replicas": 1, "length": 25, "position": 26}],
+        [{"num_replicas": "1", "length": 25, "position": 0}],
+        [],
+        "stages",
+        [{"num_replicas": 3, "length": 5, "position": 0}],  # 3 ranks of 25 batches have 9
+    ],
+)
+def test_a_hostile_state_is_refused_before_any_work(stages):
+    from wids import SamplerStateError
+
+    ds = Shards([100])
+    keys = np.zeros(100)
+    sampler = BucketBatchSampler(ds, keys, batch_size=4, boundaries=[0.5])
+    state = {**sampler.state_dict(), "stages": stages}
+    with pytest.raises(SamplerStateError):
+        sampler.load_state_dict(state)

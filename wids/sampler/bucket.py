@@ -58,6 +58,9 @@ _BLOCK = 1024  # batches turned into Python lists at a time
 # state fields that must match for its batches to be this sampler's (any world size)
 _STATE_CHECKED = ("seed", "batch_size", "drop_last", "shuffle", "chunksize", "layout", "buckets")
 _STATE_NAMES = {"layout": "shard layout", "buckets": "bucket of each sample"}
+# a state is input: loading works per rank of every stage, so bound what it may ask for
+_MAX_RANKS = 1 << 22  # all stages' ranks together
+_MAX_STAGES = 1024
 
 
 def _key_values(dataset: Any, keys: Any, n: int) -> np.ndarray:
@@ -220,6 +223,10 @@ def _rest(seq: np.ndarray, replicas: int, length: int, position: int) -> np.ndar
 
 def _read_stages(state: dict[str, Any]) -> list[tuple[int, int, int]]:
     """The ``(num_replicas, length, position)`` of each stage of the saved epoch."""
+    if not isinstance(state.get("stages"), list) or not 0 < len(state["stages"]) <= _MAX_STAGES:
+        raise SamplerStateError(
+            f"bucket sampler state: 'stages' must be a list of 1 to {_MAX_STAGES} stages"
+        )
     try:
         stages = [
             (
@@ -231,8 +238,10 @@ def _read_stages(state: dict[str, Any]) -> list[tuple[int, int, int]]:
         ]
     except (KeyError, TypeError, AttributeError) as e:
         raise SamplerStateError(f"bucket sampler state: malformed stages ({e!r})") from None
-    if not stages or any(r < 1 or not 0 <= p <= n for r, n, p in stages):
+    if any(r < 1 or not 0 <= p <= n for r, n, p in stages):
         raise SamplerStateError(f"bucket sampler state: malformed stages {state['stages']!r}")
+    if sum(r for r, _, _ in stages) > _MAX_RANKS:
+        raise SamplerStateError(f"bucket sampler state: more than {_MAX_RANKS} ranks in its stages")
     return stages
 
 
