@@ -235,3 +235,64 @@ def test_the_documented_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert sorted(p.name for p in (tmp_path / "out").glob("*.tar.zst")) == [
         f"train-{i:06d}.tar.zst" for i in range(3)
     ]
+
+
+def test_cli_index_verify_show_subset(written: tuple[Path, list[dict]], tmp_path: Path) -> None:
+    import sys
+
+    d, oracle = written
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def wids(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "wids", *args], capture_output=True, text=True, env=env
+        )
+
+    shards = tmp_path / "shards"
+    shutil.copytree(d, shards)
+    out = tmp_path / "cli.json"
+    r = wids("index", "create", *map(str, sorted(shards.glob("*.tar.zst"))), "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert [open_index(str(out)).members(s) for s in range(3)] == [
+        open_index(str(d / "train.json")).members(s) for s in range(3)
+    ]
+    r = wids("index", "verify", str(out), "--deep")
+    assert r.returncode == 0 and "3 of 3" in r.stdout, r.stdout + r.stderr
+    r = wids("show", str(out), "-n", "2")
+    assert r.returncode == 0 and "00001" in r.stdout, r.stderr
+    sub = tmp_path / "sub"
+    r = wids("subset", str(out), "--to", str(sub), "--shards", "1:3")
+    assert r.returncode == 0, r.stderr
+    ds = ShardListDataset(str(sub / "cli.json"), transformations=[])
+    assert [_raw(ds[i]) for i in range(len(ds))] == oracle[30:]
+    # a corrupt frame (same size and mtime): --deep names the shard and the frame's byte
+    pts = open_index(str(out)).members(2).seek
+    shard = shards / "train-002.tar.zst"
+    st = shard.stat()
+    raw = bytearray(shard.read_bytes())
+    raw[int(pts.compressed[4]) + 12] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns))
+    r = wids("index", "verify", str(out), "--deep")
+    assert r.returncode != 0 and "train-002.tar.zst" in r.stdout + r.stderr
+    assert f"at byte {int(pts.compressed[4])}" in r.stdout + r.stderr
+
+
+def test_shardwriter_to_s3_and_resume(s3_server) -> None:  # type: ignore[no-untyped-def]
+    prefix = f"zw-{uuid.uuid4().hex[:8]}"
+    pattern = s3_server.url(f"{prefix}/train-%03d.tar.zst")
+    so = s3_server.storage_options
+    samples = _samples(25, seed=3)
+    with ShardWriter(pattern, maxcount=10, compress="zstd", storage_options=so) as w:
+        for s in samples[:15]:
+            w.write(s)
+    with ShardWriter(pattern, maxcount=10, compress="zstd", storage_options=so, resume=True) as w:
+        assert w.total == 15
+        for s in samples[15:]:
+            w.write(s)
+    ds = ShardListDataset(s3_server.url(f"{prefix}/train.json"), storage_options=so)
+    assert len(ds) == 25
+    for i in (0, 14, 15, 24):
+        got = ds[i]
+        assert got["__key__"] == samples[i]["__key__"] and got[".bin"] == samples[i]["bin"]
+    assert open_index(s3_server.url(f"{prefix}/train.json"), so).members(2).seek is not None
