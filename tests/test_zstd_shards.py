@@ -296,3 +296,46 @@ def test_shardwriter_to_s3_and_resume(s3_server) -> None:  # type: ignore[no-unt
         got = ds[i]
         assert got["__key__"] == samples[i]["__key__"] and got[".bin"] == samples[i]["bin"]
     assert open_index(s3_server.url(f"{prefix}/train.json"), so).members(2).seek is not None
+
+
+def test_remote_whole_reads_through_the_cache(
+    written: tuple[Path, list[dict]],
+    http_server,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    # a GNU tar single-frame .tar.zst over HTTP, and a seekable one with access="shard": both
+    # decompressed once into the cache, then read from it
+    d, oracle = written
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(12):
+        (src / f"{i:04d}.txt").write_text(f"sample {i} " * (i + 1))
+    single = tmp_path / "gnu" / "gnu-000.tar.zst"
+    single.parent.mkdir()
+    os.chmod(single.parent, 0o755)
+    names = sorted(os.listdir(src))
+    subprocess.run(
+        [require_gnu_tar(), "--zstd", "-cf", str(single), "-C", str(src), *names], check=True
+    )
+    build_index([str(single)], str(single.parent / "gnu.json"))
+    gnu_oracle = _oracle([single], tmp_path)
+    gnu_tar = [open_index(str(single.parent / "gnu.json")).members(0).seek.uncompressed_size]
+    tars = [open_index(str(d / "train.json")).members(s).seek.uncompressed_size for s in range(3)]
+    for url, want, access, sizes in (
+        (
+            _upload(http_server, single.parent).replace("train.json", "gnu.json"),
+            gnu_oracle,
+            "auto",
+            gnu_tar,
+        ),
+        (_upload(http_server, d), oracle, "shard", tars),
+    ):
+        cache = tmp_path / f"cache-{access}"
+        ds = ShardListDataset(url, transformations=[], cache_dir=str(cache), access=access)
+        assert [_raw(ds[i]) for i in range(len(ds))] == want
+        before = ds.stats.requests
+        assert [_raw(ds[i]) for i in range(len(ds))] == want
+        assert ds.stats.requests == before  # the second pass reads the cache only
+        cached = sorted(p.stat().st_size for p in cache.rglob("*") if p.is_file())
+        assert set(sizes) <= set(cached)  # the decompressed tars are the cache's entries
+        ds.close()
