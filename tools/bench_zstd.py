@@ -12,7 +12,8 @@ counts the bytes it sent (response bodies) and the requests. Two floors, per sam
   compressed alone (zstd, the same level; no tar headers or padding inside) plus 512 bytes
   (the issue's goal is moved <= 1.2x this).
 
-Also printed: the shard's compression ratio, the seek table's size, and locally (page cache
+Also printed: the shard's compression ratio, the seek table's size, ``build_index`` time
+against the same samples as plain ``.tar`` shards, and locally (page cache
 warm, one process, best of 3 passes) random ``ds[i]`` per second on the ``.tar.zst`` shards
 against a floor measured in the same run: ``os.pread`` of each sample's frames and one zstd
 decode of them with a reused context (and the same samples as plain ``.tar`` shards, which
@@ -57,6 +58,24 @@ def write_plain(root: Path, samples: int, seed: int) -> None:
     with ShardWriter(str(root / "plain-%06d.tar"), maxcount=max(1, samples // 4), md5=False) as w:
         for i in range(samples):
             w.write({"__key__": f"{i:08d}", "txt": payload(rng), "cls": str(i % 10).encode()})
+
+
+def index_times(root: Path, rounds: int = 3) -> dict[str, float]:
+    """Seconds of ``build_index`` (one job, no md5, not incremental) over each kind of shard,
+    alternated, best of ``rounds``."""
+    import time
+
+    from wids import build_index
+
+    kinds = {"zst": sorted(root.glob("train-*.tar.zst")), "tar": sorted(root.glob("plain-*.tar"))}
+    best = dict.fromkeys(kinds, float("inf"))
+    for r in range(rounds):
+        for kind, paths in kinds.items():
+            out = root / f"built-{kind}-{r}.json"
+            t = time.perf_counter()
+            build_index([str(p) for p in paths], str(out), md5=False, jobs=1, incremental=False)
+            best[kind] = min(best[kind], time.perf_counter() - t)
+    return best
 
 
 def frame_spans(root: Path, picks: list[int]) -> list[tuple[int, int, int]]:
@@ -183,6 +202,7 @@ def main() -> int:
             f"{npoints} frames, seek table {8 + 12 * npoints + 9 * len(shards):,} B"
         )
         write_plain(root, args.samples, args.seed)
+        builds = index_times(root)
         rates = local_rates(root, args.reads, args.seed + 2)
         nginx = Nginx(root, workers=1)
         try:
@@ -205,6 +225,10 @@ def main() -> int:
     print(f"{'reads':>6} {'requests':>9} {'moved':>12} {'frames':>12} {'moved/frames':>13}")
     print(f"{len(picks):>6} {requests:>9} {moved:>12,} {floor:>12,} {moved / floor:>13.3f}")
     print(f"moved / (compressed sample + its tar header) = {moved / goal:.3f} (goal <= 1.2)")
+    print(
+        f"index create (build_index, 1 job): .tar.zst {builds['zst']:.3f} s, the same "
+        f"samples as .tar {builds['tar']:.3f} s ({builds['zst'] / builds['tar']:.1f}x)"
+    )
     zst, plain = rates["train.json"], rates["plain.json"]
     floor_rate = rates["floor"]
     print(
