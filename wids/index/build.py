@@ -242,9 +242,9 @@ def build_index(
             placed,
         )
         if specs:
-            from .colcollect import add_columns
+            from .colcollect import add_columns_locked
 
-            add_columns(path, specs, storage_options=store)
+            add_columns_locked(path, specs, store)
     report.seconds = time.monotonic() - t0
     return report
 

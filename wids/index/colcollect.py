@@ -33,7 +33,7 @@ from .columns import (
 )
 from .members import ShardMembers
 
-__all__ = ["BLOCK", "RowCollector", "add_columns", "shard_columns"]
+__all__ = ["BLOCK", "RowCollector", "add_columns", "add_columns_locked", "shard_columns"]
 
 BLOCK = 8 << 20
 """The most bytes one read of ``.json`` members takes."""
@@ -213,30 +213,36 @@ def add_columns(
         ColumnError: A malformed spec, a shard without a member table, or an unusable value.
         IndexFormatError: The index is malformed.
     """
-    from ..storage import Store, is_remote, output_dir, redact_url, stored_url
-    from .access import iter_shards
-    from .registry import create_index_writer, open_index
+    from ..storage import Store, is_remote, redact_url
+    from .output import index_destination
 
     specs = parse_specs(columns)
     path = os.fspath(index)
     if is_remote(path):
         raise ColumnError(f"{redact_url(path)}: columns are added to a local index")
-    path = os.path.abspath(path)
     store = Store.of(storage_options)
+    with index_destination(os.path.abspath(path), store) as local:  # locked as a build is
+        return add_columns_locked(local, specs, store)
+
+
+def add_columns_locked(path: str, specs: Sequence[ColumnSpec], store: Any) -> int:
+    """:func:`add_columns` for a caller holding the index's writer lock (a build)."""
+    from ..storage import output_dir, stored_url
+    from .access import count_shards, iter_shards
+    from .registry import create_index_writer, open_index
+
     reader = open_index(path, store)
-    n = 0
     try:
         writer = create_index_writer(path, name=reader.name or None)
         try:
             _rewrite(reader, writer, specs, store, output_dir(path), stored_url, iter_shards)
-            n = len(reader.shards) if not hasattr(reader, "nshards") else reader.nshards
         except BaseException:
             writer.abort()
             raise
         writer.close()
+        return count_shards(reader)
     finally:
         reader.close()
-    return int(n)
 
 
 def _rewrite(
