@@ -11,7 +11,7 @@ import pytest
 from tarfixtures import write_shard
 
 from wids import ColumnError, IndexFormatError, ShardListDataset, build_index
-from wids.index.colcollect import add_columns
+from wids.index.coladd import add_columns
 
 SHARDS, PER = 3, 6
 FORMATS = ("json", "sqlite", "widx")
@@ -171,9 +171,20 @@ def test_a_damaged_stored_column_is_an_index_error_naming_the_shard(tmp_path):
     out = str(tmp_path / "train.json")
     build_index(paths, out)
     add_columns(out, ["json:width"])
-    text = Path(out).read_text()
-    doc = json.loads(text)
-    col = doc["shardlist"][1]["wids_columns"]["columns"]["width"]
+    desc = json.loads(Path(out).read_text())
+    # a JSON index keeps a shard's columns in its member sidecar, the description says so
+    assert [e["wids_columns"] for e in desc["shardlist"]] == ["members"] * SHARDS
+    sidecars = [tmp_path / e["members"] for e in desc["shardlist"]]
+    texts = [p.read_text() for p in sidecars]
+    col = json.loads(texts[1])["wids_columns"]["columns"]["width"]
+
+    def damaged(k: int, change) -> None:
+        for p, t in zip(sidecars, texts, strict=True):
+            p.write_text(t)
+        doc = json.loads(texts[k])
+        change(doc)
+        sidecars[k].write_text(json.dumps(doc))
+
     for damage in (
         {"dtype": "<i8", "data": "AAAA"},  # too few bytes
         {"dtype": "<U4"},  # not a column dtype
@@ -181,16 +192,54 @@ def test_a_damaged_stored_column_is_an_index_error_naming_the_shard(tmp_path):
         {"data": "not base64!"},
         {"nulls": "AAAAAAAAAAAAAAAAAAAAAAAA"},  # a mask longer than the shard
     ):
-        broken = json.loads(text)
-        broken["shardlist"][1]["wids_columns"]["columns"]["width"] = {**col, **damage}
-        Path(out).write_text(json.dumps(broken))
+        damaged(1, lambda d, x=damage: d["wids_columns"]["columns"].update(width={**col, **x}))
         ds = ShardListDataset(out, transformations=[])
         assert len(ds) == N  # opening does not read columns
         with pytest.raises(IndexFormatError) as e:
             ds.column("width")
         assert "s-1.tar" in str(e.value), damage
-    newer = json.loads(text)
-    newer["shardlist"][0]["wids_columns"]["version"] = 2
-    Path(out).write_text(json.dumps(newer))
+    damaged(1, lambda d: d.pop("wids_columns"))
+    with pytest.raises(IndexFormatError, match="no 'wids_columns'"):
+        ShardListDataset(out, transformations=[]).column("width")
+    damaged(2, lambda d: d.update(size=d["size"] + 512))  # a stale sidecar
+    with pytest.raises(IndexFormatError, match="stale member table"):
+        ShardListDataset(out, transformations=[]).column("width")
+    damaged(0, lambda d: d["wids_columns"].update(version=2))
     with pytest.raises(ColumnError, match="newer wids"):
         ShardListDataset(out, transformations=[]).column("width")
+    for p, t in zip(sidecars, texts, strict=True):
+        p.write_text(t)
+    assert ShardListDataset(out).column("width", missing=-1)[:3].tolist() == [0, 100, 200]
+
+
+def test_the_documented_example_runs(tmp_path, monkeypatch, capsys):
+    import shlex
+
+    from wids.cli import main
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "columns.md").read_text()
+    code = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "docs/columns.md", "exec"), scope)
+    assert len(scope["big"]) == 4
+    shell = doc.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    for line in shell:
+        argv = shlex.split(line)
+        assert argv[0] == "wids"
+        assert main(argv[1:]) == 0, line
+    out = capsys.readouterr().out
+    assert "(20 excluded)" in out
+    assert "column   width            int64    23 values, 1 missing, min 64, max 384" in out
+    big = ShardListDataset("big/scanned.widx", transformations=[])
+    assert [big[i]["__key__"] for i in range(len(big))] == ["000003", "000011", "000015", "000023"]
+
+
+def test_a_pickled_dataset_reads_its_columns(index):
+    """What a spawn or forkserver worker gets: the copy reads the same column."""
+    import pickle
+
+    ds = ShardListDataset(index, transformations=[], exclude=[2])
+    assert len(ds) == N - 1
+    copy = pickle.loads(pickle.dumps(ds))
+    assert np.array_equal(copy.column("width"), ds.column("width"), equal_nan=True)

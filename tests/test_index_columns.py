@@ -21,7 +21,7 @@ from wids import (
     open_index,
 )
 from wids.cli import main
-from wids.index.colcollect import add_columns
+from wids.index.coladd import add_columns
 from wids.index.columns import (
     EXTRA_KEY,
     MAX_JSON_BYTES,

@@ -8,13 +8,14 @@ Two ways in, with the same values:
 - :class:`RowCollector`: from each sample's encoded members as a writer writes them
   (``ShardWriter(columns=...)``).
 
-:func:`add_columns` adds columns to an existing local index: it rewrites the index with each
-shard's columns in its extra keys (shards, member tables, components and report as they were).
+:func:`add_columns_locked` adds columns to an existing local index (the caller holds its
+writer lock: a build, or :func:`wids.index.coladd.add_columns`): it rewrites the index with
+each shard's columns in its extra keys (shards, member tables, components and report as they
+were).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,7 +34,7 @@ from .columns import (
 )
 from .members import ShardMembers
 
-__all__ = ["BLOCK", "RowCollector", "add_columns", "add_columns_locked", "shard_columns"]
+__all__ = ["BLOCK", "RowCollector", "add_columns_locked", "shard_columns"]
 
 BLOCK = 8 << 20
 """The most bytes one read of ``.json`` members takes."""
@@ -189,44 +190,8 @@ class RowCollector:
         return {EXTRA_KEY: encode_columns(cols, n)}
 
 
-def add_columns(
-    index: str | os.PathLike[str],
-    columns: Sequence[str | ColumnSpec],
-    *,
-    storage_options: Any = None,
-) -> int:
-    """Collect columns for every shard of a local index and write them into it.
-
-    The index is rewritten in its own format (atomically, as every index write) with the
-    same shards, member tables, components and report; each shard's columns (these, plus
-    the ones it already had under other names) go in its extra keys.
-
-    Args:
-        index: A local index (JSON, SQLite, shard table) with member tables.
-        columns: Column specs (``"json:width"``, ``"size:.jpg"``, ``"w=json:meta.width"``).
-        storage_options: fsspec options for remote shards (or a ``Store``).
-
-    Returns:
-        The number of shards.
-
-    Raises:
-        ColumnError: A malformed spec, a shard without a member table, or an unusable value.
-        IndexFormatError: The index is malformed.
-    """
-    from ..storage import Store, is_remote, redact_url
-    from .output import index_destination
-
-    specs = parse_specs(columns)
-    path = os.fspath(index)
-    if is_remote(path):
-        raise ColumnError(f"{redact_url(path)}: columns are added to a local index")
-    store = Store.of(storage_options)
-    with index_destination(os.path.abspath(path), store) as local:  # locked as a build is
-        return add_columns_locked(local, specs, store)
-
-
 def add_columns_locked(path: str, specs: Sequence[ColumnSpec], store: Any) -> int:
-    """:func:`add_columns` for a caller holding the index's writer lock (a build)."""
+    """:func:`wids.index.coladd.add_columns` for a caller holding the index's writer lock."""
     from ..storage import output_dir, stored_url
     from .access import count_shards, iter_shards
     from .registry import create_index_writer, open_index

@@ -38,6 +38,8 @@ import re
 from ..storage import url_name
 
 __all__ = [
+    "COLUMNS_IN_SIDECAR",
+    "COLUMNS_KEY",
     "FORMAT",
     "MEMBERS_FORMAT",
     "SHARD_KEYS",
@@ -58,11 +60,16 @@ SEEK_VERSION = 2
 """Version of a sidecar of a compressed shard: it has ``seek``, the shard's seek points
 (:meth:`wids.compress.SeekPoints.to_bytes`, base64), which readers of version 1 would miss."""
 
+COLUMNS_KEY = "wids_columns"
+"""A shard's metadata columns (:mod:`wids.index.columns`): in a JSON index, the sidecar holds
+them (a key before ``fields``) and the description's entry says :data:`COLUMNS_IN_SIDECAR`,
+so the description opens as fast as one without; the reader's ``shard_extra`` reads them."""
+COLUMNS_IN_SIDECAR = "members"
+"""The description entry's ``wids_columns`` when the columns are in the shard's sidecar."""
 SHARD_KEYS = frozenset(
     ("url", "nsamples", "filesize", "md5sum", "etag", "mtime", "members", "tarsize")
 )
 """Keys of a shard's entry in the description; ``tarsize``: a compressed shard's tar size."""
-"""Keys of a shard entry with a meaning; the rest are extras kept for the caller."""
 SIDECAR_NAME = re.compile(r"^[0-9a-f]{16}(?:[0-9a-f]{8})?-.*\.json$")
 """What the name of a sidecar looks like (others in the members directory are not ours).
 

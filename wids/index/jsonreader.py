@@ -13,7 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import IndexFormatError, UntrustedLocationError
 from ..storage import Store, redact_url
-from .jsonformat import FORMAT, MEMBERS_FORMAT, SEEK_VERSION, SHARD_KEYS, VERSION
+from .jsonformat import (
+    COLUMNS_IN_SIDECAR,
+    COLUMNS_KEY,
+    FORMAT,
+    MEMBERS_FORMAT,
+    SEEK_VERSION,
+    SHARD_KEYS,
+    VERSION,
+)
 from .members import ShardMembers
 from .model import REPAIR_HINT, Component, ShardInfo
 from .sidecarparse import parse_sidecar
@@ -132,9 +140,46 @@ class JsonIndex:
         return any("members" in e for e in self._load().extras)
 
     def shard_extra(self, shard: int) -> dict[str, Any]:
-        """Keys of a shard's entry that the index format does not define."""
+        """Keys of a shard's entry that the index format does not define.
+
+        Metadata columns kept in the shard's sidecar (``wids_columns``) are read from there.
+
+        Raises:
+            IndexFormatError: Those columns' sidecar is malformed or stale.
+        """
         entry = self._load().extras[shard]
-        return {k: v for k, v in entry.items() if k not in SHARD_KEYS}
+        extra = {k: v for k, v in entry.items() if k not in SHARD_KEYS}
+        if extra.get(COLUMNS_KEY) == COLUMNS_IN_SIDECAR:
+            extra[COLUMNS_KEY] = self._sidecar_columns(shard)
+        return extra
+
+    def _sidecar_columns(self, shard: int) -> Any:
+        """The ``wids_columns`` of a shard's sidecar (its head only is parsed, then checked)."""
+        entry = self._load().extras[shard]
+        url = self._sidecar_url(shard, entry)
+        if url is None:
+            raise IndexFormatError(
+                f"shardlist[{shard}]: its columns are in a member table it has none of",
+                shard=self._where(),
+            )
+        where = redact_url(url)
+        data = read_bytes(url, self.store, "members")
+        head = _sidecar_head(data)
+        if head is None:
+            try:
+                head = json.loads(data)
+            except ValueError as e:
+                raise IndexFormatError(f"not valid JSON: {e}", shard=where) from None
+            except RecursionError:
+                raise IndexFormatError("not valid JSON: nested too deeply", shard=where) from None
+        _check_sidecar(head, entry, where)
+        if COLUMNS_KEY not in head:
+            raise IndexFormatError(
+                f"the index says the shard's columns are here, it has no {COLUMNS_KEY!r}; to "
+                f"repair, {REPAIR_HINT}",
+                shard=where,
+            )
+        return head[COLUMNS_KEY]
 
     def members(self, shard: int) -> ShardMembers | None:
         """Read the member table of one shard from its sidecar.
@@ -148,22 +193,9 @@ class JsonIndex:
         """
         spec = self._load()
         entry = spec.extras[shard]
-        pointer = entry.get("members")
-        if pointer is None:
+        url = self._sidecar_url(shard, entry)
+        if url is None:
             return None
-        if not isinstance(pointer, str) or not pointer or "\x00" in pointer:
-            raise IndexFormatError(
-                f"shardlist[{shard}]: 'members' must be a path, got {pointer!r}",
-                shard=self._where(),
-            )
-        origin = spec.origins[shard]
-        url = resolve_url(pointer, url_dir(origin) if origin else self.base)
-        refused = check_remote_ref(url, origin, self.allow_local_shards)
-        if refused:
-            raise UntrustedLocationError(
-                f"shardlist[{shard}]: members {refused}", shard=redact_url(origin or "")
-            )
-
         where = redact_url(url)
         data = read_bytes(url, self.store, "members")
         fast = parse_sidecar(data)  # the writer's form, straight into arrays
@@ -200,6 +232,25 @@ class JsonIndex:
                 shard=where,
             )
         return table
+
+    def _sidecar_url(self, shard: int, entry: Mapping[str, Any]) -> str | None:
+        """Where shard ``shard``'s sidecar is (checked), or ``None`` when it has none."""
+        pointer = entry.get("members")
+        if pointer is None:
+            return None
+        if not isinstance(pointer, str) or not pointer or "\x00" in pointer:
+            raise IndexFormatError(
+                f"shardlist[{shard}]: 'members' must be a path, got {pointer!r}",
+                shard=self._where(),
+            )
+        origin = self._load().origins[shard]
+        url = resolve_url(pointer, url_dir(origin) if origin else self.base)
+        refused = check_remote_ref(url, origin, self.allow_local_shards)
+        if refused:
+            raise UntrustedLocationError(
+                f"shardlist[{shard}]: members {refused}", shard=redact_url(origin or "")
+            )
+        return url
 
     def close(self) -> None:
         """Nothing is held open; present for the reader protocol."""
@@ -258,6 +309,18 @@ def _check_sidecar(cols: Any, entry: Mapping[str, Any], where: str) -> None:
                 f"{entry.get(ekey)!r}; to repair, {REPAIR_HINT}",
                 shard=where,
             )
+
+
+def _sidecar_head(data: bytes) -> dict[str, Any] | None:
+    """The keys before ``keys`` of a sidecar in the writer's form, or ``None``."""
+    k = data.find(b',"keys":[')
+    if k < 0:
+        return None
+    try:
+        head = json.loads(data[:k].decode("utf-8") + "}")
+    except (ValueError, RecursionError):
+        return None
+    return head if isinstance(head, dict) and "keys" not in head else None
 
 
 def _file_name(url: Any) -> str | None:

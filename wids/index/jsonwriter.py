@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from .jsonformat import (
+    COLUMNS_IN_SIDECAR,
+    COLUMNS_KEY,
     FORMAT,
     MEMBERS_FORMAT,
     SEEK_VERSION,
@@ -30,12 +32,14 @@ from .spec import KIND
 __all__ = ["JsonIndexWriter", "render_sidecar"]
 
 
-def render_sidecar(info: ShardInfo, members: ShardMembers) -> bytes:
+def render_sidecar(info: ShardInfo, members: ShardMembers, columns: Any = None) -> bytes:
     """The bytes of a shard's member sidecar (the same wherever it is written).
 
     Args:
         info: The shard as the index records it (``url`` as stored).
         members: Its member table.
+        columns: The shard's metadata columns (``wids_columns``, :mod:`wids.index.columns`),
+            kept here rather than in the description, which then opens as fast without them.
     """
     seek = members.seek
     doc: dict[str, Any] = {
@@ -48,6 +52,7 @@ def render_sidecar(info: ShardInfo, members: ShardMembers) -> bytes:
         "mtime": info.mtime,
         **({} if info.md5sum is None else {"md5sum": info.md5sum}),
         **({} if seek is None else {"seek": base64.b64encode(seek.to_bytes()).decode("ascii")}),
+        **({} if columns is None else {COLUMNS_KEY: columns}),
         "fields": list(members.fields),
         "keys": members.keys(),
     }
@@ -142,20 +147,24 @@ class JsonIndexWriter(BaseIndexWriter):
             if clash:
                 raise ValueError(f"extra keys {sorted(clash)} are reserved by the index format")
             entry.update(extra)
+        columns = None
+        if members is not None and isinstance(entry.get(COLUMNS_KEY), dict):
+            columns = entry[COLUMNS_KEY]  # in the sidecar, read only when asked for
+            entry[COLUMNS_KEY] = COLUMNS_IN_SIDECAR
         if members is not None:
-            entry["members"] = self._write_sidecar(info, members)
+            entry["members"] = self._write_sidecar(info, members, columns)
             if members.seek is not None:  # nsamples is bounded by the tar's size, not the file's
                 entry["tarsize"] = members.seek.uncompressed_size
         self._current.append(entry)
 
-    def _write_sidecar(self, info: ShardInfo, members: ShardMembers) -> str:
+    def _write_sidecar(self, info: ShardInfo, members: ShardMembers, columns: Any = None) -> str:
         from ..atomic import atomic_write_bytes
 
         name = sidecar_name(info.url)
         os.makedirs(self.members_dir, exist_ok=True)
         # No fsync per sidecar (a 100k-shard index would take minutes): a sidecar lost in a
         # crash fails its checks on load instead of giving wrong offsets.
-        data = render_sidecar(info, members)
+        data = render_sidecar(info, members, columns)
         atomic_write_bytes(os.path.join(self.members_dir, name), data, fsync=False)
         return self._record(name)
 
