@@ -342,3 +342,18 @@ def test_remote_index_over_nginx_and_remote_shards_collected_by_range(http_serve
         "000011",
     ]
     shutil.rmtree(root)
+
+
+def test_an_sqlite_index_opens_without_reading_the_rows_columns(tmp_path):
+    """Opening counts every shard's samples: from an index, not the rows holding columns."""
+    import sqlite3
+
+    shard = _shard(tmp_path / "s.tar", [{"w": 1}, {"w": 2}])
+    out = str(tmp_path / "i.sqlite")
+    build_index([shard], out, columns=["json:w"])
+    conn = sqlite3.connect(out)
+    try:
+        plan = conn.execute("EXPLAIN QUERY PLAN SELECT nsamples FROM shards ORDER BY id").fetchall()
+    finally:
+        conn.close()
+    assert "COVERING INDEX" in str(plan)

@@ -173,6 +173,9 @@ class SqliteIndexWriter(BaseIndexWriter):
                 meta["name"] = self.name
             conn.executemany("INSERT INTO meta VALUES (?, ?)", list(meta.items()))
             conn.execute("CREATE INDEX members_shard ON members (shard_id, sample_idx)")
+            # Opening reads every shard's count: from this small index, not from rows whose
+            # extra keys (metadata columns) can fill a page each (9x slower at 2,000 shards).
+            conn.execute("CREATE INDEX shards_counts ON shards (id, nsamples)")
             conn.execute("COMMIT")
             conn.close()
             self._tmp.publish(self.path)
