@@ -357,3 +357,23 @@ def test_an_sqlite_index_opens_without_reading_the_rows_columns(tmp_path):
     finally:
         conn.close()
     assert "COVERING INDEX" in str(plan)
+
+
+def test_json_columns_of_a_compressed_shard_are_decoded_from_its_seek_points(tmp_path):
+    pytest.importorskip("indexed_gzip")
+    from compressfixtures import compressible_samples, tarfile_gz
+
+    plain = compressible_samples(120, seed=3)  # .txt, .bin, .cls per sample
+    members = []
+    for i in range(120):
+        members += plain[3 * i : 3 * i + 3]
+        members.append((f"s{i:06d}.json", json.dumps({"w": i * 3, "tag": f"t{i % 4}"}).encode()))
+    shard = tarfile_gz(tmp_path / "c.tar.gz", members)
+    out = str(tmp_path / "c.json")  # compressed shards: a JSON index (docs/compressed.md)
+    build_index(
+        [str(shard)], out, columns=["json:w", "json:tag", "size:.bin"], seek_spacing=64 << 10
+    )
+    ds = ShardListDataset(out, transformations=[])
+    assert ds.column("w").tolist() == [i * 3 for i in range(120)]
+    assert ds.column("tag")[5] == "t1"
+    assert ds.column("size_bin").tolist() == [len(plain[3 * i + 1][1]) for i in range(120)]

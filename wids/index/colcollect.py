@@ -127,12 +127,28 @@ def _json_members(members: ShardMembers, source: Any, shard: str) -> list[bytes 
             f"{shard}: sample {members.key(int(samples[k]))!r}: .json member of "
             f"{int(sizes[k])} bytes, over {MAX_JSON_BYTES}"
         )
+    read = _tar_read(members, source, shard) if len(sizes) else None
     for start, end, first, stop in _blocks(offsets, sizes):
-        block = source.read_range(start, end)
+        block = read(start, end)  # type: ignore[misc]
         for k in range(first, stop):
             a = int(offsets[k]) - start
             docs[int(samples[k])] = block[a : a + int(sizes[k])]
     return docs
+
+
+def _tar_read(members: ShardMembers, source: Any, shard: str) -> Any:
+    """``read(start, end)`` of the shard's tar: its bytes, or decoded from its seek points."""
+    if members.seek is None:
+        return source.read_range
+    from ..compress import tar_reader
+
+    read = tar_reader(members.seek, source.read_range)
+    if read is None:
+        raise ColumnError(
+            f"{shard}: a compressed shard without seek points: json: columns need its .json "
+            "members, which only decompressing the whole shard reaches (size: and has: work)"
+        )
+    return read
 
 
 class RowCollector:

@@ -21,7 +21,7 @@ A sidecar (:func:`sidecar_name`: ``<24 hex>-<basename>.json``) holds ``format``
 (``wids-index-json-members``), ``version``, the shard's ``url``/``nsamples``/``size``/
 ``etag``/``mtime`` as in the description and the columns of :meth:`ShardMembers.to_columns`;
 a compressed shard's sidecar is version 2 (:data:`SEEK_VERSION`) and has ``seek`` too.
-with metadata columns (:mod:`wids.index.columns`), also ``wids_columns`` before ``fields``
+With metadata columns (:mod:`wids.index.columns`), also ``wids_columns`` before ``fields``
 (the description's entry then has ``"wids_columns": "members"``).
 On load it must name the same file (the URL's last part) with the same size, etag and mtime
 as the shard's entry, so a stale sidecar is an error, never wrong offsets, while an index
