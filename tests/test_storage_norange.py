@@ -20,9 +20,8 @@ from serverfixtures import python_http_server
 from tarfixtures import make_samples, write_shard
 
 from wids import RangeNotSupportedError, ShardListDataset, build_index
-from wids.dataset.wholeshard import RangeFallbackWarning
 from wids.errors import PermanentRemoteError
-from wids.storage import Store
+from wids.storage import RangeFallbackWarning, Store
 
 NAMES = ["a-0.tar", "a-1.tar", "a-2.tar"]
 TABLE = ("nsamples", "size", "fields", "keys", "sample_start", "member_field", "member_offset")
@@ -207,3 +206,65 @@ def test_dataloader_workers_with_a_chunked_plan(access, remote_index, folder, tm
             assert {k: sample[k] for k in want} == want
             seen.append(sample["__index__"])
     assert sorted(seen) == list(range(len(expected)))
+
+
+@pytest.mark.parametrize("access", ["range", "auto"])
+@pytest.mark.parametrize("cached", [False, True], ids=["memory", "cache_dir"])
+def test_member_handles_read_whole_shards_with_one_warning(
+    access, cached, remote_index, plain_server, folder, tmp_path
+):
+    """``ds.open(i, field)`` and ``stream_over`` handles read their members by range, which
+    such a server refuses (RangeNotSupportedError on the first read, also after ``ds[i]``
+    had read the shard whole). They now read the shard whole as ``ds[i]`` does: into the
+    cache when there is one, else into memory, with one warning naming the server."""
+    _fresh_process_state()
+    cache_dir = str(tmp_path / "cache") if cached else None
+    expected = _expected(folder)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        ds = ShardListDataset(remote_index, access=access, cache_dir=cache_dir)
+        for i, want in enumerate(expected):  # the first reads of each shard are handles
+            for field, data in want.items():
+                with ds.open(i, field) as f:
+                    assert f.read() == data
+        ds.close()
+        streamed = ShardListDataset(
+            remote_index, access=access, cache_dir=cache_dir, transformations=None, stream_over=0
+        )
+        for i, want in enumerate(expected):
+            sample = streamed[i]
+            assert {k: sample[k].read() for k in want} == want
+        streamed.close()
+    ours = [w for w in seen if issubclass(w.category, RangeFallbackWarning)]
+    assert len(ours) == 1, [str(w.message) for w in seen]
+    assert plain_server in str(ours[0].message)
+    if cached:
+        assert len(list((tmp_path / "cache").rglob("*a-*.tar*"))) >= len(NAMES)
+
+
+def test_index_verify_streams_to_the_member_it_checks(folder, tmp_path):
+    """``wids index verify`` read one recorded member header per shard by range and reported
+    every shard of such a server CHANGED ("the server ignores Range"). It now streams each
+    shard up to that header (one warning naming the server) and still catches a same-size
+    replacement whose modification time was set back."""
+    import os
+    import shutil
+
+    served = tmp_path / "served"
+    shutil.copytree(folder, served)
+    with python_http_server(served) as base:
+        index = tmp_path / "r.json"
+        build_index([f"{base}/{n}" for n in NAMES], str(index))
+        run = _wids("index", "verify", str(index), cwd=tmp_path)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert f"{len(NAMES)} of {len(NAMES)} shards match" in run.stdout
+        assert run.stderr.count("RangeFallbackWarning") == 1 and base in run.stderr
+        target = served / NAMES[1]
+        st = target.stat()
+        write_shard(target, make_samples(5, start=90))  # other keys, the same size
+        assert target.stat().st_size == st.st_size
+        os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
+        run = _wids("index", "verify", str(index), cwd=tmp_path)
+        assert run.returncode == 1, run.stdout + run.stderr
+        changed = [ln for ln in run.stdout.splitlines() if ln.startswith("CHANGED")]
+        assert len(changed) == 1 and NAMES[1] in changed[0] and "ignores Range" not in changed[0]

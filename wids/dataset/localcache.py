@@ -119,8 +119,8 @@ class LocalCache:
                 f"access='shard' downloaded {again} shards again soon after downloading them: "
                 f"cache_size={self.cache_size} bytes holds about "
                 f"{self.cache_size // max(1, shard.size)} shards of {shard.size} bytes, fewer "
-                "than this order reads at once (it does not read a shard at a time), so copies "
-                "are evicted before their samples are read and fetched whole again. Use "
+                "than this order reads at once, so copies are evicted before their samples are "
+                "read and fetched whole again. Use "
                 "access='auto' (it reads by range then, moving no more bytes than "
                 "access='range'), or a cache_size that holds the shards read at once",
                 CacheThrashWarning,

@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import IndexMismatchError, WidsError
 from ..storage import Source, forks, redact_url, strip_credentials
 from ..tar import header_mismatch
-from .readers import CachedReader
+from .readers import CachedReader, RangeReader
+from .wholeshard import MemoryReader, probe_range
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
@@ -433,7 +434,7 @@ def member_file(
         KeyError: The sample has no such field (the message lists the fields it has).
         SampleTooLargeError: A compressed shard's member over ``max_sample_bytes``.
     """
-    reader = pool.reader(shard)  # the first-touch checks, the offline rule
+    reader = _reader(catalog, pool, shard)
     members = catalog.members(shard)[0]
     key = members.key(j)
     found = [(off, size) for f, off, size in members.members(j) if f == field]
@@ -442,17 +443,34 @@ def member_file(
         raise KeyError(f"sample {key!r} has no field {field!r} (it has {have})")
     info = catalog.load().infos[shard]
     offset, size = found[0]
-    if members.seek is not None:
+    if members.seek is not None or isinstance(reader, MemoryReader):
         return io.BytesIO(_decoded_member(catalog, reader, shard, j, key + field, offset, size))
     source = catalog.source(info.url, info)
     copy = _copy_of(reader) if not source.is_local else None
     return MemberFile(source, offset, size, key=key, field=field, copy=copy, **options)
 
 
+def _reader(catalog: Catalog, pool: ReaderPool, shard: int) -> ShardReader:
+    """The shard's reader (first-touch checks, the offline rule), whole if its server ignores it.
+
+    A handle's own range reads would be refused by a server that ignores ``Range``: such a
+    shard is read whole (:mod:`.wholeshard`: into the cache, else into memory, one warning
+    per server), and its members come from that copy.
+    """
+    reader = pool.reader(shard)
+    url = catalog.load().infos[shard].url
+    if isinstance(reader, RangeReader) and probe_range(url, reader, catalog.local):
+        reader = pool.without_range({shard: reader}).get(shard, reader)
+    return reader
+
+
 def _decoded_member(
     catalog: Catalog, reader: ShardReader, shard: int, j: int, name: str, offset: int, size: int
 ) -> bytes:
-    """A compressed shard's member, read through its reader, its tar header checked."""
+    """A member read through the shard's reader, its tar header checked.
+
+    For a compressed shard (decoded), or one held whole in memory (its server ignores Range).
+    """
     bound = catalog.max_sample_bytes
     if bound is not None and size > bound:
         raise catalog.too_large(shard, j, size)
@@ -500,12 +518,13 @@ def streamed_sample(
     bound = catalog.max_sample_bytes  # handles do not count: only the bytes read into memory
     if bound is not None and held > bound:
         raise catalog.too_large(shard, j, held)
-    reader = pool.reader(shard)  # the first-touch checks, the offline rule
+    reader = _reader(catalog, pool, shard)
     info = catalog.load().infos[shard]
     key = members.key(j)
     sample: dict[str, Any] = {}
     for (field, offset, size), b in zip(rows, big, strict=True):
-        if members.seek is not None:  # compressed: members are decoded, not reached by offset
+        # compressed: members are decoded, not reached by offset; in memory: read from there
+        if members.seek is not None or isinstance(reader, MemoryReader):
             data = _decoded_member(catalog, reader, shard, j, key + field, offset, size)
             sample[field] = io.BytesIO(data) if b else data
             continue

@@ -214,7 +214,7 @@ class ReaderPool:
             try:
                 buf = reader.read_span(start, end, self.catalog.store.stats, check)
             except RangeNotSupportedError:  # the same error again unless reopened whole
-                reader = self._without_range({shard: reader}).get(shard, reader)
+                reader = self.without_range({shard: reader}).get(shard, reader)
                 buf = reader.read_span(start, end, self.catalog.store.stats, check)
         finally:
             self.evict()  # beyond lru_size, and copies the cache evicted (an fstat each)
@@ -257,7 +257,7 @@ class ReaderPool:
                     blocks, readers, stats, checks=checks, prefetched=prefetched, window=window
                 )
             except RangeNotSupportedError:  # read whole, one block at a time (below)
-                readers.update(self._without_range(readers))
+                readers.update(self.without_range(readers))
                 data = [None] * len(blocks)
             uses = [0] * len(blocks)
             for b, _ in where:
@@ -464,7 +464,7 @@ class ReaderPool:
                     cached.close()
                     raise
                 return CachedReader(cached)
-        if not source.is_local and ignores_range(info.url):  # seen by _without_range
+        if not source.is_local and ignores_range(info.url):  # seen by without_range
             return whole_reader(catalog, source, info, table, check)
         local.check_online(info.url)
         if check:
@@ -473,7 +473,7 @@ class ReaderPool:
             return LocalReader(source, self.descriptors)
         return RangeReader(source)
 
-    def _without_range(self, readers: dict[int, ShardReader]) -> dict[int, ShardReader]:
+    def without_range(self, readers: dict[int, ShardReader]) -> dict[int, ShardReader]:
         """A server ignored ``Range``: reopen whole the shards it serves (:mod:`.wholeshard`)."""
         infos, out = self.catalog.load().infos, {}
         for shard, old in readers.items():

@@ -8,9 +8,9 @@ server (its origin, per process), warns once about it, and reopens the shard wit
 shards up to :func:`memory_bound` bytes; a larger shard is refused with the same error, which
 says to set ``cache_dir``.
 
-A warning (:class:`RangeFallbackWarning`, through :mod:`warnings`) rather than a log record: it
-reaches a user who configured no logging, shows once per server by default, and can be
-filtered or turned into an error with the ``warnings`` machinery.
+A warning (:class:`~wids.storage.RangeFallbackWarning`, through :mod:`warnings`) rather than a
+log record: it reaches a user who configured no logging, shows once per server by default, and
+can be filtered or turned into an error with the ``warnings`` machinery.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import warnings
 from typing import TYPE_CHECKING
 
 from ..errors import RangeNotSupportedError, ShortReadError
-from ..storage import Check, IOStats, Source, redact_url
+from ..storage import Check, IOStats, RangeFallbackWarning, Source, redact_url
 from .readers import CachedReader, ShardReader, download_check
 
 if TYPE_CHECKING:
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 __all__ = [
     "MEMORY_BOUND",
     "MemoryReader",
-    "RangeFallbackWarning",
     "ignores_range",
     "memory_bound",
     "note_ignores_range",
@@ -42,11 +41,8 @@ MEMORY_BOUND = 1 << 30
 """Largest shard read whole into memory when the dataset has no ``max_sample_bytes``."""
 
 _IGNORING: set[str] = set()
+_HONOURING: set[str] = set()  # servers whose range answer this process has seen
 _LOCK = threading.Lock()
-
-
-class RangeFallbackWarning(UserWarning):
-    """A server ignores ``Range``: wids reads its shards whole (once per server and process)."""
 
 
 def origin(url: str) -> str:
@@ -79,14 +75,17 @@ def note_ignores_range(url: str, cache_dir: str | None) -> None:
 def probe_range(url: str, reader: ShardReader, local: LocalCache) -> bool:
     """Whether the server of ``url`` ignores ``Range``: known, or one range read of ``reader``.
 
-    The first time a server is seen ignoring it, :func:`note_ignores_range` warns.
+    The first time a server is seen ignoring it, :func:`note_ignores_range` warns; one seen
+    honouring it is not asked again in this process.
     """
     if ignores_range(url):
         return True
-    if reader.source is None:
+    if reader.source is None or origin(url) in _HONOURING:
         return False
     try:
         reader.source.read_range(0, 1)
+        with _LOCK:
+            _HONOURING.add(origin(url))
         return False
     except RangeNotSupportedError:
         note_ignores_range(url, local.cache_dir)

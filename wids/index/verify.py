@@ -8,13 +8,14 @@ damaged one reported) here, where the index is open.
 from __future__ import annotations
 
 import concurrent.futures as cf
-from collections.abc import Iterable, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..compress import tar_reader
-from ..errors import WidsError
-from ..storage import Store, named_by, redact_url
+from ..errors import RangeNotSupportedError, ShortReadError, WidsError
+from ..storage import RangeFallbackWarning, Source, Store, named_by, redact_url
 from .access import count_shards, shard_getter
 from .contents import ContentMemo, index_digests_dir, settle
 from .fingerprint import header_mismatch_at_spot
@@ -88,11 +89,11 @@ def check_shard(
         if copied:
             note = "same size and md5 as indexed, another modification time (a copy)"
         if problem is None and members is not None:
-            read = src.read_range
-            if members.seek is not None:  # compressed: decode from the seek point before it
-                read = tar_reader(members.seek, src.read_range)  # type: ignore[assignment]
-            if read is not None:  # None: no seek points, checked by a deep verify only
-                problem = header_mismatch_at_spot(members, read)
+            try:
+                problem = _spot_check(members, src.read_range)
+            except RangeNotSupportedError:  # python -m http.server: one streamed GET instead
+                _warn_whole(info.url)
+                problem = _spot_check(members, lambda start, end: _streamed(src, start, end))
         if problem is None and deep:
             _, now, _ = scan_shard(src)
             if members is not None and now.to_columns() != members.to_columns():
@@ -104,6 +105,51 @@ def check_shard(
     finally:
         src.close()
     return problem, (note if problem is None else None)
+
+
+def _spot_check(members: ShardMembers, read: Callable[[int, int], bytes]) -> str | None:
+    """The recorded header of one member (:func:`header_mismatch_at_spot`), read by ``read``."""
+    if members.seek is not None:  # compressed: decode from the seek point before it
+        read = tar_reader(members.seek, read)  # type: ignore[assignment]
+    if read is None:  # no seek points: checked by a deep verify only
+        return None
+    return header_mismatch_at_spot(members, read)
+
+
+def _streamed(src: Source, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of a shard whose server ignores ``Range``.
+
+    One streaming GET up to ``end``, holding at most a MiB beside what it returns.
+    """
+    with src.open_stream() as stream:
+        left = start
+        while left:
+            skipped = stream.read(min(left, 1 << 20))
+            if not skipped:
+                break
+            left -= len(skipped)
+        parts, want = [], end - start
+        while want:
+            part = stream.read(want)
+            if not part:
+                break
+            parts.append(part)
+            want -= len(part)
+    data = b"".join(parts)
+    if len(data) != end - start:
+        raise ShortReadError(f"bytes {start}-{end}: the stream ended early", shard=src.url)
+    return data
+
+
+def _warn_whole(url: str) -> None:
+    """Say (once per server: the message names only the server) that a shard is read whole."""
+    scheme, _, rest = redact_url(url).partition("://")
+    warnings.warn(
+        f"{scheme}://{rest.split('/', 1)[0]} ignores Range requests (it answers with the whole "
+        "file): wids index verify streams its shards up to the member it checks instead",
+        RangeFallbackWarning,
+        stacklevel=3,
+    )
 
 
 def verify_index(

@@ -34,7 +34,7 @@ from .._lazy import lazy_getattr
 
 if TYPE_CHECKING:
     from . import forks
-    from .answer import Answer, Check, Pin, check_answer, too_large
+    from .answer import Answer, Check, Pin, RangeFallbackWarning, check_answer, too_large
     from .backends import preload
     from .batch import Window, read_ranges
     from .descriptors import DescriptorPool
@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "Answer": "answer",
     "Check": "answer",
+    "RangeFallbackWarning": "answer",
     "DescriptorPool": "descriptors",
     "FileStat": "stats",
     "IOStats": "stats",
@@ -108,6 +109,7 @@ __all__ = [
     "FileStat",
     "IOStats",
     "Pin",
+    "RangeFallbackWarning",
     "ReadLimits",
     "RedactingFilter",
     "RetryPolicy",

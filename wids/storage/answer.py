@@ -46,6 +46,7 @@ __all__ = [
     "Answer",
     "Check",
     "Pin",
+    "RangeFallbackWarning",
     "changed",
     "check_answer",
     "check_length",
@@ -247,6 +248,14 @@ def changed(url: str, what: str) -> IndexMismatchError:
         f"the file changed while it was read ({what}); rebuild the index if the change is intended",
         shard=redact_url(url),
     )
+
+
+class RangeFallbackWarning(UserWarning):
+    """A server ignores ``Range``: wids reads its shards whole instead (once per server).
+
+    Not an error: the dataset, member handles and ``wids index verify`` read such a shard with
+    one streaming request (into the shard cache when there is one), and say so once.
+    """
 
 
 def ignores_range(url: str, start: int, end: int, got: int) -> RangeNotSupportedError:
