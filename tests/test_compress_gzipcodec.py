@@ -37,14 +37,21 @@ def _read(points: SeekPoints, blob: bytes, start: int, stop: int) -> bytes:
     return codec.decode(points, blob[c0:c1], start, stop)
 
 
-@pytest.mark.parametrize("make", [tarfile_gz, gnu_tar_czf])
-def test_any_range_decodes_to_the_tars_bytes(make, tmp_path):
-    path = make(tmp_path / "s.tar.gz", compressible_samples(300))
+@pytest.mark.parametrize(
+    "make, size",
+    [(tarfile_gz, 6000), (gnu_tar_czf, 6000), (tarfile_gz, 60000)],
+    ids=["tarfile", "gnutar", "stored-blocks"],
+)
+def test_any_range_decodes_to_the_tars_bytes(make, size, tmp_path):
+    """Large random members make deflate write stored blocks, which realign to the input's
+    bytes: decoding from a point inside a byte must keep that alignment (not shift)."""
+    n = 300 if size < 10000 else 60
+    path = make(tmp_path / "s.tar.gz", compressible_samples(n, size=size))
     tar, blob = gunzip(path), path.read_bytes()
     points = _index(path)
     assert points.uncompressed_size == len(tar) and points.compressed_size == len(blob)
     assert len(points) >= len(tar) // (2 * SPACING)  # a point at the next block after spacing
-    assert set(points.bits.tolist()) - {0}, "no point inside a byte: the shift is not tested"
+    assert set(points.bits.tolist()) - {0}, "no point inside a byte: priming is not tested"
     rng = random.Random(1)
     ranges = [(0, 1), (0, len(tar)), (len(tar) - 1, len(tar))]
     ranges += [(int(u), int(u) + 1) for u in points.uncompressed]  # at each point
@@ -95,7 +102,7 @@ def test_bad_and_truncated_data_are_typed_errors_with_offsets(tmp_path):
     try:
         out = codec.decode(points, bytes(bad), a, a + 30000)
     except CompressedDataError as e2:
-        assert e2.offset == c0 and "does not decode" in str(e2)
+        assert c0 <= e2.offset <= c1 and "does not decode" in str(e2)
     else:
         assert out != tar[a : a + 30000]  # decoded, but to other bytes: the header check's job
     # the whole-file stream checks CRC and length

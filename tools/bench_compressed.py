@@ -5,9 +5,10 @@ One shard of ``--samples`` samples (a ``.txt`` of compressible text, a ``.jpg`` 
 bytes, ``--kb`` KB per sample in all), gzipped by Python's ``tarfile``. Figures:
 
 - **index build**: ``wids index create`` (``build_index``, one process, md5 off) against
-  ratarmountcore's ``SQLiteIndexedTar`` (gzip seek points by indexed_gzip or rapidgzip, its
-  SQLite index written), wall time each; and the size of wids' seek points (their bytes as the
-  index stores them, per GB of tar, and the whole sidecar).
+  ratarmountcore's ``SQLiteIndexedTar`` (its SQLite index written, one thread), both with
+  seek points every ``--spacing`` bytes (ratarmount's default is 16 MiB), wall time each;
+  and the size of wids' seek points (their bytes as the index stores them, per GB of tar,
+  and the whole sidecar).
 - **random member reads**: the same ``--reads`` random samples in the same order, every member
   read: ``ds[i]`` (``access="range"``: one ``pread`` of the compressed bytes from the seek point
   before the sample, decoded) against ratarmount's ``open(fileinfo).read()`` of each member;
@@ -46,22 +47,26 @@ from wids.index import open_index  # noqa: E402
 
 RATAR_SCRIPT = r"""
 import json, sys, time
-from ratarmountcore import SQLiteIndexedTar
-path, index, order = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+from ratarmountcore.mountsource.archives import SQLiteIndexedTar
+path, index, spacing = sys.argv[1], sys.argv[2], int(sys.argv[4])
+order = json.loads(open(sys.argv[3]).read())
 t = time.perf_counter()
-tar = SQLiteIndexedTar(path, writeIndex=True, indexFilePath=index, parallelization=1)
+tar = SQLiteIndexedTar(
+    path, writeIndex=True, indexFilePath=index, parallelization=1, gzipSeekPointSpacing=spacing
+)
 build = time.perf_counter() - t
 names = []
 for key in order:
     for field in (".txt", ".jpg"):
         names.append("/" + key + field)
-infos = [tar.getFileInfo(n) for n in names]
+infos = [tar.lookup(n) for n in names]
 t = time.perf_counter()
 nbytes = 0
 for info in infos:
     with tar.open(info) as f:
         nbytes += len(f.read())
 read = time.perf_counter() - t
+tar.close()
 print(json.dumps({"build": build, "read": read, "members": len(infos), "bytes": nbytes}))
 """
 
@@ -104,7 +109,7 @@ def main() -> int:
         ds = ShardListDataset(str(root / "train.json"), transformations=[], access="range")
         order = random.Random(args.seed + 1).sample(range(len(ds)), min(args.reads, len(ds)))
         ds[0]  # open and check the shard first, as ratarmount's index is loaded first
-        before = ds.stats.bytes_read
+        before, requests = ds.stats.bytes_read, ds.stats.requests
         t = time.perf_counter()
         nbytes = 0
         for i in order:  # ds[i] reads every member of the sample
@@ -112,6 +117,7 @@ def main() -> int:
             nbytes += len(s[".txt"]) + len(s[".jpg"])
         wids_read = time.perf_counter() - t
         read_per_sample = (ds.stats.bytes_read - before) / len(order)
+        requests_per_sample = (ds.stats.requests - requests) / len(order)
         table = open_index(str(root / "train.json")).members(0)
         assert table is not None
         keys = [table.key(i) for i in order]
@@ -119,11 +125,14 @@ def main() -> int:
         print(f"{'':<26} {'wids':>12} {'ratarmount':>12} {'wids/ratar':>11}")
         ratar = None
         if os.path.exists(args.ratar_python):
+            (root / "keys.json").write_text(json.dumps(keys))
             out = subprocess.run(
                 [args.ratar_python, "-c", RATAR_SCRIPT, str(shard), str(root / "r.sqlite"),
-                 json.dumps(keys)],
-                capture_output=True, text=True, check=True,
+                 str(root / "keys.json"), str(args.spacing)],
+                capture_output=True, text=True,
             )  # fmt: skip
+            if out.returncode:
+                raise SystemExit(f"ratarmount failed:\n{out.stderr[-3000:]}")
             ratar = json.loads(out.stdout.strip().splitlines()[-1])
             if ratar["bytes"] != nbytes:
                 raise SystemExit(f"ratarmount read {ratar['bytes']} bytes, wids {nbytes}")
@@ -149,7 +158,8 @@ def main() -> int:
         )
         print(
             f"compressed bytes read per random sample: {read_per_sample / 1e3:.0f} KB "
-            f"(sample {args.kb} KB of tar, spacing {args.spacing >> 10} KiB)"
+            f"(sample {args.kb} KB of tar, spacing {args.spacing >> 10} KiB), "
+            f"{requests_per_sample:.2f} reads per sample"
         )
     return 0
 

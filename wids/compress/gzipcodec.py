@@ -6,12 +6,12 @@ block boundary: the compressed byte and bit where the block starts and the 32 Ki
 before it (deflate refers back that far). Its exported index (the ``GZIDX`` layout, version 1)
 is read into :class:`~wids.compress.points.SeekPoints`, windows zlib-compressed.
 
-Decoding (:meth:`GzipCodec.decode`) needs only zlib and numpy: the fetched bytes are shifted
-so the point's first bit is bit 0 of a byte (``inflatePrime`` is not in Python's zlib), and a
-raw inflater primed with the window (``zdict``) runs until the range is out, crossing into
-the next gzip member where the shard has several (``pigz``, concatenated files). Nothing is
-verified by CRC there (a range is part of a member); the caller checks the tar header in
-what comes out. :meth:`GzipCodec.stream` (whole shards) verifies every member's CRC and length.
+Decoding (:meth:`GzipCodec.decode`) needs only zlib: a raw inflater primed with the point's
+leading bits (``inflatePrime``, :mod:`.zlibprime`) and its window runs until the range is out,
+crossing into the next gzip member where the shard has several (``pigz``, concatenated
+files; those later members' CRCs are checked). The member the point is in is not verified by
+CRC (a range is part of it); the caller checks the tar header in what comes out.
+:meth:`GzipCodec.stream` (whole shards) verifies every member's CRC and length.
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ import struct
 import zlib
 from typing import IO, Any
 
-import numpy as np
-
 from ..errors import CompressedDataError
 from ..extras import missing
+from . import zlibprime
 from .points import WINDOW, SeekPoints
 
 __all__ = ["CODEC", "DEFAULT_SPACING", "GzipCodec", "points_from_gzidx"]
@@ -83,70 +82,73 @@ def points_from_gzidx(data: bytes, compressed_size: int) -> SeekPoints:
     return SeekPoints("gzip", compressed_size, usize, comp, uncomp, bits, windows)
 
 
-def _aligned(data: bytes, nbits: int) -> bytes:
-    """``data`` from its first byte's top ``nbits`` bits on, shifted to start at a byte."""
-    s = 8 - nbits
-    a = np.frombuffer(data, np.uint8).astype(np.uint16)
-    out = a >> s
-    out[:-1] |= (a[1:] << (8 - s)) & 0xFF
-    return out.astype(np.uint8).tobytes()
+def _start(points: SeekPoints, k: int) -> int:
+    """The point decoding starts from for point ``k``.
 
-
-def _next_member(data: bytes, unused: bytes, nbits: int) -> bytes:
-    """The bytes after a gzip member's 8-byte trailer, given what the inflater left unused.
-
-    Without a shift (``nbits`` 0) ``unused`` is ``data``'s own tail. With one, ``unused``
-    is shifted like the rest: the member ended in the last byte the inflater took, whose bits
-    straddle a byte of ``data``; its trailer starts at that byte or the next, and the next
-    member's magic after the trailer says which.
+    Itself; or, without ``inflatePrime`` (no loadable zlib), the nearest byte-aligned point
+    before it.
     """
-    if not nbits:
-        return unused[8:]
-    end = len(data) - len(unused)
-    for start in (end, end + 1):
-        after = data[start + 8 :]
-        if after[:2] == b"\x1f\x8b":
-            return after
-    return b""
+    if points.bits[k] == 0 or zlibprime.available():
+        return k
+    while k > 0 and points.bits[k] != 0:
+        k -= 1
+    return k
+
+
+def _c_start(points: SeekPoints, k: int) -> int:
+    return int(points.compressed[k]) - (1 if points.bits[k] else 0)
+
+
+def _inflate(points: SeekPoints, k: int, data: bytes, need: int) -> tuple[bytes, bool]:
+    """Up to ``need`` bytes of tar from point ``k``; ``data`` is the file from ``_c_start``.
+
+    Returns the output and whether ``data`` ended exactly after a whole gzip member (its
+    trailer included; zero padding after it allowed, as ``gzip`` allows).
+
+    Raises:
+        CompressedDataError: The data does not decode (offset: the byte where it failed).
+    """
+    base = _c_start(points, k)
+    out, pos, ended, err = zlibprime.inflate_from(data, int(points.bits[k]), points.window(k), need)
+    if err is not None:
+        raise CompressedDataError(
+            f"gzip data does not decode from seek point {k} ({err})", offset=base + pos
+        )
+    parts, got = [out], len(out)
+    if ended:  # a raw stream: its member's trailer (CRC, length) follows
+        if len(data) - pos < 8:
+            return out, False
+        pos += 8
+    while ended and got < need and pos < len(data):
+        rest = data[pos:]
+        if not rest.strip(b"\0"):  # zero padding after the last member
+            pos = len(data)
+            break
+        d = zlib.decompressobj(zlib.MAX_WBITS | 16)  # a whole member: its CRC is checked
+        try:
+            more = d.decompress(rest, need - got)
+        except zlib.error as e:
+            raise CompressedDataError(f"corrupt gzip data ({e})", offset=base + pos) from None
+        parts.append(more)
+        got += len(more)
+        ended = d.eof
+        pos = len(data) - len(d.unused_data if ended else d.unconsumed_tail)
+    return b"".join(parts), ended and (pos == len(data) or not data[pos:].strip(b"\0"))
 
 
 def _check_end(points: SeekPoints, tail: bytes, c_start: int) -> None:
     """The file's bytes from the last point on decode to the tar's end, members all whole."""
     k = len(points) - 1
-    nbits = int(points.bits[k])
-    buf = _aligned(tail, nbits) if nbits else tail
-    window = points.window(k)
-    d = zlib.decompressobj(-15, zdict=window) if window else zlib.decompressobj(-15)
-    got, need = 0, points.uncompressed_size - int(points.uncompressed[k])
-    try:
-        while True:
-            got += len(d.decompress(buf, need + 1 - got))
-            buf = d.unconsumed_tail
-            if got > need:
-                break
-            if not d.eof:
-                if buf:
-                    continue
-                raise CompressedDataError(
-                    "truncated gzip data: the file ends inside a deflate stream",
-                    offset=c_start + len(tail),
-                )
-            unused = d.unused_data
-            if len(unused) < 8:
-                raise CompressedDataError(
-                    "truncated gzip data: the file ends inside a member's trailer",
-                    offset=c_start + len(tail),
-                )
-            rest = _next_member(tail, unused, nbits)
-            nbits = 0
-            if not rest:
-                break
-            d, buf = zlib.decompressobj(zlib.MAX_WBITS | 16), rest
-    except zlib.error as e:
-        raise CompressedDataError(f"corrupt gzip data ({e})", offset=c_start) from None
-    if got != need:
+    need = points.uncompressed_size - int(points.uncompressed[k])
+    out, whole = _inflate(points, k, tail, need + 1)
+    if len(out) < need or not whole:
+        where = "inside a deflate stream" if len(out) < need else "inside a member's trailer"
         raise CompressedDataError(
-            f"the gzip data decodes to {got - need:+,} bytes against indexed_gzip's count",
+            f"truncated gzip data: the file ends {where}", offset=c_start + len(tail)
+        )
+    if len(out) != need:
+        raise CompressedDataError(
+            f"the gzip data decodes to {len(out) - need:+,} bytes against indexed_gzip's count",
             offset=c_start,
         )
 
@@ -159,49 +161,23 @@ class GzipCodec:
     def compressed_range(self, points: SeekPoints, start: int, stop: int) -> tuple[int, int]:
         """The bytes to fetch for the tar's ``[start, stop)``: from the point before on."""
         k, j = points.cover(start, stop)
-        c_start = int(points.compressed[k]) - (1 if points.bits[k] else 0)
+        c_start = _c_start(points, _start(points, k))
         # a block boundary's bits lie in the bytes before its offset: those suffice
         c_stop = int(points.compressed[j]) if j < len(points) else points.compressed_size
         return c_start, max(c_stop, c_start)
 
     def decode(self, points: SeekPoints, data: bytes, start: int, stop: int) -> bytes:
         """Inflate ``data`` (the file's :meth:`compressed_range`) into the tar's bytes."""
-        k, _ = points.cover(start, stop)
-        nbits = int(points.bits[k])
-        c_start = int(points.compressed[k]) - (1 if nbits else 0)
+        k = _start(points, points.cover(start, stop)[0])
         skip, need = start - int(points.uncompressed[k]), stop - int(points.uncompressed[k])
-        buf = _aligned(data, nbits) if nbits else bytes(data)
-        window = points.window(k)
-        d = zlib.decompressobj(-15, zdict=window) if window else zlib.decompressobj(-15)
-        parts: list[bytes] = []
-        got = 0
-        try:
-            while got < need:
-                out = d.decompress(buf, need - got)
-                parts.append(out)
-                got += len(out)
-                buf = d.unconsumed_tail
-                if got >= need:
-                    break
-                if d.eof:  # the member ended: skip its trailer, go on with the next member
-                    rest = _next_member(data, d.unused_data, nbits)
-                    nbits = 0  # the next member starts at a byte of data
-                    if not rest:
-                        break
-                    d, buf = zlib.decompressobj(zlib.MAX_WBITS | 16), rest
-                elif not buf:
-                    break
-        except zlib.error as e:
+        out, _ = _inflate(points, k, bytes(data), need)
+        if len(out) < need:
             raise CompressedDataError(
-                f"gzip data does not decode from seek point {k} ({e})", offset=c_start
-            ) from None
-        if got < need:
-            raise CompressedDataError(
-                f"gzip data ends {need - got} bytes short of the tar's byte {stop} "
+                f"gzip data ends {need - len(out)} bytes short of the tar's byte {stop} "
                 f"(decoding from seek point {k}): truncated",
-                offset=c_start + len(data),
+                offset=_c_start(points, k) + len(data),
             )
-        return b"".join(parts)[skip:need]
+        return out[skip:need]
 
     def indexing(self, fileobj: IO[bytes], spacing: int) -> _GzipIndexing:
         """Index ``fileobj`` with indexed_gzip, a point every ``spacing`` tar bytes."""

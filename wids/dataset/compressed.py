@@ -4,9 +4,10 @@ The member table of a compressed shard holds offsets in its decompressed tar and
 :class:`~wids.compress.SeekPoints` (``members.seek``). Two readers serve it:
 
 - :class:`SeekReader` (``access="range"``/``"auto"``, with seek points): a span of the tar is
-  the compressed bytes from the seek point before it (the codec's ``compressed_range``), read
-  with one ``os.pread`` or one checked range request of the shard's ``Source`` (pinned to the
-  indexed version), then decoded; the tar header before the span is checked in the decoded
+  decoded from the seek points before it: the compressed bytes of the segments it covers
+  (the codec's ``compressed_range``), read with one ``os.pread`` or one checked range
+  request of the shard's ``Source`` (pinned to the indexed version), decoded, and kept
+  (``SEGMENTS`` bytes per reader); the tar header before the span is checked in the decoded
   bytes, as for a plain remote tar.
 - :func:`decompressed_reader` (``access="shard"``, offline, or no seek points): the whole tar,
   decompressed once into the shard cache (an entry of its own, keyed by the shard's URL with
@@ -17,6 +18,8 @@ The member table of a compressed shard holds offsets in its decompressed tar and
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from ..compress import SeekPoints, codec_for
@@ -30,57 +33,152 @@ if TYPE_CHECKING:
     from ..index import ShardInfo, ShardMembers
     from .catalog import Catalog
 
-__all__ = ["DECOMPRESSED", "SeekReader", "compressed_reader", "decompressed_reader"]
+__all__ = ["DECOMPRESSED", "SEGMENTS", "SeekReader", "compressed_reader", "decompressed_reader"]
 
+SEGMENTS = 32 << 20
+"""Bytes of decoded tar a :class:`SeekReader` keeps (per open shard and process)."""
+ESTIMATE_MARGIN, ESTIMATE_SLACK = 1.25, 16 << 10
+"""A read needing a segment's tar up to some byte reads its compressed bytes up to the same
+share of the segment times the margin, plus the slack (short of it: the rest, a second read)."""
 DECOMPRESSED = "#decompressed"
 """Appended to a shard's URL to name its decompressed copy in the shard cache."""
 
 
 class SeekReader(ShardReader):
-    """Spans of a compressed shard's tar, each decoded from the seek point before it.
+    """Spans of a compressed shard's tar, decoded from the seek points before them.
+
+    The tar between two seek points (a *segment*, about one spacing) is fetched and decoded
+    whole, and the last ``cache_bytes`` of decoded segments are kept: a read of a cached
+    stretch costs a slice, and reads in tar order (chunked samplers) decode each segment once.
+    A span over several segments fetches the missing ones with one read.
 
     Args:
         source: The compressed shard (local or remote, pinned to the indexed version).
         points: Its seek points (seekable).
+        cache_bytes: Decoded segments kept (least recently used dropped first).
     """
 
     verifies = True  # every span's tar header is checked once decoded
 
-    def __init__(self, source: Source, points: SeekPoints) -> None:
+    def __init__(self, source: Source, points: SeekPoints, cache_bytes: int = SEGMENTS) -> None:
         if not points.seekable:
             raise ValueError("a seek reader needs seek points")
         self.shard_source = source
         self.points = points
         self.codec = codec_for(points.kind)
+        self.cache_bytes = cache_bytes
+        self._segments: OrderedDict[int, bytes] = OrderedDict()
+        self._held = 0
+        self._lock = threading.Lock()
+
+    def _bounds(self, m: int) -> tuple[int, int]:
+        """Segment ``m``'s tar bytes."""
+        pts = self.points
+        u0 = int(pts.uncompressed[m])
+        u1 = int(pts.uncompressed[m + 1]) if m + 1 < len(pts) else pts.uncompressed_size
+        return u0, u1
 
     def read_span(
         self, start: int, end: int, stats: IOStats | None = None, check: Check | None = None
     ) -> bytes:
-        """The tar's bytes ``[start, end)``: one read of compressed bytes, decoded, checked."""
+        """The tar's bytes ``[start, end)``: decoded segments (cached, or one read), checked."""
         name = redact_url(self.shard_source.url)
         try:
-            c_start, c_stop = self.codec.compressed_range(self.points, start, end)
+            k, j = self.points.cover(start, end)
         except ValueError as e:
             what = f"cannot read tar bytes {start}-{end}: {e}"
             raise CorruptReadError(what, shard=name) from None
-        data = self.shard_source.read_range(c_start, c_stop, stats)
-        try:
-            out = self.codec.decode(self.points, data, start, end)
-        except CompressedDataError as e:
-            raise e.for_shard(name) from None
+        segs = range(k, max(j, k + 1))
+        got: dict[int, bytes] = {}
+        with self._lock:
+            for m in segs:
+                seg = self._segments.get(m)
+                # a segment is decoded up to where a read needed it: the last one may be short
+                if seg is not None and self._bounds(m)[0] + len(seg) >= min(
+                    end, self._bounds(m)[1]
+                ):
+                    self._segments.move_to_end(m)
+                    got[m] = seg
+        missing = [m for m in segs if m not in got]
+        c_start = -1
+        if missing:
+            c_start = self._fetch(missing, got, stats, name, end)
+        base = self._bounds(k)[0]
+        if len(segs) == 1:
+            out = got[k][start - base : end - base]
+        else:
+            out = b"".join(got[m] for m in segs)[start - base : end - base]
         if check is not None:
             problem = check(out)
             if problem is not None:
+                where = f" (from compressed byte {c_start})" if c_start >= 0 else " (cached)"
                 raise CompressedDataError(
-                    f"decoded tar bytes {start}-{end} (from compressed bytes {c_start}-"
-                    f"{c_stop}) are not what the index records: {problem}",
+                    f"decoded tar bytes {start}-{end}{where} are not what the index "
+                    f"records: {problem}",
                     shard=name,
-                    offset=c_start,
+                    offset=c_start if c_start >= 0 else None,
                 )
         return out
 
+    def _fetch(
+        self,
+        missing: list[int],
+        got: dict[int, bytes],
+        stats: IOStats | None,
+        name: str,
+        end: int,
+    ) -> int:
+        """Read and decode the ``missing`` segments (one read), cache them; their first byte.
+
+        The last one is decoded only up to ``end`` on its first touch (a random read decodes
+        half a spacing less on average), whole on the next one that needs more.
+        """
+        codec, pts = self.codec, self.points
+        ranges = {m: codec.compressed_range(pts, *self._bounds(m)) for m in missing}
+        c0 = min(a for a, _ in ranges.values())
+        c1 = max(b for _, b in ranges.values())
+        # the last segment is needed up to ``end`` only: its compressed bytes up to about
+        # there (the segment's ratio, with a margin) are read; short of it, the rest next
+        a, b = ranges[missing[-1]]
+        u0, u1 = self._bounds(missing[-1])
+        with self._lock:
+            again = missing[-1] in self._segments  # touched before, decoded short of this read
+        if again:  # reads in tar order: decode it whole this time, not once per sample
+            end = u1
+        elif end < u1 and b > a:
+            guess = a + int((end - u0) / (u1 - u0) * (b - a) * ESTIMATE_MARGIN) + ESTIMATE_SLACK
+            c1 = max(c0, min(c1, guess))
+        for attempt in (0, 1):
+            data = self.shard_source.read_range(c0, c1, stats)
+            try:
+                for m in missing:
+                    a, b = ranges[m]
+                    u0, u1 = self._bounds(m)
+                    stop = min(u1, max(end, u0))
+                    got[m] = codec.decode(pts, data[a - c0 : b - c0], u0, stop)
+                break
+            except CompressedDataError as e:
+                full = max(b for _, b in ranges.values())
+                if attempt or c1 >= full:
+                    raise e.for_shard(name) from None
+                c1 = full  # the guess fell short: the whole segments, once
+        with self._lock:
+            for m in missing:
+                old = self._segments.pop(m, None)
+                if old is not None and len(old) >= len(got[m]):
+                    got[m] = old
+                self._held += len(got[m]) - (len(old) if old is not None else 0)
+                self._segments[m] = got[m]
+            while self._held > self.cache_bytes and len(self._segments) > 1:
+                _, old = self._segments.popitem(last=False)
+                self._held -= len(old)
+        return c0
+
     def close(self) -> None:
-        """Close the shard's descriptor, if one was opened."""
+        """Drop the decoded segments; close the shard's descriptor, if one was opened."""
+        with self._lock:
+            self._segments.clear()
+            self._held = 0
         self.shard_source.close()
 
     def __repr__(self) -> str:
