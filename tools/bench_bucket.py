@@ -15,9 +15,10 @@ rank. In one run:
    batches. Lengths: ``len(sampler)`` on every rank against the batches it yields; samples
    seen once, left out (each bucket's last partial batch; ``drop_last`` tails) and repeated
    (padding batches).
-2. *Reads* (torch): a DataLoader (2 workers, fork) over real local shards, and over nginx when
-   it is installed (``access="range"``), reading one epoch with each sampler: samples/s
-   (best of ``--repeat``) and, over nginx, requests per sample.
+2. *Reads* (torch): one epoch with each sampler through a DataLoader over real local shards,
+   in-process (samples per CPU second, which other load does not move) and with 2 workers
+   (fork, wall time), and over nginx when it is installed (``access="range"``, 2 workers):
+   samples/s (best of ``--repeat``, the samplers alternating) and requests per sample.
 
 Usage: python tools/bench_bucket.py [--shards 512] [--per-shard 1000] [--ranks 1 8]
 """
@@ -152,15 +153,18 @@ def _collate(batch: list) -> int:
     return len(batch)
 
 
-def _epoch(ds, **kw) -> float:
+def _epoch(ds, workers: int, **kw) -> float:
+    """Samples/s of one epoch: wall time with DataLoader workers, CPU time in-process."""
     import torch
 
+    context = "fork" if workers else None
     loader = torch.utils.data.DataLoader(
-        ds, num_workers=2, multiprocessing_context="fork", collate_fn=_collate, **kw
+        ds, num_workers=workers, multiprocessing_context=context, collate_fn=_collate, **kw
     )
-    t0 = time.perf_counter()
+    clock = time.perf_counter if workers else time.process_time
+    t0 = clock()
     count = sum(loader)
-    return count / (time.perf_counter() - t0)
+    return count / (clock() - t0)
 
 
 def reads(args: argparse.Namespace) -> None:
@@ -184,17 +188,21 @@ def reads(args: argparse.Namespace) -> None:
         rng = np.random.default_rng(1)
         n = args.read_shards * args.read_per_shard
         keys = rng.choice(RATIOS, size=n, p=WEIGHTS)
-        places = [("local", index, {})]
+        # local: in-process by CPU time (which other load does not move), and with 2 workers
+        places = [("local", index, {}, 0), ("local", index, {}, 2)]
         server = _nginx(tmp)
         if server is not None:
-            places.append(("nginx", server.url("train.json"), {"access": "range"}))
+            places.append(("nginx", server.url("train.json"), {"access": "range"}, 2))
         print(
             f"reads: {n} samples in {args.read_shards} shards, batch {args.batch}, "
-            f"2 workers (fork), best of {args.repeat}"
+            f"best of {args.repeat}; workers 0: samples per CPU second, 2: per second (fork)"
         )
-        print(f"{'where':>6} {'sampler':>9} {'samples/s':>10} {'ratio':>6} {'req/sample':>11}")
+        print(
+            f"{'where':>6} {'workers':>7} {'sampler':>9} {'samples/s':>10} {'ratio':>6} "
+            f"{'req/sample':>11}"
+        )
         try:
-            for where, url, kw in places:
+            for where, url, kw, workers in places:
                 ds = ShardListDataset(url, transformations=[], **kw)
                 best = {"chunked": 0.0, "bucketed": 0.0}
                 requests = {"chunked": 0, "bucketed": 0}
@@ -205,7 +213,7 @@ def reads(args: argparse.Namespace) -> None:
                             server.reset()
                         if name == "chunked":
                             sampler = ChunkedSampler(ds, chunksize=args.chunksize)
-                            rate = _epoch(ds, sampler=sampler, batch_size=args.batch)
+                            rate = _epoch(ds, workers, sampler=sampler, batch_size=args.batch)
                         else:
                             bucket = BucketBatchSampler(
                                 ds,
@@ -214,14 +222,16 @@ def reads(args: argparse.Namespace) -> None:
                                 num_buckets=len(RATIOS),
                                 chunksize=args.chunksize,
                             )
-                            rate = _epoch(ds, batch_sampler=bucket)
+                            rate = _epoch(ds, workers, batch_sampler=bucket)
                         best[name] = max(best[name], rate)
                         if server is not None and where == "nginx":
                             requests[name] = server.counts()[0]
                 for name in ("chunked", "bucketed"):
                     per = f"{requests[name] / n:>11.3f}" if where == "nginx" else f"{'':>11}"
                     ratio = best[name] / best["chunked"]
-                    print(f"{where:>6} {name:>9} {best[name]:>10.0f} {ratio:>6.2f} {per}")
+                    print(
+                        f"{where:>6} {workers:>7} {name:>9} {best[name]:>10.0f} {ratio:>6.2f} {per}"
+                    )
                 ds.close()
         finally:
             if server is not None:
