@@ -39,9 +39,9 @@ def _unzstd(data: bytes) -> bytes:
     return subprocess.run([_zstd(), "-dc"], input=data, capture_output=True, check=True).stdout
 
 
-def _index(path: Path):  # -> (points, decompressed tar)
+def _index(path: Path, spacing: int = 1 << 20):  # -> (points, decompressed tar)
     with path.open("rb") as f:
-        indexing = CODEC.indexing(f, 1 << 20)
+        indexing = CODEC.indexing(f, spacing)
         tar = indexing.stream.read()
         points = indexing.points()
         indexing.close()
@@ -114,9 +114,15 @@ def test_concatenated_frames_without_a_table_are_points(tmp_path: Path) -> None:
     nframes = struct.unpack_from("<I", data, len(data) - FOOTER_SIZE)[0]
     frames_only = tmp_path / "noseek.tar.zst"
     frames_only.write_bytes(data[: len(data) - (8 + 12 * nframes + FOOTER_SIZE)])
-    points, tar = _index(frames_only)
+    points, tar = _index(frames_only, spacing=1)
     assert len(points) == nframes and points.compressed_size == frames_only.stat().st_size
     _check_every_member(frames_only, points, tar)
+    # points closer than the spacing are merged: entries of several frames
+    points, _ = _index(frames_only, spacing=4096)
+    assert 1 < len(points) < nframes and min(np.diff(points.uncompressed)) >= 4096
+    _check_every_member(frames_only, points, tar)
+    points, _ = _index(frames_only, spacing=len(tar))  # one point left: read whole
+    assert not points.seekable
 
 
 def test_truncated_shard_is_a_typed_error_naming_the_frame(tmp_path: Path) -> None:
@@ -210,14 +216,15 @@ def test_every_tar_format_compressed_by_the_zstd_binary(tar_fixture: Path, tmp_p
     except WidsError:
         pytest.skip("not a shard wids indexes as a plain tar either")
     one = subprocess.run([_zstd(), "-c", "-q"], input=raw, capture_output=True, check=True).stdout
-    for name, data in (("one.tar.zst", one), ("frames.tar.zst", _chunked_zstd(raw, 1000))):
-        path = tmp_path / name
+    frames = _chunked_zstd(raw, 1000)
+    for name, data, spacing in (("one", one, 1), ("frames", frames, 1), ("merged", frames, 2500)):
+        path = tmp_path / f"{name}.tar.zst"
         path.write_bytes(data)
-        _, members, _ = scan_shard(Source(str(path)))
+        _, members, _ = scan_shard(Source(str(path)), seek_spacing=spacing)
         assert members.to_columns() == plain.to_columns(), name
         points = members.seek
         assert points is not None and points.uncompressed_size == len(raw)
-        assert points.seekable == (name == "frames.tar.zst")
+        assert points.seekable == (name != "one" and len(raw) > spacing)
         if not points.seekable:
             continue
         for i in range(len(members)):

@@ -67,7 +67,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         default=1 << 20,
         metavar="BYTES",
         help=".tar.gz shards: uncompressed bytes between seek points, where a random read "
-        "starts decoding (default: 1 MiB; each point costs about 32 KiB of index)",
+        "starts decoding (default: 1 MiB; each point costs about 32 KiB of index); .tar.zst "
+        "without a seek table: the least bytes between its frames' points (a table's frames "
+        "are kept)",
     )
     c.add_argument("--name", help="dataset name stored in the index")
     c.add_argument(

@@ -6,9 +6,11 @@ window. Indexing (:meth:`ZstdCodec.indexing`) reads that table from the file's t
 decompresses the shard once, frame by frame, and checks that the frames it meets are the
 table's: a table that disagrees with the data is refused before it is recorded.
 
-Without a table the frames met while decompressing are the points, when there are at least
-two (``pzstd`` output, a seekable file whose table was cut off); a plain single-frame
-``.tar.zst`` (``tar --zstd -cf``, ``zstd``) has none and is decompressed whole into the cache.
+Without a table the frames met while decompressing are the points (``pzstd`` output, a
+seekable file whose table was cut off), at least ``spacing`` tar bytes apart (closer frames
+are merged into one entry, so tiny frames cannot make the index larger than the spacing
+allows); when that leaves one point, or the file is one frame (``tar --zstd -cf``, ``zstd``),
+there are none and the shard is decompressed whole into the cache.
 
 Decoding (:meth:`ZstdCodec.decode`) fetches the frames covering a range and checks each one
 against the points before decoding it (:func:`~wids.compress.zstdframes.decode_frames`: its
@@ -89,8 +91,12 @@ class ZstdCodec:
         return out[start - base : stop - base]
 
     def indexing(self, fileobj: IO[bytes], spacing: int) -> ZstdIndexing:
-        """Read ``fileobj``'s seek table, if any, and start decoding it (``spacing`` unused)."""
-        return ZstdIndexing(fileobj)
+        """Read ``fileobj``'s seek table, if any, and start decoding it.
+
+        ``spacing``: the least tar bytes between points of a file without a seek table (a
+        table's frames are kept as its writer cut them).
+        """
+        return ZstdIndexing(fileobj, spacing)
 
     def stream(self, fileobj: IO[bytes]) -> IO[bytes]:
         """The whole tar: every frame decoded and checked, truncation an error."""
@@ -172,8 +178,11 @@ class ZstdStream(io.RawIOBase):
 class ZstdIndexing:
     """One pass over a ``.tar.zst``: the table from its tail, then its frames (see the module)."""
 
-    def __init__(self, fileobj: IO[bytes]) -> None:
+    def __init__(self, fileobj: IO[bytes], spacing: int = 1) -> None:
         _zstandard()
+        if spacing < 1:
+            raise ValueError(f"zstd seek point spacing must be positive, not {spacing}")
+        self._spacing = spacing
         self._size = os.fstat(fileobj.fileno()).st_size
         self._table = None
         if self._size >= FOOTER_SIZE:
@@ -197,10 +206,14 @@ class ZstdIndexing:
                 "zstd data stops before the end of the file", offset=met.compressed_end
             )
         if self._table is None:
-            if len(frames) < 2:  # one frame: it cannot be sought, read whole
+            kept = frames[:1]
+            for c, u in frames[1:]:
+                if u - kept[-1][1] >= self._spacing:
+                    kept.append((c, u))
+            if len(kept) < 2:  # one frame: it cannot be sought, read whole
                 return SeekPoints("zstd", self._size, usize)
-            c, u = zip(*frames, strict=True)
-            return SeekPoints("zstd", self._size, usize, c, u)
+            cs, us = zip(*kept, strict=True)
+            return SeekPoints("zstd", self._size, usize, cs, us)
         c_table, u_table = self._table.points()
         if (
             self._table.content_size != usize
