@@ -341,6 +341,10 @@ def test_remote_index_over_nginx_and_remote_shards_collected_by_range(http_serve
         "000010",
         "000011",
     ]
+    # a JSON index served by nginx: its columns are in the sidecars, read over HTTP
+    build_index(shards, str(root / "i.json"), columns=["json:w"])
+    ds = ShardListDataset(f"{http_server.base}/{root.name}/i.json", transformations=[])
+    assert ds.column("w").tolist() == [0, 1, 2, 3, 4, 10, 11, 12, 13, 14, 20, 21, 22, 23, 24]
     shutil.rmtree(root)
 
 

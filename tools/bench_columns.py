@@ -15,6 +15,10 @@ has already imported ``wids.ShardListDataset`` (and so torch):
 
 The figures to read are the ratios "with / without" of ``open s`` in the same run.
 
+``--remote N``: instead, ``ds.column`` over a JSON index of ``N`` shards served by nginx
+behind ``tools/latencyproxy.py`` (25 ms per request): its sidecars read one at a time
+against 16 at once (what ``ds.column`` does for a remote JSON index).
+
 Example:
     python tools/bench_columns.py                      # 2,000 shards x 1,000 samples
     python tools/bench_columns.py --shards 100 --samples 100   # smoke test
@@ -88,6 +92,36 @@ def child(index: str) -> dict[str, Any]:
     return out
 
 
+def remote(shards: int) -> None:
+    """``ds.column`` over a remote JSON index, sidecars read one at a time and 16 at once."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from latencyproxy import LatencyProxy
+    from localservers import Nginx
+
+    import wids.dataset.columns as dataset_columns
+    from wids import ShardListDataset
+
+    with tempfile.TemporaryDirectory(prefix="wids-bench-columns-") as d:
+        write(os.path.join(d, "i.json"), shards, 100, True, seed=0)
+        server = Nginx(d)
+        try:
+            with LatencyProxy(server.base, delay=0.025, mbps=50) as proxy:
+                times = {}
+                for threads in (1, dataset_columns._THREADS):
+                    dataset_columns._THREADS = threads
+                    ds = ShardListDataset(proxy.url("i.json"), transformations=[])
+                    len(ds)
+                    t0 = time.perf_counter()
+                    assert len(ds.column("width")) == shards * 100
+                    times[threads] = time.perf_counter() - t0
+                    took = times[threads]
+                    print(f"{threads:>2} at once: ds.column over {shards} shards {took:.2f} s")
+                one, many = times.values()
+                print(f"{one / many:.1f}x faster with {max(times)} at once (25 ms per request)")
+        finally:
+            server.stop()
+
+
 def run_child(index: str) -> dict[str, Any]:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", index]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -105,10 +139,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the indexes (with --dir)")
     p.add_argument("--dir", help="work directory (default: a temporary one, removed)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")
+    p.add_argument("--remote", type=int, metavar="N", help="the remote JSON run, N shards")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.child)))
+        return 0
+    if args.remote:
+        remote(args.remote)
         return 0
     formats = [f for f in args.formats.split(",") if f]
     with tempfile.TemporaryDirectory(prefix="wids-bench-columns-", dir=args.dir) as tmp:

@@ -88,9 +88,9 @@ def raw_column(loaded: Any, name: str) -> Column:
     parts: list[ShardColumn | None] = []
     kind = "null"
     seen: set[str] = set()
-    for k, n in enumerate(lengths.tolist()):
+    for k, (n, entry) in enumerate(zip(lengths.tolist(), _extras(loaded, extra), strict=True)):
         try:
-            got = decode_columns(extra(k), n, None, names=None if k == 0 else [name])
+            got = decode_columns(entry, n, None, names=None if k == 0 else [name])
         except IndexFormatError as e:
             raise IndexFormatError(e.message, shard=redact_url(loaded.infos[k].url)) from None
         if k == 0:
@@ -104,6 +104,20 @@ def raw_column(loaded: Any, name: str) -> Column:
         have = ", ".join(sorted(seen)) or "none"
         raise ColumnError(f"no column named {name!r} in the index (its first shard has: {have})")
     return _concat(name, kind, parts, lengths)
+
+
+_THREADS = 16  # a remote JSON index's sidecars read at once
+
+
+def _extras(loaded: Any, extra: Any) -> Any:
+    """Every shard's extra keys in order (a remote JSON index's sidecars read concurrently)."""
+    n = len(loaded.lengths)
+    if not getattr(loaded, "extra_remote", False) or n < 2:
+        return (extra(k) for k in range(n))
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(_THREADS, thread_name_prefix="wids-columns") as pool:
+        return list(pool.map(extra, range(n)))
 
 
 def _concat(

@@ -139,6 +139,7 @@ class Description:
         self.dataset_of: Sequence[str] = _DatasetOf(components, name, n)
         self.indexed = indexed
         self.extra: Callable[[int], dict[str, Any]] | None = None  # the index's shard_extra
+        self.extra_remote = False  # each shard's extra is a request (a remote JSON index)
         self._shard_dicts: list[dict[str, Any]] | None = None
 
     @classmethod
@@ -175,6 +176,7 @@ class Description:
         else:
             made = cls.of_infos(list(reader.shards), comps, name, reader.members)
         made.extra = reader.shard_extra  # read only by ds.column (wids.dataset.columns)
+        made.extra_remote = _remote_sidecars(reader)
         return made
 
     def locate(self, i: int) -> int:
@@ -201,6 +203,14 @@ class Description:
         if self._shard_dicts is None:
             self._shard_dicts = [self.shard_dict(k) for k in range(len(self.infos))]
         return self._shard_dicts
+
+
+def _remote_sidecars(reader: Any) -> bool:
+    """Whether ``shard_extra(i)`` may read a remote file per shard (a remote JSON index)."""
+    from ..index import JsonIndex
+    from ..storage import is_remote
+
+    return isinstance(reader, JsonIndex) and isinstance(reader.url, str) and is_remote(reader.url)
 
 
 def _per_shard(counts: np.ndarray) -> int:
