@@ -127,10 +127,37 @@ def test_open_gives_the_members_bytes(gz_dir):
     assert s[".txt"].read() == oracle[4][".txt"] and s[".cls"] == oracle[4][".cls"]
 
 
-def test_only_json_indexes_record_seek_points(gz_dir, tmp_path):
-    for out in ("t.sqlite", "t.widx"):
-        with pytest.raises(IndexFormatError, match="JSON indexes"):
-            build_index([str(gz_dir / "a.tar.gz")], str(tmp_path / out))
+@pytest.mark.parametrize("suffix", [".sqlite", ".widx"])
+def test_every_index_format_records_seek_points(gz_dir, tmp_path, suffix):
+    """SQLite and .widx store the same bytes; their version says so (v1 readers refuse)."""
+    out = tmp_path / f"t{suffix}"
+    build_index([str(gz_dir / "a.tar.gz"), str(gz_dir / "b.tgz")], str(out), seek_spacing=SPACING)
+    json_index, other = open_index(str(gz_dir / "train.json")), open_index(str(out))
+    for i in range(2):
+        assert other.members(i) == json_index.members(i)  # seek points included
+    if suffix == ".sqlite":
+        import sqlite3
+
+        with sqlite3.connect(out) as conn:
+            assert conn.execute("SELECT value FROM meta WHERE key = 'version'").fetchone() == ("2",)
+    else:
+        import struct
+
+        raw = out.read_bytes()
+        _, hoff, hlen = struct.unpack_from("<8sQQ", raw)
+        assert json.loads(raw[hoff : hoff + hlen])["version"] == 2
+    ds = ShardListDataset(str(out), transformations=[])
+    _equal(ds, _oracle(gz_dir))
+    plain = tmp_path / f"plain{suffix}"  # without compressed shards: version 1 as before
+    from tarfixtures import make_samples, write_shard
+
+    write_shard(tmp_path / "p.tar", make_samples(3))
+    build_index([str(tmp_path / "p.tar")], str(plain))
+    if suffix == ".sqlite":
+        import sqlite3
+
+        with sqlite3.connect(plain) as conn:
+            assert conn.execute("SELECT value FROM meta WHERE key = 'version'").fetchone() == ("1",)
 
 
 def test_sidecar_versions_and_seek_points_go_together(gz_dir, tmp_path):

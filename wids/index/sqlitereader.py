@@ -47,7 +47,7 @@ from .recognise import HEAD_BYTES, is_index_head
 from .sqlitetable import component_from_row, shard_from_row, table_from_rows
 from .urls import UrlMap, apply_url_map, check_remote_ref, check_url_map, url_dir
 
-__all__ = ["FORMAT", "SCHEMA_VERSION", "SqliteIndex"]
+__all__ = ["FORMAT", "SCHEMA_VERSION", "SEEK_SCHEMA_VERSION", "SqliteIndex"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +55,10 @@ FORMAT = "wids-index-sqlite"
 """``meta.format`` of an SQLite index."""
 SCHEMA_VERSION = 1
 """``meta.version`` of the schema read here and written by :mod:`wids.index.sqlitewriter`."""
+SEEK_SCHEMA_VERSION = 2
+"""``meta.version`` of an index with compressed shards: version 1 and a table
+``seek(shard_id INTEGER PRIMARY KEY, points BLOB)`` of their seek points
+(:meth:`wids.compress.SeekPoints.to_bytes`), which readers of version 1 refuse."""
 
 _KEYS_QUERY = 'SELECT idx, "key" FROM samples WHERE shard_id = ? ORDER BY idx'
 _MEMBERS_QUERY = (
@@ -118,6 +122,8 @@ class SqliteIndex:
         self._state: tuple[dict[str, str], np.ndarray, list[Component]] | None = None
         self._list: tuple[list[ShardInfo], list[bool]] | None = None
         self._fields: list[str] = []
+        self._seek = False  # meta.version 2: a table of compressed shards' seek points
+        self._kinds: dict[str, tuple[Any, str]] = {}
 
     def __repr__(self) -> str:
         return f"SqliteIndex({redact_url(self.url)!r})"
@@ -183,6 +189,17 @@ class SqliteIndex:
             return NotAnIndexError(f"{message}; not a wids SQLite index", shard=self._where())
         return IndexFormatError(message, shard=self._where())
 
+    def _check_table(self, table: str) -> None:
+        """``table`` is a stored table without generated columns."""
+        kind, sql = self._kinds.get(table, (None, ""))
+        if kind != "table" or sql.lstrip().upper().startswith("CREATE VIRTUAL"):
+            what = (
+                "missing" if kind is None else "a virtual table" if kind == "table" else f"a {kind}"
+            )
+            raise self._error(f"{table!r} is {what}, not a table")
+        if any(row[-1] for row in self._query(f'PRAGMA table_xinfo("{table}")')):
+            raise self._error(f"table {table!r} has generated columns")
+
     def _check_schema(self) -> None:
         """Refuse views, virtual tables, computed columns and queries that would scan.
 
@@ -195,19 +212,9 @@ class SqliteIndex:
             str(name).lower(): (kind, sql or "")
             for kind, name, sql in self._query("SELECT type, name, sql FROM sqlite_master")
         }
+        self._kinds = kinds
         for table in _TABLES:
-            kind, sql = kinds.get(table, (None, ""))
-            if kind != "table" or sql.lstrip().upper().startswith("CREATE VIRTUAL"):
-                what = (
-                    "missing"
-                    if kind is None
-                    else "a virtual table"
-                    if kind == "table"
-                    else f"a {kind}"
-                )
-                raise self._error(f"{table!r} is {what}, not a table")
-            if any(row[-1] for row in self._query(f'PRAGMA table_xinfo("{table}")')):
-                raise self._error(f"table {table!r} has generated columns")
+            self._check_table(table)
         for sql in (_KEYS_QUERY, _MEMBERS_QUERY):
             plan = " ".join(str(r[-1]) for r in self._query("EXPLAIN QUERY PLAN " + sql, (0,)))
             if "SCAN" in plan or "TEMP B-TREE" in plan:
@@ -223,11 +230,15 @@ class SqliteIndex:
             return self._state
         self._check_schema()
         meta = dict(self._query("SELECT key, value FROM meta"))
-        if meta.get("format") != FORMAT or meta.get("version") != str(SCHEMA_VERSION):
+        versions = (str(SCHEMA_VERSION), str(SEEK_SCHEMA_VERSION))
+        if meta.get("format") != FORMAT or meta.get("version") not in versions:
             raise self._error(
                 f"format {meta.get('format')!r} version {meta.get('version')!r}; expected "
-                f"{FORMAT!r} version {SCHEMA_VERSION}"
+                f"{FORMAT!r} version {SCHEMA_VERSION} or {SEEK_SCHEMA_VERSION}"
             )
+        if meta["version"] == str(SEEK_SCHEMA_VERSION):
+            self._check_table("seek")
+            self._seek = True
         n, lo, hi = self._query("SELECT count(*), min(id), max(id) FROM shards")[0]
         bad = self._query(
             "SELECT id FROM shards WHERE typeof(nsamples) != 'integer' OR nsamples < 0 "
@@ -384,6 +395,14 @@ class SqliteIndex:
         rows = self._query(_MEMBERS_QUERY, (shard,))
         try:
             table = table_from_rows(keys, rows, info.nsamples, self._fields)
+            if self._seek:
+                found = self._query("SELECT points FROM seek WHERE shard_id = ?", (shard,))
+                if found:
+                    if not isinstance(found[0][0], bytes):
+                        raise IndexFormatError("its seek points are not a blob")
+                    from ..compress import SeekPoints
+
+                    table = table.with_seek(SeekPoints.from_bytes(found[0][0]))
             table.check_extent(info.size)
             return table
         except IndexFormatError as e:

@@ -16,7 +16,7 @@ import numpy as np
 
 from .members import ShardMembers
 from .model import BaseIndexWriter, ShardInfo, component_rows
-from .sqlitereader import FORMAT, SCHEMA_VERSION
+from .sqlitereader import FORMAT, SCHEMA_VERSION, SEEK_SCHEMA_VERSION
 
 __all__ = ["SqliteIndexWriter"]
 
@@ -47,11 +47,14 @@ class SqliteIndexWriter(BaseIndexWriter):
         name: The dataset's name.
     """
 
+    records_seek = True
+
     def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         super().__init__(path, name=name)
         self._tmp: Any = None
         self._db: Any = None
         self._nshards = 0
+        self._has_seek = False
         self._field_ids: dict[str, int] = {}
         self._components: list[tuple[str, float | None, int]] = [(name or "", None, 0)]
 
@@ -127,6 +130,11 @@ class SqliteIndexWriter(BaseIndexWriter):
         self._nshards += 1
         if members is None or len(members) == 0:
             return
+        if members.seek is not None:  # a compressed shard: its seek points, in a table of them
+            if not self._has_seek:
+                conn.execute("CREATE TABLE seek (shard_id INTEGER PRIMARY KEY, points BLOB)")
+                self._has_seek = True
+            conn.execute("INSERT INTO seek VALUES (?, ?)", (sid, members.seek.to_bytes()))
         starts, ends = members.spans()
         conn.executemany(
             "INSERT INTO samples VALUES (?, ?, ?, ?, ?)",
@@ -166,7 +174,8 @@ class SqliteIndexWriter(BaseIndexWriter):
             )
             meta = {
                 "format": FORMAT,
-                "version": str(SCHEMA_VERSION),
+                # with compressed shards, a version readers of version 1 refuse
+                "version": str(SEEK_SCHEMA_VERSION if self._has_seek else SCHEMA_VERSION),
                 "report": json.dumps(self._report),
             }
             if self.name is not None:

@@ -58,6 +58,8 @@ __all__ = [
     "MAGIC",
     "MAX_HEADER",
     "PREAMBLE",
+    "SEEK_MEMBERS_MAGIC",
+    "SEEK_VERSION",
     "STRINGS",
     "TABLE_SUFFIXES",
     "VERSION",
@@ -70,6 +72,10 @@ MAGIC = b"WIDSTBL\x00"
 """The first 8 bytes of every shard-table index."""
 FORMAT = "wids-shard-table"
 VERSION = 1
+SEEK_VERSION = 2
+"""The header's version when some shard is compressed: its member table starts with
+:data:`SEEK_MEMBERS_MAGIC` and ends with the shard's seek points
+(:meth:`wids.compress.SeekPoints.to_bytes`); readers of version 1 refuse both."""
 TABLE_SUFFIXES = (".widx",)
 """File name endings that select this backend."""
 PREAMBLE = struct.Struct("<8sQQ")
@@ -77,6 +83,7 @@ PREAMBLE = struct.Struct("<8sQQ")
 MAX_HEADER = 64 << 20
 """The header (name, components, report, column table) is at most this many bytes."""
 MEMBERS_MAGIC = b"WIDSMEM\x00"
+SEEK_MEMBERS_MAGIC = b"WIDSMEMZ"
 _MEMBERS_HEAD = struct.Struct("<8sQQQQ")
 
 # bits of the ``flags`` column: which optional values a shard has
@@ -136,7 +143,8 @@ def encode_members(members: ShardMembers) -> bytes:
     """One member table as bytes (see the module docstring)."""
     fields = json.dumps(list(members.fields), ensure_ascii=False).encode("utf-8")
     n, m = len(members), members.nmembers
-    head = _MEMBERS_HEAD.pack(MEMBERS_MAGIC, n, m, len(members.key_blob), len(fields))
+    magic = MEMBERS_MAGIC if members.seek is None else SEEK_MEMBERS_MAGIC
+    head = _MEMBERS_HEAD.pack(magic, n, m, len(members.key_blob), len(fields))
     parts = [
         head,
         members.key_offsets.astype("<i8").tobytes(),
@@ -147,6 +155,8 @@ def encode_members(members: ShardMembers) -> bytes:
         members.key_blob,
         fields,
     ]
+    if members.seek is not None:
+        parts.append(members.seek.to_bytes())
     return b"".join(parts)
 
 
@@ -160,9 +170,15 @@ def decode_members(buf: bytes | memoryview) -> ShardMembers:
     if size < _MEMBERS_HEAD.size:
         raise IndexFormatError(f"member table of {size} bytes is truncated")
     magic, n, m, nkeys, nfields = _MEMBERS_HEAD.unpack_from(buf, 0)
-    if magic != MEMBERS_MAGIC:
+    if magic not in (MEMBERS_MAGIC, SEEK_MEMBERS_MAGIC):
         raise IndexFormatError("member table does not start with its magic bytes")
     want = _MEMBERS_HEAD.size + 16 * (n + 1) + 18 * m + nkeys + nfields
+    seek = None
+    if magic == SEEK_MEMBERS_MAGIC and want < size:  # a compressed shard's: seek points follow
+        from ..compress import SeekPoints
+
+        seek = SeekPoints.from_bytes(bytes(buf[want:]))
+        size = want
     if want != size:
         raise IndexFormatError(
             f"member table of {size} bytes, but its counts ({n} samples, {m} members) need {want}"
@@ -186,5 +202,5 @@ def decode_members(buf: bytes | memoryview) -> ShardMembers:
     if not isinstance(fields, list):
         raise IndexFormatError("member table fields must be a list")
     return ShardMembers(
-        fields, key_blob, key_offsets, sample_start, member_field, member_offset, member_size
+        fields, key_blob, key_offsets, sample_start, member_field, member_offset, member_size, seek
     )

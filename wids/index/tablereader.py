@@ -34,6 +34,7 @@ from .tableformat import (
     MAGIC,
     MAX_HEADER,
     PREAMBLE,
+    SEEK_VERSION,
     VERSION,
     decode_members,
     parse_components,
@@ -140,10 +141,10 @@ class TableIndex:
             raise self._error(f"header is not valid JSON: {type(e).__name__}") from None
         if not isinstance(header, dict):
             raise self._error("header must be a JSON object")
-        if header.get("format") != FORMAT or header.get("version") != VERSION:
+        if header.get("format") != FORMAT or header.get("version") not in (VERSION, SEEK_VERSION):
             raise self._error(
                 f"format {header.get('format')!r} version {header.get('version')!r}; "
-                f"expected {FORMAT!r} version {VERSION}"
+                f"expected {FORMAT!r} version {VERSION} or {SEEK_VERSION}"
             )
         n = header.get("nshards")
         if type(n) is not int or not 0 <= n <= size:

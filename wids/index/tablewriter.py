@@ -28,6 +28,7 @@ from .tableformat import (
     HAS_SIZE,
     MAGIC,
     PREAMBLE,
+    SEEK_VERSION,
     STRINGS,
     VERSION,
     encode_members,
@@ -75,9 +76,12 @@ class TableIndexWriter(BaseIndexWriter):
         name: The dataset's name.
     """
 
+    records_seek = True
+
     def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         super().__init__(path, name=name)
         self._tmp: Any = None
+        self._has_seek = False  # a compressed shard's table: the header is version 2
         self._end = PREAMBLE.size
         self._nsamples = array("q")
         self._size = array("q")
@@ -131,6 +135,7 @@ class TableIndexWriter(BaseIndexWriter):
         if members is not None:
             flags |= HAS_MEMBERS
             blob = encode_members(members)
+            self._has_seek = self._has_seek or members.seek is not None
             self._mem_off.append(self._write(blob, 8))
             self._mem_len.append(len(blob))
         else:
@@ -241,7 +246,7 @@ class TableIndexWriter(BaseIndexWriter):
                 table[name] = [self._write(raw, _ALIGN), len(raw), dtype]
             header = {
                 "format": FORMAT,
-                "version": VERSION,
+                "version": SEEK_VERSION if self._has_seek else VERSION,
                 "name": self.name or "",
                 "nshards": len(self._nsamples),
                 "components": self._component_list(),
