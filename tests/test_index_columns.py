@@ -14,6 +14,7 @@ from tarfixtures import write_shard
 
 from wids import (
     ColumnError,
+    IndexFormatError,
     ShardListDataset,
     ShardWriter,
     build_index,
@@ -381,3 +382,19 @@ def test_json_columns_of_a_compressed_shard_are_decoded_from_its_seek_points(tmp
     assert ds.column("w").tolist() == [i * 3 for i in range(120)]
     assert ds.column("tag")[5] == "t1"
     assert ds.column("size_bin").tolist() == [len(plain[3 * i + 1][1]) for i in range(120)]
+
+
+def test_a_shard_table_refuses_columns_its_readers_would_refuse(tmp_path):
+    """A .widx keeps at most 1 MiB of extra keys per shard: more is refused when written."""
+    caption = "x" * 1000
+    shard = _shard(
+        tmp_path / "big.tar", [{"cap": caption + str(i)} for i in range(1100)], jpg=False
+    )
+    out = str(tmp_path / "i.widx")
+    with pytest.raises(IndexFormatError, match=r"over the shard table's 1048576.*\.sqlite"):
+        build_index([shard], out, columns=["json:cap"])
+    ds = ShardListDataset(out, transformations=[])  # the index as scanned, without columns
+    assert len(ds) == 1100
+    other = str(tmp_path / "i.sqlite")  # no such limit
+    build_index([shard], other, columns=["json:cap"])
+    assert ShardListDataset(other).column("cap")[1099] == caption + "1099"

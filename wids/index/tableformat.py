@@ -82,6 +82,8 @@ PREAMBLE = struct.Struct("<8sQQ")
 """Magic, header offset, header length."""
 MAX_HEADER = 64 << 20
 """The header (name, components, report, column table) is at most this many bytes."""
+MAX_EXTRA = 1 << 20
+"""A shard's extra keys (as JSON, UTF-8) take at most this; readers refuse more."""
 MEMBERS_MAGIC = b"WIDSMEM\x00"
 SEEK_MEMBERS_MAGIC = b"WIDSMEMZ"
 _MEMBERS_HEAD = struct.Struct("<8sQQQQ")

@@ -27,6 +27,7 @@ from .tableformat import (
     HAS_MTIME,
     HAS_SIZE,
     MAGIC,
+    MAX_EXTRA,
     PREAMBLE,
     SEEK_VERSION,
     STRINGS,
@@ -130,8 +131,7 @@ class TableIndexWriter(BaseIndexWriter):
             self._strings["md5"].sparse[k] = md5.encode("utf-8", "surrogateescape")
         if extra:
             flags |= HAS_EXTRA
-            text = json.dumps(dict(extra), ensure_ascii=False)
-            self._strings["extra"].sparse[k] = text.encode("utf-8", "surrogateescape")
+            self._strings["extra"].sparse[k] = _extra_bytes(extra, url)
         if members is not None:
             flags |= HAS_MEMBERS
             blob = encode_members(members)
@@ -194,8 +194,7 @@ class TableIndexWriter(BaseIndexWriter):
         for k, extra in enumerate(extras or ()):
             if extra:
                 flags[k] |= HAS_EXTRA
-                text = json.dumps(dict(extra), ensure_ascii=False)
-                self._strings["extra"].sparse[k0 + k] = text.encode("utf-8", "surrogateescape")
+                self._strings["extra"].sparse[k0 + k] = _extra_bytes(extra, urls[k])
         self._nsamples.frombytes(
             np.fromiter((i.nsamples for i in infos), dtype=np.int64, count=n).tobytes()
         )
@@ -275,3 +274,18 @@ class TableIndexWriter(BaseIndexWriter):
     def _discard(self) -> None:
         if self._tmp is not None:
             self._tmp.close()
+
+
+def _extra_bytes(extra: Mapping[str, Any], url: str) -> bytes:
+    """A shard's extra keys as stored, refused over :data:`MAX_EXTRA` (readers refuse more)."""
+    data = json.dumps(dict(extra), ensure_ascii=False).encode("utf-8", "surrogateescape")
+    if len(data) > MAX_EXTRA:
+        from ..errors import IndexFormatError
+        from ..storage import redact_url
+
+        raise IndexFormatError(
+            f"extra keys of {len(data)} bytes, over the shard table's {MAX_EXTRA} (the metadata "
+            "columns of a shard this large: a .json or .sqlite index holds them)",
+            shard=redact_url(url),
+        )
+    return data
