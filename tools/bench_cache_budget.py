@@ -21,6 +21,7 @@ import random
 import shutil
 import threading
 import time
+import warnings
 from typing import Any
 
 ACCESS = ("shard", "auto")
@@ -53,9 +54,12 @@ def _epoch(cfg: dict[str, Any], rank: int, world: int, workers: int) -> int:
     import torch.utils.data as tud
 
     from wids import ShardListDataset
+    from wids.dataset.localcache import CacheThrashWarning
     from wids.sampler import ChunkedSampler, DistributedChunkedSampler
 
     budget = cfg["budget"]
+    # shard mode in a random order thrashes by nature: the table shows it, the warning need not
+    warnings.simplefilter("ignore", CacheThrashWarning)
     ds = ShardListDataset(
         cfg["index"],
         access=cfg["access"],

@@ -60,6 +60,9 @@ __all__ = ["ShardCache"]
 log = logging.getLogger(__name__)
 
 _AHEAD_AGE = 120.0  # seconds a shard fetched ahead counts against the share if never opened
+# shards fetched ahead per process at most: enough to overlap downloads with reads, and a
+# process that counted the readers before the others marked themselves does not fill the budget
+_AHEAD_SHARDS = 3
 _MAX_ATTEMPTS = 5  # fetches of one entry in one open before giving up (eviction thrash)
 
 
@@ -500,8 +503,8 @@ class ShardCache:
 
         This process's share of the budget (``max_bytes`` over the readers active now) holds
         the shard being read, one more its reads may open, and what was fetched ahead and not
-        yet opened by a read; a plan announcing a whole epoch gets only what fits, the rest is
-        fetched when read.
+        yet opened by a read (at most :data:`_AHEAD_SHARDS` of them); a plan announcing a whole
+        epoch gets only what fits, the rest is fetched as room frees or when read.
         """
         if self.max_bytes is None:
             return True
@@ -511,7 +514,8 @@ class ShardCache:
         with self._mutex:
             if url in self._ahead:
                 return True
-            if sum(self._held_ahead()) + size > share:
+            held = self._held_ahead()
+            if sum(held) + size > share or len(held) >= _AHEAD_SHARDS:
                 return False
             self._ahead[url] = (size, time.monotonic(), False)
             return True
