@@ -321,6 +321,7 @@ def test_https_reads_use_the_plain_client_verified_as_aiohttp_verifies(https_ser
     assert https_server.request_count() == 4 + len(SPANS)
     conns = blocking_connections("127.0.0.1", port, True).conns
     assert conns and all(isinstance(c.sock, ssl.SSLSocket) for c in conns)
+    assert {c.sock.selected_alpn_protocol() for c in conns} == {"http/1.1"}  # as aiohttp asks
     # the certificate names 127.0.0.1, not localhost: refused, as a wrong name
     other = Store(None, policy).source(url.replace("127.0.0.1", "localhost"), size=len(DATA))
     with pytest.raises(PermanentRemoteError, match="certificate"):

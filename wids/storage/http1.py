@@ -320,6 +320,8 @@ class Http1Pool:
         self.host, self.port = host, port
         self.host_header = host if port == (443 if tls else 80) else f"{host}:{port}"
         self.tls = ssl.create_default_context() if tls else None
+        if self.tls is not None:
+            self.tls.set_alpn_protocols(["http/1.1"])  # as aiohttp's: never offered HTTP/2
         self._idle: list[_Conn] = []
         self._loop: asyncio.AbstractEventLoop | None = None  # where its connections live
         # each thread's blocking connection (get_sync): this process's, shared by its stores
