@@ -33,8 +33,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n"
         "  wids subset s3://bucket/train.json --shards 0:4 --to ~/data/train-small\n"
-        "  wids subset https://host/train.json --samples 5000 --to small/\n"
         "  wids subset train.json --shards : --where 'width >= 256' --to big/\n"
+        "  wids subset https://host/train.json --samples 5000 --to small/\n"
         "then: ShardListDataset('small/train.json')  # no network needed\n",
     )
     p.add_argument("index", help="path/URL of the dataset's index or description")
