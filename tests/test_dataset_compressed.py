@@ -288,3 +288,14 @@ def test_reads_in_tar_order_fetch_the_shard_about_once(gz_dir):
     size = os.path.getsize(gz_dir / "a.tar.gz")
     assert ds.stats.bytes_read <= 1.5 * size, (ds.stats.bytes_read, size)
     assert ds.stats.requests <= 3 * len(open_index(str(gz_dir / "train.json")).members(0).seek)  # type: ignore[union-attr,arg-type]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".sqlite", ".widx"])
+def test_more_samples_than_the_compressed_size_would_hold(tmp_path, suffix):
+    """2,000 samples of 100 bytes gzip to ~15 KB: bounded by the tar's size, not the file's."""
+    path = tarfile_gz(tmp_path / "tiny.tar.gz", [(f"{i:06d}.txt", b"x" * 100) for i in range(2000)])
+    assert os.path.getsize(path) < 2000 * 512
+    out = tmp_path / f"tiny{suffix}"
+    build_index([str(path)], str(out))
+    ds = ShardListDataset(str(out), transformations=[])
+    assert len(ds) == 2000 and ds[1999][".txt"] == b"x" * 100

@@ -123,6 +123,7 @@ class SqliteIndex:
         self._list: tuple[list[ShardInfo], list[bool]] | None = None
         self._fields: list[str] = []
         self._seek = False  # meta.version 2: a table of compressed shards' seek points
+        self._meta_read = False
         self._kinds: dict[str, tuple[Any, str]] = {}
 
     def __repr__(self) -> str:
@@ -239,6 +240,7 @@ class SqliteIndex:
         if meta["version"] == str(SEEK_SCHEMA_VERSION):
             self._check_table("seek")
             self._seek = True
+        self._meta_read = True
         n, lo, hi = self._query("SELECT count(*), min(id), max(id) FROM shards")[0]
         bad = self._query(
             "SELECT id FROM shards WHERE typeof(nsamples) != 'integer' OR nsamples < 0 "
@@ -277,7 +279,10 @@ class SqliteIndex:
         if self._list is None:
             root = self.base if self.base is not None else url_dir(self.url)
             rows = self._query(_SHARDS_QUERY)
-            shards = [self._shard(k, row, root) for k, row in enumerate(rows)]
+            if self._state is None and not self._meta_read:
+                self._load()  # (_load itself calls this after reading meta, which sets _seek)
+            packed = {r[0] for r in self._query("SELECT shard_id FROM seek")} if self._seek else ()
+            shards = [self._shard(k, row, root, k in packed) for k, row in enumerate(rows)]
             self._list = (apply_url_map(shards, self.url_map), [bool(r[7]) for r in rows])
         return self._list
 
@@ -290,7 +295,8 @@ class SqliteIndex:
             raise IndexError(f"shard {shard} out of range for {n} shards")
         row = self._query(_SHARD_QUERY, (shard,))[0]
         root = self.base if self.base is not None else url_dir(self.url)
-        info = apply_url_map([self._shard(shard, row, root)], self.url_map)[0]
+        packed = self._seek and bool(self._query("SELECT 1 FROM seek WHERE shard_id = ?", (shard,)))
+        info = apply_url_map([self._shard(shard, row, root, packed)], self.url_map)[0]
         return info, bool(row[7])
 
     def shard(self, shard: int) -> ShardInfo:
@@ -310,9 +316,11 @@ class SqliteIndex:
         """``N + 1`` cumulative sample counts from 0 (int64 array)."""
         return self._load()[1]
 
-    def _shard(self, k: int, row: tuple[Any, ...], root: str) -> ShardInfo:
+    def _shard(
+        self, k: int, row: tuple[Any, ...], root: str, compressed: bool = False
+    ) -> ShardInfo:
         """One row of ``shards``, every value checked (the same rules as a JSON description)."""
-        info = shard_from_row(k, row, root, self._error)
+        info = shard_from_row(k, row, root, self._error, compressed)
         refused = check_remote_ref(info.url, self.url, self.allow_local_shards)
         if refused:
             raise UntrustedLocationError(f"shards row {k}: url {refused}", shard=self._where())

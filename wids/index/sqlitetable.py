@@ -20,9 +20,17 @@ __all__ = ["component_from_row", "shard_from_row", "table_from_rows"]
 _Error = Callable[[str], IndexFormatError]
 
 
-def shard_from_row(k: int, row: tuple[Any, ...], root: str, error: _Error) -> ShardInfo:
-    """Row ``k`` of ``shards``, every value checked (the rules of a JSON description)."""
+def shard_from_row(
+    k: int, row: tuple[Any, ...], root: str, error: _Error, compressed: bool = False
+) -> ShardInfo:
+    """Row ``k`` of ``shards``, every value checked (the rules of a JSON description).
+
+    A ``compressed`` shard's sample count is bounded by its tar's size, which its seek points
+    hold (checked with its member table), not by the compressed file's.
+    """
     sid, url, n, size, etag, mtime, md5, has = row
+    sized = type(size) is int and 0 <= size < MAX_SHARD_SIZE  # else refused below
+    bound = max_samples(size if sized and not compressed else None)
     if not (
         sid == k
         and type(sid) is int
@@ -31,7 +39,7 @@ def shard_from_row(k: int, row: tuple[Any, ...], root: str, error: _Error) -> Sh
         and "\x00" not in url
         and type(n) is int
         and (size is None or (type(size) is int and 0 <= size < MAX_SHARD_SIZE))
-        and 0 <= n <= max_samples(size)
+        and 0 <= n <= bound
         and (etag is None or type(etag) is str)
         and (md5 is None or type(md5) is str)
         and (mtime is None or (type(mtime) in (int, float) and abs(mtime) < MAX_SHARD_SIZE))
@@ -40,7 +48,7 @@ def shard_from_row(k: int, row: tuple[Any, ...], root: str, error: _Error) -> Sh
         shown = ", ".join(repr(v)[:80] for v in row)
         raise error(
             f"shards row {k} ({shown}): expected id {k}, a url (no NUL), 0 <= nsamples <= "
-            f"{max_samples(size) if type(size) is int else 'the most its size allows'}, "
+            f"{bound if type(size) is int else 'the most its size allows'}, "
             "size in [0, 2**62) or NULL, text etag/md5sum, a finite mtime, has_members 0/1"
         )
     mtime = None if mtime is None else float(mtime)

@@ -55,6 +55,7 @@ __all__ = [
     "HAS_MEMBERS",
     "HAS_MTIME",
     "HAS_SIZE",
+    "IS_COMPRESSED",
     "MAGIC",
     "MAX_HEADER",
     "PREAMBLE",
@@ -95,6 +96,9 @@ HAS_MTIME = 4
 HAS_MD5 = 8
 HAS_MEMBERS = 16
 HAS_EXTRA = 32
+IS_COMPRESSED = 64
+"""A compressed shard (version 2): its sample count is bounded by its tar's size, in its
+member table's seek points, not by the file's ``size``."""
 STRINGS = ("url", "etag", "md5", "extra")
 """String columns: ``<name>_blob`` (bytes) and ``<name>_off`` (N + 1 offsets)."""
 

@@ -31,6 +31,7 @@ from .tableformat import (
     HAS_MEMBERS,
     HAS_MTIME,
     HAS_SIZE,
+    IS_COMPRESSED,
     MAGIC,
     MAX_HEADER,
     PREAMBLE,
@@ -250,8 +251,9 @@ class TableIndex:
             raise self._error(f"shard {shard}: url empty or containing a NUL character")
         nsamples = int(cols["nsamples"][shard])
         size = int(cols["size"][shard]) if flags & HAS_SIZE and "size" in cols else None
+        packed = bool(flags & IS_COMPRESSED)  # bounded by its tar's size (its member table)
         if size is not None and not (
-            0 <= size < MAX_SHARD_SIZE and (nsamples <= max_samples(size) or not nsamples)
+            0 <= size < MAX_SHARD_SIZE and (packed or nsamples <= max_samples(size) or not nsamples)
         ):
             raise self._error(f"shard {shard}: size {size} cannot hold {nsamples} samples")
         mtime = float(cols["mtime"][shard]) if flags & HAS_MTIME and "mtime" in cols else None
@@ -364,6 +366,8 @@ class TableIndex:
         info = self.shard(shard)
         try:
             table = decode_members(buf)
+            if bool(self._flags(shard) & IS_COMPRESSED) != (table.seek is not None):
+                raise IndexFormatError("its flags and its member table disagree on compression")
             table.check_extent(info.size)
         except IndexFormatError as e:
             raise self._error(f"shard {shard}: {e.message}") from None

@@ -26,6 +26,7 @@ from .tableformat import (
     HAS_MEMBERS,
     HAS_MTIME,
     HAS_SIZE,
+    IS_COMPRESSED,
     MAGIC,
     MAX_EXTRA,
     PREAMBLE,
@@ -135,7 +136,9 @@ class TableIndexWriter(BaseIndexWriter):
         if members is not None:
             flags |= HAS_MEMBERS
             blob = encode_members(members)
-            self._has_seek = self._has_seek or members.seek is not None
+            if members.seek is not None:
+                flags |= IS_COMPRESSED
+                self._has_seek = True
             self._mem_off.append(self._write(blob, 8))
             self._mem_len.append(len(blob))
         else:
