@@ -232,3 +232,46 @@ def test_every_tar_format_compressed_by_the_zstd_binary(tar_fixture: Path, tmp_p
                 start, stop = offset - 512, offset + size  # with its header
                 c0, c1 = CODEC.compressed_range(points, start, stop)
                 assert CODEC.decode(points, data[c0:c1], start, stop) == raw[start:stop]
+
+
+def test_a_prefix_of_the_frames_decodes_as_far_as_it_goes(tmp_path: Path) -> None:
+    # a reader may fetch only about as far as it needs (dataset/compressed.py guesses from the
+    # frame's ratio): whatever prefix it hands over gives the exact bytes, or a typed error
+    # that makes it read the rest; never other bytes
+    samples = [{"__key__": f"{i:04d}", "txt": f"caption {i} " * (50 + 7 * i)} for i in range(12)]
+    path = _seekable_shard(tmp_path, samples, samples_per_frame=4)
+    points, tar = _index(path)
+    data = path.read_bytes()
+    rng = np.random.default_rng(5)
+    outcomes = set()
+    for _ in range(300):
+        start = int(rng.integers(0, len(tar) - 1))
+        stop = int(rng.integers(start + 1, min(len(tar), start + 20000) + 1))
+        c0, c1 = CODEC.compressed_range(points, start, stop)
+        cut = int(rng.integers(0, c1 - c0 + 1))
+        try:
+            got = CODEC.decode(points, data[c0 : c0 + cut], start, stop)
+        except CompressedDataError as e:
+            assert e.offset is not None and c0 <= e.offset <= c1
+            outcomes.add("short")
+            continue
+        assert got == tar[start:stop]
+        outcomes.add("full" if cut == c1 - c0 else "prefix")
+    assert outcomes == {"short", "prefix", "full"}
+
+
+def test_a_corrupt_cut_frame_is_a_typed_error(tmp_path: Path) -> None:
+    samples = [{"__key__": f"{i:04d}", "bin": bytes(range(256)) * 40} for i in range(8)]
+    path = _seekable_shard(tmp_path, samples, samples_per_frame=4)
+    points, tar = _index(path)
+    data = bytearray(path.read_bytes())
+    c0, c1 = CODEC.compressed_range(points, 0, 600)
+    data[c0 + 20 : c0 + 40] = bytes(20)  # inside the first frame's first block
+    # half the frame: zstd decodes a block only once it has all of it, so the cut frame gives
+    # nothing (the reader is told to read the rest) or the error; the whole frame, the error
+    with pytest.raises(CompressedDataError) as info:
+        CODEC.decode(points, bytes(data[c0 : c0 + (c1 - c0) // 2]), 0, 600)
+    assert info.value.offset in (c0, c0 + (c1 - c0) // 2)
+    with pytest.raises(CompressedDataError, match="does not decode") as info:
+        CODEC.decode(points, bytes(data[c0:c1]), 0, 600)
+    assert info.value.offset == c0

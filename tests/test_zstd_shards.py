@@ -339,3 +339,32 @@ def test_remote_whole_reads_through_the_cache(
         cached = sorted(p.stat().st_size for p in cache.rglob("*") if p.is_file())
         assert set(sizes) <= set(cached)  # the decompressed tars are the cache's entries
         ds.close()
+
+
+@pytest.mark.parametrize("where", ["local", "http"])
+def test_several_samples_per_frame_read_equal_tarfile(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # a frame of 4 samples: a random read fetches the frame (or, guessed from its ratio, about
+    # as far into it as the sample ends) and decodes it; every sample equals tarfile's
+    d = tmp_path / "pf"
+    d.mkdir()
+    os.chmod(d, 0o755)
+    with ShardWriter(
+        str(d / "pf-%03d.tar.zst"), maxcount=40, compress="zstd", samples_per_frame=4
+    ) as w:
+        rng = random.Random(9)
+        for i in range(48):  # frames of ~100 KB compressed: past the reader's 16 KiB slack
+            w.write({"__key__": f"{i:04d}", "bin": rng.randbytes(25_000), "txt": f"{i} " * 99})
+    oracle = _oracle(sorted(d.glob("pf-*.tar.zst")), tmp_path)
+    if where == "local":
+        ds = ShardListDataset(str(d / "pf.json"), transformations=[])
+    else:
+        srv = request.getfixturevalue("http_server")
+        url = _upload(srv, d).replace("train.json", "pf.json")
+        ds = ShardListDataset(url, transformations=[], storage_options=srv.storage_options)
+    order = list(range(len(oracle)))
+    random.Random(2).shuffle(order)
+    for i in order:
+        assert _raw(ds[i]) == oracle[i]
+    ds.close()

@@ -31,7 +31,13 @@ from typing import IO, Any
 from ..errors import CompressedDataError
 from ..extras import missing
 from .points import SeekPoints
-from .zstdframes import FOOTER_SIZE, decode_frames, parse_footer, parse_seek_table
+from .zstdframes import (
+    FOOTER_SIZE,
+    decode_frames,
+    decode_prefix,
+    parse_footer,
+    parse_seek_table,
+)
 
 __all__ = ["CODEC", "ZstdCodec", "ZstdStream"]
 
@@ -83,11 +89,19 @@ class ZstdCodec:
         return int(points.compressed[k]), c_stop
 
     def decode(self, points: SeekPoints, data: bytes, start: int, stop: int) -> bytes:
-        """Decode the frames in ``data`` (the file's :meth:`compressed_range`), checked."""
+        """Decode the frames in ``data`` (the file's :meth:`compressed_range`), checked.
+
+        ``data`` may be a prefix of that range (a reader that read about as far as it needs):
+        the frames it holds whole are checked as always, the one it cuts is decoded as far as
+        needed; too short a prefix is :class:`~wids.errors.CompressedDataError` (read more).
+        """
         k, j = points.cover(start, stop)
         compressed, content = _bounds(points, k, j)
-        out = decode_frames(compressed, content, data, 0, j - k, dctx=self._dctx())
         base = content[0]
+        if len(data) < compressed[-1] - compressed[0]:  # a prefix: as far as the reader guessed
+            out = decode_prefix(compressed, content, data, stop - base, dctx=self._dctx())
+        else:
+            out = decode_frames(compressed, content, data, 0, j - k, dctx=self._dctx())
         return out[start - base : stop - base]
 
     def indexing(self, fileobj: IO[bytes], spacing: int) -> ZstdIndexing:

@@ -338,11 +338,28 @@ def decode_frames(
     return out[0] if len(out) == 1 else b"".join(out)
 
 
+def _decode_frame(
+    frame: memoryview, declared: int | None, left: int, offset: int, shard: str | None, dctx: Any
+) -> bytes:
+    """One whole zstd frame (its length checked), its output bounded by ``left``."""
+    import zstandard
+
+    if declared is not None and declared > left:
+        raise CompressedDataError(
+            f"frame declares {declared} bytes of content, its entry has {left} left",
+            shard=shard,
+            offset=offset,
+        )
+    try:
+        data: bytes = dctx.decompress(frame, max_output_size=max(left, 1))
+    except zstandard.ZstdError as e:
+        raise CompressedDataError(f"frame does not decode: {e}", shard=shard, offset=offset) from e
+    return data
+
+
 def _decode_entry(
     entry: memoryview, want: int, at: int, checksum: int | None, shard: str | None, dctx: Any
 ) -> list[bytes]:
-    import zstandard
-
     out: list[bytes] = []
     pos = 0
     while pos < len(entry) or (want and pos == 0):  # no bytes for content: an error below
@@ -368,18 +385,7 @@ def _decode_entry(
                     offset=offset,
                 )
         left = want - sum(len(c) for c in out)
-        if declared is not None and declared > left:
-            raise CompressedDataError(
-                f"frame declares {declared} bytes of content, its entry has {left} left",
-                shard=shard,
-                offset=offset,
-            )
-        try:
-            out.append(dctx.decompress(frame, max_output_size=max(left, 1)))
-        except zstandard.ZstdError as e:
-            raise CompressedDataError(
-                f"frame does not decode: {e}", shard=shard, offset=offset
-            ) from e
+        out.append(_decode_frame(frame, declared, left, offset, shard, dctx))
     got = sum(len(c) for c in out)
     if got != want:
         raise CompressedDataError(
@@ -387,4 +393,146 @@ def _decode_entry(
             shard=shard,
             offset=at,
         )
+    return out
+
+
+def decode_prefix(
+    compressed: Sequence[int],
+    content: Sequence[int],
+    data: bytes | memoryview,
+    need: int,
+    *,
+    shard: str | None = None,
+    dctx: Any = None,
+) -> bytes:
+    """The first ``need`` content bytes of a frame table's entries from a *prefix* of their bytes.
+
+    ``data`` starts at ``compressed[0]`` and ends before ``compressed[-1]`` (a reader that
+    fetched only about as far as it needs). Entries and frames that ``data`` holds whole are
+    checked and decoded as :func:`decode_frames` does; the frame it cuts is decoded as far as
+    its bytes go (its header checked, its output bounded by its entry; its checksum, at its
+    end, cannot be), and decoding stops once ``need`` bytes are out.
+
+    Raises:
+        CompressedDataError: A frame is bad, or ``data`` ends before ``need`` bytes decode
+            (the caller then reads the whole entries).
+    """
+    import zstandard
+
+    if dctx is None:
+        dctx = zstandard.ZstdDecompressor()
+    view = memoryview(data).cast("B")
+    base = int(compressed[0])
+    out: list[bytes] = []
+    got = 0
+    for i in range(len(compressed) - 1):
+        if got >= need:
+            break
+        c0, c1 = int(compressed[i]) - base, int(compressed[i + 1]) - base
+        want = int(content[i + 1]) - int(content[i])
+        if c1 <= len(view):
+            chunks = _decode_entry(view[c0:c1], want, base + c0, None, shard, dctx)
+        else:
+            chunks = _decode_cut_entry(view[c0:], want, need - got, base + c0, shard, dctx)
+        out.extend(chunks)
+        got += sum(len(c) for c in chunks)
+        if c1 > len(view):
+            break
+    if got < need:
+        raise CompressedDataError(
+            f"the bytes read end before the {need} bytes of tar needed ({got} decoded)",
+            shard=shard,
+            offset=base + len(view),
+        )
+    return b"".join(out)
+
+
+def _decode_cut_entry(
+    entry: memoryview, want: int, need: int, at: int, shard: str | None, dctx: Any
+) -> list[bytes]:
+    """Decode the start of an entry whose bytes are cut short, until ``need`` bytes are out."""
+    out: list[bytes] = []
+    got = pos = 0
+    while pos < len(entry) and got < need:
+        offset = at + pos
+        rest = entry[pos:]
+        length, is_frame, declared = _cut_frame_length(rest, shard=shard, offset=offset)
+        if length is not None and length <= len(rest):  # a whole frame inside the cut entry
+            if is_frame:
+                chunk = _decode_frame(rest[:length], declared, want - got, offset, shard, dctx)
+                out.append(chunk)
+                got += len(chunk)
+            pos += length
+            continue
+        if not is_frame:
+            break  # a skippable frame cut short: nothing more to decode
+        if declared is not None and declared > want - got:
+            raise CompressedDataError(
+                f"frame declares {declared} bytes of content, its entry has {want - got} left",
+                shard=shard,
+                offset=offset,
+            )
+        out.extend(_stream_some(rest, want - got, need - got, offset, shard, dctx))
+        break
+    return out
+
+
+def _cut_frame_length(
+    rest: memoryview, *, shard: str | None, offset: int
+) -> tuple[int | None, bool, int | None]:
+    """``_frame_length`` of bytes that may end inside the frame: ``None`` for its length then.
+
+    The frame's magic and header must be there and valid; only running out of bytes while
+    walking its blocks is allowed.
+    """
+    import zstandard
+
+    if len(rest) >= 4 and struct.unpack_from("<I", rest)[0] == ZSTD_MAGIC:
+        try:
+            head = bytes(rest[:18])
+            if len(rest) < zstandard.frame_header_size(head):
+                return None, True, None
+            size = zstandard.get_frame_parameters(head).content_size
+        except zstandard.ZstdError:
+            return None, True, None  # too short to tell: decoding below says more
+        declared = None if size == zstandard.CONTENTSIZE_UNKNOWN else int(size)
+        try:
+            length, _, _, _ = _frame_length(rest, shard=shard, offset=offset)
+        except CompressedDataError as e:
+            if "truncated" not in e.message:
+                raise
+            return None, True, declared
+        return length, True, declared
+    if len(rest) >= 8 and (struct.unpack_from("<I", rest)[0] & 0xFFFFFFF0) == 0x184D2A50:
+        return 8 + struct.unpack_from("<I", rest, 4)[0], False, 0
+    if len(rest) < 8:
+        return None, len(rest) >= 4 and struct.unpack_from("<I", rest)[0] == ZSTD_MAGIC, None
+    raise CompressedDataError("not a zstd frame", shard=shard, offset=offset)
+
+
+def _stream_some(
+    frame: memoryview, limit: int, need: int, offset: int, shard: str | None, dctx: Any
+) -> list[bytes]:
+    """Decode a cut frame's bytes in small steps (bounded output), until ``need`` are out."""
+    import zstandard
+
+    obj = dctx.decompressobj()
+    out: list[bytes] = []
+    got = 0
+    step = 1 << 13  # one call's output is bounded by what this much input can claim
+    try:
+        for k in range(0, len(frame), step):
+            chunk = obj.decompress(frame[k : k + step])
+            got += len(chunk)
+            if got > limit:
+                raise CompressedDataError(
+                    f"frame decodes to more than the {limit} bytes its entry holds",
+                    shard=shard,
+                    offset=offset,
+                )
+            out.append(chunk)
+            if got >= need:
+                break
+    except zstandard.ZstdError as e:
+        raise CompressedDataError(f"frame does not decode: {e}", shard=shard, offset=offset) from e
     return out
