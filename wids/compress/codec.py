@@ -36,6 +36,10 @@ class Codec(Protocol):
 
     Attributes:
         kind: ``"gzip"`` or ``"zstd"`` (:data:`wids.compress.points.KINDS`).
+
+    A codec may also set ``decodes_prefix = True``: its ``decode`` accepts a prefix of the
+    compressed range and raises :class:`~wids.errors.CompressedDataError` when it is too
+    short; readers then read up to an estimate of where a span ends (gzip).
     """
 
     kind: str

@@ -157,6 +157,9 @@ class GzipCodec:
     """The gzip :class:`~wids.compress.codec.Codec` (see the module's doc)."""
 
     kind = "gzip"
+    decodes_prefix = True
+    """``decode`` takes a prefix of :meth:`compressed_range` too (a reader may read less, by
+    an estimate): short of the range's end it raises :class:`CompressedDataError`."""
 
     def compressed_range(self, points: SeekPoints, start: int, stop: int) -> tuple[int, int]:
         """The bytes to fetch for the tar's ``[start, stop)``: from the point before on."""

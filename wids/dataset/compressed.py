@@ -145,7 +145,7 @@ class SeekReader(ShardReader):
             again = missing[-1] in self._segments  # touched before, decoded short of this read
         if again:  # reads in tar order: decode it whole this time, not once per sample
             end = u1
-        elif end < u1 and b > a:
+        elif end < u1 and b > a and getattr(codec, "decodes_prefix", False):
             guess = a + int((end - u0) / (u1 - u0) * (b - a) * ESTIMATE_MARGIN) + ESTIMATE_SLACK
             c1 = max(c0, min(c1, guess))
         for attempt in (0, 1):
