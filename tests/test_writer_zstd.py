@@ -173,9 +173,19 @@ def test_shardwriter_writes_seekable_shards(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("index", ["x.sqlite", "x.widx"])
-def test_an_index_that_cannot_record_seek_points_is_refused_before_writing(
-    tmp_path: Path, index: str
-) -> None:
-    with pytest.raises(ValueError, match="JSON indexes only"):
-        ShardWriter(str(tmp_path / "s-%03d.tar.zst"), compress="zstd", index=str(tmp_path / index))
-    assert list(tmp_path.iterdir()) == []
+def test_sqlite_and_table_indexes_record_the_seek_points(tmp_path: Path, index: str) -> None:
+    from wids import ShardListDataset
+    from wids.index import open_index
+
+    samples = [{"__key__": f"{i:04d}", "txt": f"caption {i}", "cls": i} for i in range(30)]
+    out = str(tmp_path / index)
+    with ShardWriter(
+        str(tmp_path / "s-%03d.tar.zst"), maxcount=12, compress="zstd", index=out
+    ) as w:
+        for s in samples:
+            w.write(s)
+    ds = ShardListDataset(out)
+    assert len(ds) == 30 and [ds[i][".txt"] for i in range(30)] == [s["txt"] for s in samples]
+    reader = open_index(out)
+    seek = reader.members(2).seek
+    assert seek is not None and seek.seekable and len(seek) == 6 + 1

@@ -167,7 +167,6 @@ class ShardWriter:
             self._tar_options.update(
                 compress=compress, samples_per_frame=samples_per_frame, level=level
             )
-            self._check_seek_index()
         TarWriter(_NullSink(), encoder=False, **self._tar_options)  # type: ignore[arg-type]
         self.total = 0
         self.count = 0
@@ -181,16 +180,6 @@ class ShardWriter:
         self._syncer: cf.ThreadPoolExecutor | None = None
         self._uploads: deque[tuple[str, TarWriter, cf.Future[None]]] = deque()
         self._state = "new"
-
-    def _check_seek_index(self) -> None:
-        """Refuse, before any shard is written, an index that cannot record seek points."""
-        from .index import is_sqlite_name, is_table_name
-
-        if self.index is not None and (is_sqlite_name(self.index) or is_table_name(self.index)):
-            raise ValueError(
-                f"compressed shards' seek points are recorded by JSON indexes only: name the "
-                f"index *.json, not {self.index!r}"
-            )
 
     def __repr__(self) -> str:
         return f"ShardWriter({self.pattern!r}, shard={self.shard}, total={self.total})"
