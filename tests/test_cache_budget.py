@@ -379,9 +379,10 @@ def test_two_processes_in_chunked_order_fetch_each_shard_once(http_server, shard
 
 
 def test_every_epoch_announces_its_shards_again(http_server, shards, tmp_path):
-    """A process reading two epochs with one dataset (no workers, or persistent ones) had its
-    shards announced only in the first: the second read each shard by range until promoted
-    on evidence, and whole too. Goal: each epoch 1.05x with half the dataset cached."""
+    """A process reading two epochs with one dataset (no workers, or persistent ones): each
+    epoch downloads at most 1.05x the dataset with half of it cached (main read 2.0x in the
+    first). Shards are announced again in each iteration (they were only in the first: the
+    second read by range until promoted on evidence)."""
     from wids.sampler import ChunkedSampler
 
     total = sum(os.path.getsize(p) for p in shards["paths"])
