@@ -159,3 +159,35 @@ def test_promoter_wait_all_has_every_started_promotion_close_cancels_queued_ones
     second.close()
     assert [e.url for e in cache2.entries()] == []
     fs.rm("/wids-focus", recursive=True)
+
+
+def test_a_plan_beyond_the_share_is_deferred_then_fetched_as_room_frees_or_reads_begin(tmp_path):
+    """A plan announcing a whole epoch: shards beyond this process's share of the budget were
+    read by range (prefetched, then their first batches) and downloaded whole as well. They
+    are now deferred (``planned`` says they are fetched whole, so nothing reads them by range),
+    fetched in the plan's order as a copy fetched ahead is opened, or at once when their reads
+    begin; one another process fetched (read from the cache) is never fetched here."""
+    fs = fsspec.filesystem("memory")
+    srcs = _sources(fs, 6, 10_000)
+    cache = ShardCache(tmp_path, max_bytes=100_000)  # 10 shards; at most 3 fetched ahead
+    promoter = Promoter(cache, share=0.05)
+    fp = Fingerprint(10_000)
+    assert all(promoter.planned(s, 1.0, shard_bytes=10_000, expected=fp) for s in srcs)
+    assert [promoter.fetching(s.url) for s in srcs] == [True] * 3 + [False] * 3
+    assert promoter.wait_all(30)
+    assert [cache.contains(s.url) for s in srcs] == [True] * 3 + [False] * 3
+    with promoter.open_if_ready(srcs[0].url, expected=fp) as shard:  # its room is free again
+        assert shard.read_range(0, 10) == blob(10_000, 0)[:10]
+    assert promoter.fetching(srcs[3].url) and not promoter.fetching(srcs[4].url)
+    promoter.reading(srcs[5].url)  # its reads begin: fetched now, out of the plan's order
+    assert promoter.fetching(srcs[5].url)
+    promoter.reading(srcs[4].url, cached=True)  # read from another process's copy
+    assert promoter.wait_all(30)
+    for k in (1, 2, 3):  # each opening frees room; nothing is left deferred to fetch
+        with promoter.open_if_ready(srcs[k].url, expected=fp):
+            pass
+    assert not promoter.fetching(srcs[4].url) and not cache.contains(srcs[4].url)
+    with promoter.open_if_ready(srcs[5].url, expected=fp) as shard:
+        assert shard.read_range(0, 10) == blob(10_000, 5)[:10]
+    promoter.close()
+    fs.rm("/wids-focus", recursive=True)
