@@ -345,8 +345,8 @@ def test_remote_whole_reads_through_the_cache(
 def test_several_samples_per_frame_read_equal_tarfile(
     where: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    # a frame of 4 samples: a random read fetches the frame (or, guessed from its ratio, about
-    # as far into it as the sample ends) and decodes it; every sample equals tarfile's
+    # a frame of 4 samples: a random read fetches the whole frame (its checksum is at its end)
+    # and decodes it; every sample equals tarfile's
     d = tmp_path / "pf"
     d.mkdir()
     os.chmod(d, 0o755)

@@ -34,7 +34,6 @@ from .points import SeekPoints
 from .zstdframes import (
     FOOTER_SIZE,
     decode_frames,
-    decode_prefix,
     parse_footer,
     parse_seek_table,
 )
@@ -91,17 +90,14 @@ class ZstdCodec:
     def decode(self, points: SeekPoints, data: bytes, start: int, stop: int) -> bytes:
         """Decode the frames in ``data`` (the file's :meth:`compressed_range`), checked.
 
-        ``data`` may be a prefix of that range (a reader that read about as far as it needs):
-        the frames it holds whole are checked as always, the one it cuts is decoded as far as
-        needed; too short a prefix is :class:`~wids.errors.CompressedDataError` (read more).
+        Frames are decoded whole only (no ``decodes_prefix``): a frame's checksum is at its
+        end, and incompressible data (JPEG, video) is stored in raw blocks that nothing but
+        that checksum checks.
         """
         k, j = points.cover(start, stop)
         compressed, content = _bounds(points, k, j)
         base = content[0]
-        if len(data) < compressed[-1] - compressed[0]:  # a prefix: as far as the reader guessed
-            out = decode_prefix(compressed, content, data, stop - base, dctx=self._dctx())
-        else:
-            out = decode_frames(compressed, content, data, 0, j - k, dctx=self._dctx())
+        out = decode_frames(compressed, content, data, 0, j - k, dctx=self._dctx())
         return out[start - base : stop - base]
 
     def indexing(self, fileobj: IO[bytes], spacing: int) -> ZstdIndexing:
