@@ -96,6 +96,7 @@ def test_single_frame_tar_zst_from_gnu_tar_has_no_points(tmp_path: Path) -> None
     for i in range(5):
         (src / f"{i:03d}.txt").write_text(f"sample {i}\n" * 200)
     path = tmp_path / "gnu.tar.zst"
+    _zstd()  # tar --zstd runs it
     subprocess.run([require_gnu_tar(), "--zstd", "-cf", str(path), "-C", str(src), "."], check=True)
     _zstd()
     points, tar = _index(path)

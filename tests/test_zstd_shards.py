@@ -137,6 +137,7 @@ def test_gnu_tar_single_frame_is_read_whole_through_the_cache(tmp_path: Path) ->
         (src / f"{i:04d}.txt").write_text(f"sample {i} " * (i + 1))
         (src / f"{i:04d}.cls").write_text(str(i))
     shard = tmp_path / "gnu-000.tar.zst"
+    _zstd()  # tar --zstd runs it
     names = sorted(os.listdir(src))
     subprocess.run(
         [require_gnu_tar(), "--zstd", "-cf", str(shard), "-C", str(src), *names], check=True
@@ -313,6 +314,7 @@ def test_remote_whole_reads_through_the_cache(
     single = tmp_path / "gnu" / "gnu-000.tar.zst"
     single.parent.mkdir()
     os.chmod(single.parent, 0o755)
+    _zstd()  # tar --zstd runs it
     names = sorted(os.listdir(src))
     subprocess.run(
         [require_gnu_tar(), "--zstd", "-cf", str(single), "-C", str(src), *names], check=True

@@ -2,7 +2,8 @@
 # Install what the test suite needs, in virtualenvs of this checkout, then run it.
 # Usage: bash tools/test.sh [pytest args...]
 #
-# - apt (only what is missing; needs root, else sudo): nginx and GNU tar, which the tests run;
+# - apt (only what is missing; needs root, else sudo): nginx, GNU tar and zstd, which the tests
+#   run (zstd: .tar.zst shards made and read by the real tools, also through tar --zstd);
 # - .venv (tools/venv.sh; $WIDS_VENV to put it elsewhere): torch==2.13.0, then this checkout
 #   editable with the all, test and docs extras, pinned by tools/constraints.txt;
 # - .venv-reference ($WIDS_REFERENCE_VENV): the reference wids (webdataset==0.2.111) with the
@@ -15,6 +16,7 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v nginx >/dev/null 2>&1 || [ -x /usr/sbin/nginx ] || need_apt+=(nginx)
 tar --version 2>/dev/null | grep -q 'GNU tar' || need_apt+=(tar)
+command -v zstd >/dev/null 2>&1 || need_apt+=(zstd)
 if [ ${#need_apt[@]} -gt 0 ]; then
     if [ "$(id -u)" = 0 ]; then SUDO=(); else SUDO=(sudo); fi
     echo "test.sh: installing ${need_apt[*]} with apt-get (needs root${SUDO[*]:+: using sudo})" >&2
