@@ -99,7 +99,8 @@ def test_access_shard_decompresses_once_into_the_cache(gz_dir, tmp_path):
     assert ds2.stats.bytes_read == 0  # read from the copy
 
 
-def test_batches_and_dataloader_workers(gz_dir):
+@pytest.mark.parametrize("ctx", ["fork", "forkserver", "spawn"])
+def test_batches_and_dataloader_workers(gz_dir, ctx):
     torch = pytest.importorskip("torch")
     ds = ShardListDataset(str(gz_dir / "train.json"), transformations=[])
     oracle = _oracle(gz_dir)
@@ -108,7 +109,7 @@ def test_batches_and_dataloader_workers(gz_dir):
         oracle[i] for i in (5, N + 7, 6, 2 * N - 1)
     ]
     loader = torch.utils.data.DataLoader(
-        ds, batch_size=8, num_workers=2, collate_fn=list, multiprocessing_context="forkserver"
+        ds, batch_size=8, num_workers=2, collate_fn=list, multiprocessing_context=ctx
     )
     seen = 0
     for samples in loader:

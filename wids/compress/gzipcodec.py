@@ -76,7 +76,7 @@ def points_from_gzidx(data: bytes, compressed_size: int) -> SeekPoints:
         comp.append(cmp_off)
         uncomp.append(uncmp_off)
         bits.append(nbits)
-        windows.append(zlib.compress(window, 6) if window else b"")
+        windows.append(zlib.compress(window, 1) if window else b"")  # level 6: 3x the time, 3% less
     if off != len(data):
         raise CompressedDataError("indexed_gzip's index: its length does not match its points")
     return SeekPoints("gzip", compressed_size, usize, comp, uncomp, bits, windows)
