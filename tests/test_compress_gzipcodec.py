@@ -139,3 +139,24 @@ def test_windows_are_stored_compressed(tmp_path):
     assert len(points.window_blob) < raw
     assert all(len(points.window(k)) in (0, 32768) for k in range(len(points)))
     assert zlib.decompress(points.window_blob[: int(points.window_end[1])] or zlib.compress(b""))
+
+
+def test_an_index_claiming_a_huge_tar_costs_what_the_data_decodes_to(tmp_path):
+    """A hostile index (a point 2**40 tar bytes before a sample) is a typed error, not 1 TiB."""
+    path = tarfile_gz(tmp_path / "s.tar.gz", compressible_samples(50))
+    blob = path.read_bytes()
+    real = _index(path)
+    huge = SeekPoints(
+        "gzip",
+        real.compressed_size,
+        1 << 41,
+        real.compressed[:1],
+        real.uncompressed[:1],
+        real.bits[:1],
+        [b""],
+    )
+    codec = codec_for("gzip")
+    start = 1 << 40
+    c0, c1 = codec.compressed_range(huge, start, start + 100)
+    with pytest.raises(CompressedDataError, match="short"):
+        codec.decode(huge, blob[c0:c1], start, start + 100)

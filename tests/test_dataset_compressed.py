@@ -319,3 +319,19 @@ def test_seek_reader_reads_whole_frames_of_codecs_that_need_them(tmp_path):
     ds = ShardListDataset(str(index), transformations=[])
     for i in (1, 5, 13, 38):  # a sample ending inside its 4-sample frame
         assert ds[i][".txt"] == text[: 150000 + i]
+
+
+@pytest.mark.parametrize("n", [1, 5, 60])
+@pytest.mark.parametrize("make", [tarfile_gz, gnu_tar_czf], ids=["tarfile", "gnutar"])
+def test_small_tar_gz_shards(tmp_path, n, make):
+    """indexed_gzip makes no seek point in a file under about 0.5 MB: one at the start is."""
+    path = make(tmp_path / "small.tar.gz", compressible_samples(n))
+    build_index([str(path)], str(tmp_path / "small.json"))
+    points = open_index(str(tmp_path / "small.json")).members(0).seek  # type: ignore[union-attr]
+    assert points is not None and len(points) >= 1 and int(points.uncompressed[0]) == 0
+    ds = ShardListDataset(str(tmp_path / "small.json"), transformations=[])
+    oracle = tar_oracle(path)
+    assert len(ds) == n
+    for i in range(n):
+        s = ds[i]
+        assert all(s[f] == oracle[s["__key__"] + f] for f in (".txt", ".bin", ".cls"))

@@ -136,6 +136,32 @@ def _inflate(points: SeekPoints, k: int, data: bytes, need: int) -> tuple[bytes,
     return b"".join(parts), ended and (pos == len(data) or not data[pos:].strip(b"\0"))
 
 
+def _deflate_start(head: bytes) -> int:
+    """Where the first member's deflate data starts, after its gzip header (RFC 1952).
+
+    Raises:
+        CompressedDataError: Not a gzip header, or one longer than ``head``.
+    """
+    if len(head) < 10 or head[:3] != b"\x1f\x8b\x08":
+        raise CompressedDataError("not a gzip header", offset=0)
+    flags, at = head[3], 10
+    if flags & 4:  # FEXTRA
+        if len(head) < at + 2:
+            raise CompressedDataError("truncated gzip header", offset=at)
+        at += 2 + int.from_bytes(head[at : at + 2], "little")
+    for bit in (8, 16):  # FNAME, FCOMMENT: zero-terminated
+        if flags & bit:
+            end = head.find(b"\0", at)
+            if end < 0:
+                raise CompressedDataError("gzip header name or comment too long", offset=at)
+            at = end + 1
+    if flags & 2:  # FHCRC
+        at += 2
+    if at >= len(head):
+        raise CompressedDataError("truncated gzip header", offset=at)
+    return at
+
+
 def _check_end(points: SeekPoints, tail: bytes, c_start: int) -> None:
     """The file's bytes from the last point on decode to the tar's end, members all whole."""
     k = len(points) - 1
@@ -244,8 +270,9 @@ class _GzipIndexing:
         buf = io.BytesIO()
         self._igz.export_index(fileobj=buf)
         points = points_from_gzidx(buf.getvalue(), self._size)
-        if not points.seekable:
-            raise CompressedDataError("gzip data without a deflate stream", offset=0)
+        if not points.seekable:  # indexed_gzip made none (files under about 0.5 MB): one at 0
+            start = _deflate_start(os.pread(self._fd, 65536 + 10, 0))
+            points = SeekPoints("gzip", self._size, points.uncompressed_size, [start], [0])
         # indexed_gzip ends a truncated file quietly (no trailer, so no CRC to fail): the
         # last stretch must decode to the end of the tar and end with a whole trailer.
         k = len(points) - 1

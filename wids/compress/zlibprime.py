@@ -19,6 +19,7 @@ from typing import Any
 __all__ = ["available", "inflate_from"]
 
 _Z_OK, _Z_STREAM_END, _Z_BUF_ERROR, _Z_NO_FLUSH = 0, 1, -5, 0
+_STEP = 8 << 20
 
 
 class _ZStream(ctypes.Structure):
@@ -113,20 +114,31 @@ def inflate_from(
         if window and lib.inflateSetDictionary(ctypes.byref(strm), window, len(window)) != _Z_OK:
             return b"", 0, False, "the window was refused"
         keep = ctypes.c_char_p(src)  # the bytes' own buffer, not a copy; kept alive here
-        out = bytearray(max(1, need))
-        view = (ctypes.c_char * len(out)).from_buffer(out)
         strm.next_in = ctypes.cast(keep, ctypes.c_void_p).value
         strm.avail_in = len(src)
-        strm.next_out = ctypes.addressof(view)
-        strm.avail_out = need
-        ret = lib.inflate(ctypes.byref(strm), _Z_NO_FLUSH)
-        made = need - strm.avail_out
+        parts: list[bytes] = []
+        made, ret = 0, _Z_OK
+        # output in steps: memory grows with what the data decodes to, not with ``need``
+        # (an index's claim)
+        while made < need and ret == _Z_OK:
+            step = min(need - made, _STEP)
+            out = bytearray(step)
+            view = (ctypes.c_char * step).from_buffer(out)
+            strm.next_out = ctypes.addressof(view)
+            strm.avail_out = step
+            ret = lib.inflate(ctypes.byref(strm), _Z_NO_FLUSH)
+            got = step - strm.avail_out
+            del view  # the bytearray may be resized once no export of it is left
+            del out[got:]
+            parts.append(bytes(out))
+            made += got
+            if got == 0:
+                break
         consumed = len(src) - strm.avail_in + (1 if nbits else 0)
-        del view  # the bytearray may be resized once no export of it is left
-        del out[made:]
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
         if ret not in (_Z_OK, _Z_STREAM_END, _Z_BUF_ERROR):
             msg = strm.msg.decode("ascii", "replace") if strm.msg else f"error {ret}"
-            return bytes(out), consumed, False, msg
-        return bytes(out), consumed, ret == _Z_STREAM_END, None
+            return data, consumed, False, msg
+        return data, consumed, ret == _Z_STREAM_END, None
     finally:
         lib.inflateEnd(ctypes.byref(strm))

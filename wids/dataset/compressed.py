@@ -37,6 +37,8 @@ __all__ = ["DECOMPRESSED", "SEGMENTS", "SeekReader", "compressed_reader", "decom
 
 SEGMENTS = 32 << 20
 """Bytes of decoded tar a :class:`SeekReader` keeps (per open shard and process)."""
+WHOLE_SEGMENT = 64 << 20
+"""Segments up to this size are decoded whole on their second touch (larger: as far as read)."""
 ESTIMATE_MARGIN, ESTIMATE_SLACK = 1.25, 16 << 10
 """A read needing a segment's tar up to some byte reads its compressed bytes up to the same
 share of the segment times the margin, plus the slack (short of it: the rest, a second read)."""
@@ -143,7 +145,7 @@ class SeekReader(ShardReader):
         u0, u1 = self._bounds(missing[-1])
         with self._lock:
             again = missing[-1] in self._segments  # touched before, decoded short of this read
-        if again:  # reads in tar order: decode it whole this time, not once per sample
+        if again and u1 - u0 <= WHOLE_SEGMENT:  # reads in tar order: decode it whole this time
             end = u1
         elif end < u1 and b > a and getattr(codec, "decodes_prefix", False):
             guess = a + int((end - u0) / (u1 - u0) * (b - a) * ESTIMATE_MARGIN) + ESTIMATE_SLACK
