@@ -13,6 +13,7 @@ EXPECTED = [
     "CacheBudgetError",
     "CacheDirError",
     "CacheError",
+    "CacheThrashWarning",
     "ChunkedSampler",
     "ColumnError",
     "Component",
@@ -41,6 +42,7 @@ EXPECTED = [
     "OutputExistsError",
     "PermanentRemoteError",
     "PipeCommandError",
+    "RangeFallbackWarning",
     "RangeNotSupportedError",
     "ReadLimits",
     "RemoteError",
@@ -94,9 +96,31 @@ def test_export_list_is_pinned_and_sorted():
 def test_every_error_is_a_wids_error_and_a_builtin():
     for name in EXPECTED:
         obj = getattr(wids, name)
+        if isinstance(obj, type) and issubclass(obj, Warning):
+            continue  # warnings are not errors (test_warnings_can_be_filtered)
         if isinstance(obj, type) and issubclass(obj, Exception) and obj is not wids.WidsError:
             assert issubclass(obj, wids.WidsError)
             assert len([b for b in obj.__mro__ if b.__module__ == "builtins"]) > 2, name
+
+
+def test_warnings_can_be_filtered():
+    """The warnings wids gives are importable from ``wids`` (a filter needs the class) and are
+    the classes the code warns with."""
+    import warnings
+
+    from wids.dataset.localcache import CacheThrashWarning
+    from wids.storage import RangeFallbackWarning
+
+    assert wids.CacheThrashWarning is CacheThrashWarning
+    assert wids.RangeFallbackWarning is RangeFallbackWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", wids.CacheThrashWarning)
+        try:
+            warnings.warn("x", CacheThrashWarning, stacklevel=1)
+        except wids.CacheThrashWarning:
+            pass
+        else:
+            raise AssertionError("the filter did not apply")
 
 
 def test_import_has_no_side_effects(tmp_path):

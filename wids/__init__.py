@@ -46,6 +46,7 @@ from .errors import (
 if TYPE_CHECKING:
     from .cache import ShardCache
     from .dataset import DatasetStats, MemberFile, ShardListDataset, WorkerStats
+    from .dataset.localcache import CacheThrashWarning
     from .decode import Decoder, default_decoders
     from .encode import Encoder
     from .index import (
@@ -77,7 +78,7 @@ if TYPE_CHECKING:
         ShardedSampler,
     )
     from .shardwriter import ShardWriter
-    from .storage import IOStats, ReadLimits, RetryPolicy
+    from .storage import IOStats, RangeFallbackWarning, ReadLimits, RetryPolicy
     from .writer import TarWriter
 
 # Where each public name lives, imported on first use (PEP 562): ``import wids`` and the
@@ -87,6 +88,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "BucketBatchSampler": "sampler",
     "BuildReport": "index",
+    "CacheThrashWarning": "dataset.localcache",
     "ChunkedSampler": "sampler",
     "Component": "index",
     "DatasetStats": "dataset",
@@ -99,6 +101,7 @@ _LAZY = {
     "JsonIndex": "index",
     "JsonIndexWriter": "index",
     "MemberFile": "dataset",
+    "RangeFallbackWarning": "storage",
     "ReadLimits": "storage",
     "RetryPolicy": "storage",
     "ShardCache": "cache",
@@ -130,6 +133,7 @@ __all__ = [
     "CacheBudgetError",
     "CacheDirError",
     "CacheError",
+    "CacheThrashWarning",
     "ChunkedSampler",
     "ColumnError",
     "Component",
@@ -158,6 +162,7 @@ __all__ = [
     "OutputExistsError",
     "PermanentRemoteError",
     "PipeCommandError",
+    "RangeFallbackWarning",
     "RangeNotSupportedError",
     "ReadLimits",
     "RemoteError",
