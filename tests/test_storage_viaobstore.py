@@ -440,3 +440,68 @@ def test_one_request_per_attempt_and_typed_redacted_errors():
     finally:
         server.shutdown()
         server.server_close()
+
+
+class _OnceUnavailable(BaseHTTPRequestHandler):
+    """A 100-byte file; the first GET is a 503 whose body names a bucket "NoSuchBucket"."""
+
+    data = bytes(range(100))
+    failed = False
+
+    def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+        self._head(200, len(self.data))
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if not type(self).failed:
+            type(self).failed = True
+            body = b"<Error><Code>SlowDown</Code><BucketName>NoSuchBucket</BucketName></Error>"
+            self._head(503, len(body))
+            self.wfile.write(body)
+            return
+        first, last = (int(x) for x in self.headers["Range"].split("=")[1].split("-"))
+        part = self.data[first : last + 1]
+        self._head(206, len(part), f"bytes {first}-{first + len(part) - 1}/{len(self.data)}")
+        self.wfile.write(part)
+
+    def _head(self, status: int, length: int, content_range: str | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(length))
+        self.send_header("ETag", '"v1"')
+        self.send_header("Last-Modified", "Wed, 21 Oct 2015 07:28:00 GMT")
+        if content_range:
+            self.send_header("Content-Range", content_range)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("path", ["/NoSuchBucket/x.tar", "/timed-out/status code: 404/x.tar"])
+def test_errors_are_sorted_by_obstore_types_not_words_in_the_message(path):
+    """A 503 is transient (retried) even where the URL or the server's body holds words the
+    message parsing used to look for anywhere: 'NoSuchBucket' made it a permanent error, 'status
+    code: 404' a missing file (main raised both at once, without a retry)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _OnceUnavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    _OnceUnavailable.failed = False
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}{urllib.request.quote(path)}"
+        src = Store(_obstore({}), FAST).source(url)
+        assert isinstance(src.transport(), ObstoreTransport)
+        assert src.read_range(10, 20) == bytes(range(10, 20))
+        assert _OnceUnavailable.failed
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_typed_obstore_errors_keep_their_status():
+    """403/401/412/304 come as obstore's exception types, and keep their status from the type."""
+    from obstore import exceptions
+
+    from wids.storage.viaobstore import _status
+
+    assert _status(exceptions.PermissionDeniedError("no words here")) == 403
+    assert _status(exceptions.UnauthenticatedError("no words here")) == 401
+    assert _status(exceptions.PreconditionError("no words here")) == 412
+    assert _status(exceptions.GenericError("body: status code: 404 in a body")) is None

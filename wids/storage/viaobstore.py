@@ -70,8 +70,6 @@ _S3_KEYS = frozenset({"key", "secret", "token", "anon", "endpoint_url", "client_
 _S3_CLIENT_KEYS = frozenset({"endpoint_url", "region_name"})
 _GCS_KEYS = frozenset({"token", "endpoint_url", "project", "requests_timeout"})
 _HTTP_KEYS = frozenset({"headers", "client_kwargs"})
-_STATUS = re.compile(r"status code: (\d{3})")
-_TIMED_OUT = re.compile(r"timed? ?out", re.IGNORECASE)
 
 
 def choice(options: Mapping[str, Any]) -> str:
@@ -550,17 +548,44 @@ def _pinned_failure(
 
 
 def _changed(exc: Exception, pin: Pin, options: Mapping[str, Any]) -> IndexMismatchError | None:
-    """The pin's error if ``exc`` says a conditional request was refused."""
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    if "PreconditionError" in names or _status(exc) == 412:
+    """The pin's error if ``exc`` says a conditional request was refused (a 412)."""
+    from obstore.exceptions import PreconditionError
+
+    if isinstance(exc, PreconditionError) or _status(exc) == 412:
         if "if_unmodified_since" in options:
             return pin.refused(f"If-Unmodified-Since {options['if_unmodified_since']:%c}")
         return pin.refused(f"If-Match {options.get('if_match')}")
     return None
 
 
+# obstore 0.12 raises a type for these statuses (object_store's error kinds); the others
+# (416, 429, 5xx, ...) and failures without an answer are all its GenericError.
+_TYPED_STATUS = (
+    ("PreconditionError", 412),
+    ("PermissionDeniedError", 403),
+    ("UnauthenticatedError", 401),
+    ("NotModifiedError", 304),
+)
+# Last resort, for a GenericError only: the status and the kind of failure exist nowhere but
+# in its message. Matched on obstore's own wording, never on free text (the URL and the
+# server's body are in the message too); what does not match is a transient
+# ObstoreConnectionError, which the retry loop bounds (so a changed wording costs retries and
+# a plainer message, never a wrong classification as "not found" or "permanent").
+_STATUS = re.compile(r"Server returned non-2xx status code: (\d{3})\b")
+_TIMED_OUT = re.compile(r"^\s*kind: Timeout,$", re.MULTILINE)
+_NO_SUCH_BUCKET = re.compile(r"<Code>NoSuchBucket</Code>")
+
+
 def _status(exc: BaseException) -> int | None:
-    found = _STATUS.search(str(exc))
+    """The HTTP status of obstore's ``exc``: from its type, else (GenericError) its message."""
+    from obstore import exceptions
+
+    for name, status in _TYPED_STATUS:
+        if isinstance(exc, getattr(exceptions, name)):
+            return status
+    if not isinstance(exc, exceptions.GenericError):
+        return None
+    found = _STATUS.search(str(exc).split("\n", 1)[0])
     return int(found.group(1)) if found else None
 
 
@@ -577,24 +602,35 @@ class ObstoreConnectionError(ConnectionError):
 
 
 def _failure(exc: Exception, url: str, timeout: float) -> Exception:
-    """The wids error for obstore's ``exc`` (sorted as :mod:`wids.storage.retry` expects)."""
+    """The wids error for obstore's ``exc`` (sorted as :mod:`wids.storage.retry` expects).
+
+    By obstore's exception types (:mod:`obstore.exceptions`; its NotFoundError is the builtin
+    :class:`FileNotFoundError`); a GenericError's status or timeout is read from its message
+    only as the last resort :data:`_STATUS` describes.
+    """
+    from obstore import exceptions
+
     if isinstance(exc, WidsError):
         return exc
     text = redact_text(str(exc).split("\n", 1)[0])
-    names = {cls.__name__ for cls in type(exc).__mro__}
-    if "NotSupportedError" in names and "Range" in text:
-        return _RangeNotSupported(f"the server ignores Range ({text})", shard=redact_url(url))
-    if "NoSuchBucket" in str(exc):
-        return PermanentRemoteError(f"no such bucket ({text})", shard=redact_url(url))
+    shard = redact_url(url)
+    if isinstance(exc, exceptions.NotSupportedError):
+        if "Range" in text:
+            return _RangeNotSupported(f"the server ignores Range ({text})", shard=shard)
+        return PermanentRemoteError(f"obstore cannot read it ({text})", shard=shard)
     if isinstance(exc, FileNotFoundError):
-        return FileNotFoundError(redact_url(url))
+        if _NO_SUCH_BUCKET.search(str(exc)):  # S3's 404 body: a configuration problem
+            return PermanentRemoteError(f"no such bucket ({text})", shard=shard)
+        return FileNotFoundError(shard)
     status = _status(exc)
     if status is not None:
         return ObstoreStatusError(status, text)
-    if names & {"PermissionDeniedError", "UnauthenticatedError"}:
-        return PermissionError(text)
-    if _TIMED_OUT.search(str(exc)):
-        return TimeoutError(f"no answer within {timeout:g}s ({text})")
-    if names & {"GenericError", "JoinError"}:
+    if isinstance(exc, exceptions.GenericError):
+        if _TIMED_OUT.search(str(exc)):
+            return TimeoutError(f"no answer within {timeout:g}s ({text})")
         return ObstoreConnectionError(text)
+    if isinstance(exc, exceptions.JoinError):
+        return ObstoreConnectionError(text)
+    if isinstance(exc, exceptions.BaseError):  # a path or configuration obstore refuses
+        return PermanentRemoteError(f"obstore refused the request ({text})", shard=shard)
     return exc
