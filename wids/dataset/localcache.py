@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import OfflineError
 from ..storage import is_local, redact_url
+from .rangesupport import RangeSupport
 
 if TYPE_CHECKING:
     from ..cache import CachedShard, ShardCache
@@ -65,6 +66,7 @@ class LocalCache:
         self._pid = 0
         self._memo: ContentMemo | None = None
         self._warned = 0  # the process that warned of thrashing (CacheThrashWarning)
+        self.ranges = RangeSupport()  # servers seen ignoring or honouring Range
 
     def shard_cache(self) -> ShardCache:
         """This process's ``ShardCache``, made on first use.

@@ -46,7 +46,7 @@ from .readers import (
 )
 from .stats import DatasetStats
 from .tables import MemberTable
-from .wholeshard import ignores_range, probe_range, whole_reader
+from .wholeshard import probe_range, whole_reader
 
 if TYPE_CHECKING:
     from ..cache import Promoter
@@ -464,7 +464,7 @@ class ReaderPool:
                     cached.close()
                     raise
                 return CachedReader(cached)
-        if not source.is_local and ignores_range(info.url):  # seen by without_range
+        if not source.is_local and local.ranges.ignores(info.url):  # seen by without_range
             return whole_reader(catalog, source, info, table, check)
         local.check_online(info.url)
         if check:

@@ -2,11 +2,11 @@
 
 Such a server answers a range request with the whole file; the storage layer refuses that
 answer with :class:`~wids.errors.RangeNotSupportedError`. The reader pool then remembers the
-server (its origin, per process), warns once about it, and reopens the shard with
-:func:`whole_reader`: through the shard cache when the dataset has a ``cache_dir`` (as
-``access="shard"`` does), else one streaming GET into memory (:class:`MemoryReader`), for
-shards up to :func:`memory_bound` bytes; a larger shard is refused with the same error, which
-says to set ``cache_dir``.
+server (its origin) in the dataset's ``RangeSupport`` (:mod:`.rangesupport`), warns once
+about it, and reopens the shard with :func:`whole_reader`: through the shard cache when the
+dataset has a ``cache_dir`` (as ``access="shard"`` does), else one streaming GET into memory
+(:class:`MemoryReader`), for shards up to :func:`memory_bound` bytes; a larger shard is
+refused with the same error, which says to set ``cache_dir``.
 
 A warning (:class:`~wids.storage.RangeFallbackWarning`, through :mod:`warnings`) rather than a
 log record: it reaches a user who configured no logging, shows once per server by default, and
@@ -15,12 +15,10 @@ can be filtered or turned into an error with the ``warnings`` machinery.
 
 from __future__ import annotations
 
-import threading
-import warnings
 from typing import TYPE_CHECKING
 
 from ..errors import RangeNotSupportedError, ShortReadError
-from ..storage import Check, IOStats, RangeFallbackWarning, Source, redact_url
+from ..storage import Check, IOStats, Source, redact_url
 from .readers import CachedReader, ShardReader, download_check
 
 if TYPE_CHECKING:
@@ -31,65 +29,18 @@ if TYPE_CHECKING:
 __all__ = [
     "MEMORY_BOUND",
     "MemoryReader",
-    "ignores_range",
     "memory_bound",
-    "note_ignores_range",
+    "probe_range",
     "whole_reader",
 ]
 
 MEMORY_BOUND = 1 << 30
 """Largest shard read whole into memory when the dataset has no ``max_sample_bytes``."""
 
-_IGNORING: set[str] = set()
-_HONOURING: set[str] = set()  # servers whose range answer this process has seen
-_LOCK = threading.Lock()
-
-
-def origin(url: str) -> str:
-    """``scheme://host[:port]`` of a URL, without credentials."""
-    scheme, _, rest = redact_url(url).partition("://")
-    return f"{scheme}://{rest.split('/', 1)[0]}"
-
-
-def ignores_range(url: str) -> bool:
-    """Whether this process saw the server of ``url`` ignore ``Range``."""
-    return bool(_IGNORING) and origin(url) in _IGNORING
-
-
-def note_ignores_range(url: str, cache_dir: str | None) -> None:
-    """Remember that the server of ``url`` ignores ``Range``; warn the first time per server."""
-    where = origin(url)
-    with _LOCK:
-        if where in _IGNORING:
-            return
-        _IGNORING.add(where)
-    into = f"into the shard cache at {cache_dir}" if cache_dir else "whole into memory"
-    warnings.warn(
-        f"{where} ignores Range requests (it answers with the whole file): wids reads each "
-        f"shard from it {into} instead of by range",
-        RangeFallbackWarning,
-        stacklevel=2,
-    )
-
 
 def probe_range(url: str, reader: ShardReader, local: LocalCache) -> bool:
-    """Whether the server of ``url`` ignores ``Range``: known, or one range read of ``reader``.
-
-    The first time a server is seen ignoring it, :func:`note_ignores_range` warns; one seen
-    honouring it is not asked again in this process.
-    """
-    if ignores_range(url):
-        return True
-    if reader.source is None or origin(url) in _HONOURING:
-        return False
-    try:
-        reader.source.read_range(0, 1)
-        with _LOCK:
-            _HONOURING.add(origin(url))
-        return False
-    except RangeNotSupportedError:
-        note_ignores_range(url, local.cache_dir)
-        return True
+    """Whether the server of ``url`` ignores ``Range`` (``local.ranges``, a ``RangeSupport``)."""
+    return local.ranges.probe(url, reader, local.cache_dir)
 
 
 def memory_bound(catalog: Catalog) -> int:
