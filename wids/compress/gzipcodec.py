@@ -270,9 +270,21 @@ class _GzipIndexing:
         buf = io.BytesIO()
         self._igz.export_index(fileobj=buf)
         points = points_from_gzidx(buf.getvalue(), self._size)
-        if not points.seekable:  # indexed_gzip made none (files under about 0.5 MB): one at 0
+        if not points.seekable or int(points.uncompressed[0]) != 0:
+            # indexed_gzip made none (files under about 0.5 MB): one at the first deflate byte
             start = _deflate_start(os.pread(self._fd, 65536 + 10, 0))
-            points = SeekPoints("gzip", self._size, points.uncompressed_size, [start], [0])
+            ends = points.window_end.tolist()
+            starts = [0, *ends[:-1]] if ends else []
+            windows = [points.window_blob[a:b] for a, b in zip(starts, ends, strict=True)]
+            points = SeekPoints(
+                "gzip",
+                self._size,
+                points.uncompressed_size,
+                [start, *points.compressed.tolist()],
+                [0, *points.uncompressed.tolist()],
+                [0, *points.bits.tolist()],
+                [b"", *windows],
+            )
         # indexed_gzip ends a truncated file quietly (no trailer, so no CRC to fail): the
         # last stretch must decode to the end of the tar and end with a whole trailer.
         k = len(points) - 1
