@@ -456,3 +456,75 @@ def test_a_single_read_cut_mid_answer_is_retried_and_typed():
         listener.close()
         for c in conns:
             c.close()
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_an_error_page_longer_than_the_range_is_its_status(batch):
+    """A 503 whose page is longer than the range asked for (a proxy's HTML) is a 503: retried,
+    then the right bytes. Main took its length for a server ignoring Range and raised
+    RangeNotSupportedError at once (the dataset then read the shard whole and warned)."""
+    page = b"<html>" + b"busy " * 30_000 + b"</html>"
+    answers: list[int] = []
+
+    def answer_all(conn) -> None:
+        try:
+            while True:
+                request = conn.recv(65536)
+                if not request:
+                    return
+                if not answers:
+                    answers.append(503)
+                    head = b"HTTP/1.1 503 Busy\r\nContent-Length: %d\r\n\r\n" % len(page)
+                    conn.sendall(head + page)
+                    continue
+                answers.append(206)
+                conn.sendall(_answer(*_ranges(request)))
+        except OSError:
+            pass
+
+    base, conns, listener = _raw_server(answer_all)
+    try:
+        store = Store(None, RetryPolicy(attempts=3, backoff=0.01, timeout=10.0))
+        src = store.source(f"{base}/x", size=len(DATA), etag="v1")
+        s, e = SPANS[2]
+        got = read_ranges([(src, s, e)]) if batch else [src.read_range(s, e)]
+        assert got == [DATA[s:e]]
+        assert answers[0] == 503 and answers[1:] == [206]
+        store.close_idle()
+    finally:
+        listener.close()
+        for c in conns:
+            c.close()
+
+
+def test_a_reused_blocking_connection_takes_the_timeout_of_the_store_reading():
+    """``ds[i]``'s blocking connections are the process's, shared by stores: one made for a
+    store with a long timeout kept it for another store's reads (main: a store with a 0.5 s
+    timeout waited the other's 30 s for a stalled answer)."""
+    from wids import RetriesExhaustedError
+
+    def answer_all(conn) -> None:
+        try:
+            request = conn.recv(65536)
+            conn.sendall(_answer(*_ranges(request)))
+            conn.recv(65536)  # the second request: never answered
+            time.sleep(40)
+        except OSError:
+            pass
+
+    base, conns, listener = _raw_server(answer_all)
+    try:
+        patient = Store(None, RetryPolicy(attempts=1, timeout=30.0))
+        s, e = SPANS[0]
+        assert patient.source(f"{base}/x", size=len(DATA), etag="v1").read_range(s, e) == DATA[s:e]
+        hasty = Store(None, RetryPolicy(attempts=1, timeout=0.5, max_time=5.0))
+        began = time.monotonic()
+        with pytest.raises(RetriesExhaustedError):
+            hasty.source(f"{base}/x", size=len(DATA), etag="v1").read_range(s, e)
+        assert time.monotonic() - began < 5.0
+        assert len(conns) == 1  # the same connection was reused
+        patient.close_idle()
+    finally:
+        listener.close()
+        for c in conns:
+            c.close()

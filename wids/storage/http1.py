@@ -114,10 +114,14 @@ def _parse_head(head: bytes) -> tuple[int, str, dict[str, str], bool]:
 def _body_length(head: tuple[int, str, dict[str, str], bool], limit: int) -> int:
     """The body length an answer's head announces, if this client handles it.
 
+    :data:`_SKIP` for an error answer announcing more than ``limit``: its status is the
+    answer (as aiohttp's ``raise_for_status`` before any body byte), its body is not read and
+    its connection not reused.
+
     Raises:
         Unsupported: A redirect, an encoded body, or a body not framed by ``Content-Length``.
-        AnswerTooLong: More than ``limit`` bytes announced (never buffered: a server that
-            ignores ``Range`` would send the whole file).
+        AnswerTooLong: More than ``limit`` bytes announced in a success answer (never
+            buffered: a server that ignores ``Range`` would send the whole file).
     """
     status, _, headers, _ = head
     encoded = headers.get("content-encoding", "identity").lower() != "identity"
@@ -127,8 +131,14 @@ def _body_length(head: tuple[int, str, dict[str, str], bool], limit: int) -> int
     if length is None or not _number(length, 18):
         raise Unsupported("no Content-Length")
     if int(length) > limit:
+        if status >= 400:  # an error page (a proxy's HTML): its status matters, not its body
+            return _SKIP
         raise AnswerTooLong(int(length))
     return int(length)
+
+
+_SKIP = -1
+"""The body length of an error answer whose body is longer than asked for: not read."""
 
 
 def _request(target: str, host_header: str, headers: str) -> bytes:
@@ -151,7 +161,7 @@ class _SyncConn:
     CPU on its header parsing as the whole exchange costs here).
     """
 
-    __slots__ = ("poller", "sock", "tls")
+    __slots__ = ("poller", "sock", "timeout", "tls")
 
     def __init__(
         self, host: str, port: int, timeout: float, tls: ssl.SSLContext | None = None
@@ -168,6 +178,7 @@ class _SyncConn:
                 sock.close()
                 raise
         self.sock: socket.socket | None = sock
+        self.timeout = timeout
         self.tls = tls is not None
         self.poller = select.poll()  # a third of select.select's cost, paid per request
         self.poller.register(sock, select.POLLIN)
@@ -190,8 +201,11 @@ class _SyncConn:
         if sock is not None:
             sock.close()
 
-    def exchange(self, request: bytes, limit: int) -> tuple[_Answer, bool]:
+    def exchange(self, request: bytes, limit: int, timeout: float) -> tuple[_Answer, bool]:
         """Send ``request``; its whole answer, and whether the connection may be reused.
+
+        ``timeout`` is the request's (its store's): a connection made for another store's
+        request keeps the timeout it was made with otherwise.
 
         Raises:
             _Silent: The connection ended before any byte of the answer.
@@ -202,6 +216,9 @@ class _SyncConn:
         sock = self.sock
         if sock is None:
             raise _Silent(errno.ECONNRESET, "not connected")
+        if timeout != self.timeout:
+            sock.settimeout(timeout)
+            self.timeout = timeout
         buf = b""
         try:
             sock.sendall(request)
@@ -225,6 +242,8 @@ class _SyncConn:
             raise ConnectionResetError(errno.ECONNRESET, "connection closed mid-answer")
         head = _parse_head(buf[:end])
         length = _body_length(head, limit)
+        if length == _SKIP:
+            return _Answer(head[0], head[2], b""), False
         start = end + 4
         have = len(buf) - start
         if have >= length:
@@ -284,6 +303,12 @@ class _Conn(asyncio.Protocol):
                 head = self.head = _parse_head(bytes(self.buf[:end]))
                 del self.buf[: end + 4]
                 self.length = _body_length(head, self.limit)
+                if self.length == _SKIP:  # the status is the answer; the body is not read
+                    self.buf.clear()
+                    self.head = None
+                    self.reusable = False
+                    waiter.set_result(_Answer(head[0], head[2], b""))
+                    return
             if len(self.buf) >= self.length:
                 status, _, headers, closes = self.head
                 body = bytes(self.buf[: self.length])
@@ -352,7 +377,7 @@ class Http1Pool:
                 with sync.lock:
                     sync.conns.append(conn)
             try:
-                answer, reusable = conn.exchange(request, limit)
+                answer, reusable = conn.exchange(request, limit, timeout)
             except _Silent:
                 self._drop(conn)
                 if reused:  # closed by the server while idle: a new connection, once
