@@ -262,3 +262,31 @@ def test_bench_exclude_runs_tiny(tmp_path):
     assert rows["array"]["samples"] == 2000 - rows["array"]["excluded"] > 2000 - 300
     assert rows["list"]["samples"] == rows["array"]["samples"]
     assert "goals (array)" in r.stdout
+
+
+def test_a_subset_of_a_subset_keeps_the_exclusion_recorded_beside_its_index(data, tmp_path):
+    """Review of issue 23: the source's ``.exclude`` was dropped, so excluded samples came back.
+
+    A subset taken from an index that opens with an exclusion (``P.exclude``) must leave out
+    the same samples the dataset leaves out, with or without ``--exclude``/``--where`` of its
+    own, and take from that file only the samples of the shards it copies (no warning for the
+    others).
+    """
+    import warnings
+
+    d, index, keys = data
+    first = tmp_path / "first"
+    make_subset(index, first, shards=slice(0, 3), exclude=["000003", "000015", "000025"])
+    inner = str(first / "train.json")
+    assert "000015" not in _keys(ShardListDataset(inner, transformations=[]))
+    again = tmp_path / "again"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        report = make_subset(inner, again, shards=slice(1, 3))
+    assert report.excluded == 2
+    got = _keys(ShardListDataset(str(again / "train.json"), transformations=[]))
+    assert got == [k for k in keys[10:30] if k not in {"000015", "000025"}]
+    more = tmp_path / "more"
+    make_subset(inner, more, shards=slice(1, 3), exclude=["000011"])
+    got = _keys(ShardListDataset(str(more / "train.json"), transformations=[]))
+    assert got == [k for k in keys[10:30] if k not in {"000011", "000015", "000025"}]

@@ -238,6 +238,7 @@ def make_subset(
         sidecar = plan.index + ".exclude"
         if os.path.lexists(sidecar) and not force:
             raise OutputExistsError(f"{sidecar} exists (pass force to replace it)")
+        exclude = _with_source_exclusion(index, idx, chosen, exclude, exclude_strict)
         if where is not None:
             exclude = _with_where(idx, chosen, where, exclude, exclude_strict)
         lines = _excluded_lines(idx, chosen, names, tables, exclude, exclude_strict)
@@ -269,6 +270,49 @@ def make_subset(
         seconds=time.monotonic() - t0,
         excluded=len(lines),
     )
+
+
+def _with_source_exclusion(
+    index: Any, idx: IndexReader, chosen: list[int], exclude: Any, strict: bool
+) -> Any:
+    """``exclude`` and what the source index's own exclusion file leaves out of ``chosen``.
+
+    A local index ``P`` opens with ``P.exclude`` (``wids subset --exclude`` wrote it): a
+    subset of it must leave out the same samples, or a subset of a subset brings back what
+    was taken down. Only the chosen shards' samples are taken from it.
+    """
+    import dataclasses
+
+    from ..dataset import SIDECAR, parse_exclude, resolve
+    from ..storage import is_local
+
+    if not isinstance(index, (str, os.PathLike)):
+        return exclude
+    path = os.fspath(index).removeprefix("file://")
+    if not is_local(path) or not os.path.isfile(path + SIDECAR):
+        return exclude
+    beside = parse_exclude(path + SIDECAR, strict=True)  # as opening the index reads it
+    if beside is None:
+        return exclude
+    counts = np.asarray(shard_sample_counts(idx), dtype=np.int64)
+    starts = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    get = shard_getter(idx)
+
+    def table(k: int) -> Any:
+        got = idx.members(k)
+        if got is None:
+            raise ExclusionError(f"{path + SIDECAR}: the index records no member tables")
+        return got
+
+    numbers, _ = resolve(beside, starts, lambda k: str(get(k).url), table)
+    inside = np.isin(np.searchsorted(starts[1:], numbers, side="right"), chosen)
+    numbers = numbers[inside]
+    spec = parse_exclude(exclude, strict=strict)
+    if spec is None:
+        return numbers if len(numbers) else None
+    merged = np.union1d(spec.samples, numbers).astype(np.int64)
+    return dataclasses.replace(spec, samples=merged)
 
 
 def _with_where(idx: IndexReader, chosen: list[int], where: str, exclude: Any, strict: bool) -> Any:
