@@ -146,6 +146,28 @@ def test_where_refuses_what_is_not_in_the_language(index, expr):
         ds.where(expr)
 
 
+def test_where_numbers_beyond_int64_neither_crash_nor_wrap(index):
+    """Review of issue 23: OverflowError from deep in numpy, int64 wrap-around, ``// 0`` = 0.
+
+    Integer constants past int64 (or past float) are numbers like any other; integer
+    arithmetic that would wrap is done in float64; ``//`` and ``%`` by zero give infinity or
+    NaN as the page says (not 0).
+    """
+    ds = ShardListDataset(index, transformations=[])
+    huge = "9" * 400
+    assert ds.where("size_jpg * 99999999999999999999999999 > 0").tolist() == []
+    assert ds.where("size_jpg + 9223372036854775807 > 0").tolist() == []
+    assert ds.where("size_jpg - 9223372036854775807 - 1000 < 0").tolist() == []
+    assert ds.where(f"size_jpg + {huge} > 0").tolist() == []
+    assert ds.where(f"size_jpg < {huge} and size_jpg > -{huge}").tolist() == []
+    assert ds.where(f"width < {huge}").tolist() == [7, 10]
+    assert ds.where(f"width == {huge}").tolist() == list(range(N))
+    kept = set(range(N)) - set(ds.where(f"size_jpg in (117, {huge})").tolist())
+    assert kept == {17}
+    assert ds.where("size_jpg // 0 > 1e300").tolist() == []
+    assert ds.where("size_jpg % 0 >= 0").tolist() == list(range(N))
+
+
 def test_unknown_column_and_no_index(index, tmp_path):
     ds = ShardListDataset(index, transformations=[])
     with pytest.raises(ColumnError, match="no column named 'depth'.*width"):
@@ -210,6 +232,35 @@ def test_a_damaged_stored_column_is_an_index_error_naming_the_shard(tmp_path):
     for p, t in zip(sidecars, texts, strict=True):
         p.write_text(t)
     assert ShardListDataset(out).column("width", missing=-1)[:3].tolist() == [0, 100, 200]
+
+
+def test_a_newer_or_hostile_str_column_names_its_shard(tmp_path):
+    """Review of issue 23: the version error said ``None: columns of version 2``, and a
+    stored ``str`` column holding an object or an over-long string was a ``ColumnError``
+    naming a sample but no shard (it is damage to the index: ``IndexFormatError``)."""
+    paths = write_shards(tmp_path)
+    out = str(tmp_path / "train.json")
+    build_index(paths, out, columns=["json:caption"])
+    desc = json.loads(Path(out).read_text())
+    sidecar = tmp_path / desc["shardlist"][1]["members"]
+    text = sidecar.read_text()
+
+    def damaged(change) -> ShardListDataset:
+        doc = json.loads(text)
+        change(doc["wids_columns"])
+        sidecar.write_text(json.dumps(doc))
+        return ShardListDataset(out, transformations=[])
+
+    with pytest.raises(ColumnError, match="s-1.tar.*newer wids"):
+        damaged(lambda c: c.update(version=2)).column("caption")
+    for value in ({"a": 1}, "x" * 5000, 3):
+        ds = damaged(lambda c, v=value: c["columns"]["caption"]["values"].__setitem__(2, v))
+        with pytest.raises(IndexFormatError, match="s-1.tar"):
+            ds.column("caption")
+        with pytest.raises(IndexFormatError, match="s-1.tar"):
+            ds.where("caption == 'c0'")
+    sidecar.write_text(text)
+    assert ShardListDataset(out).column("caption")[:2].tolist() == ["c0", "c1"]
 
 
 def test_the_documented_example_runs(tmp_path, monkeypatch, capsys):

@@ -296,7 +296,9 @@ def test_cli_subset_where_writes_an_exclusion_and_keeps_columns(tmp_path, capsys
 
 
 @pytest.mark.servers
-def test_remote_index_over_nginx_and_remote_shards_collected_by_range(http_server, tmp_path):
+def test_remote_index_over_nginx_and_remote_shards_collected_by_range(
+    http_server, tmp_path, capsys
+):
     root = http_server.root / f"cols-{os.getpid()}"
     root.mkdir()
     shards = [
@@ -346,6 +348,12 @@ def test_remote_index_over_nginx_and_remote_shards_collected_by_range(http_serve
     build_index(shards, str(root / "i.json"), columns=["json:w"])
     ds = ShardListDataset(f"{http_server.base}/{root.name}/i.json", transformations=[])
     assert ds.column("w").tolist() == [0, 1, 2, 3, 4, 10, 11, 12, 13, 14, 20, 21, 22, 23, 24]
+    # index info --columns reads the remote sidecars (several at once) as the local ones
+    infos = []
+    for where in (str(root / "i.json"), f"{http_server.base}/{root.name}/i.json"):
+        assert main(["index", "info", where, "--columns", "--json"]) == 0
+        infos.append(json.loads(capsys.readouterr().out)["columns"])
+    assert infos[0] == infos[1] and infos[0][0]["count"] == 15
     shutil.rmtree(root)
 
 
@@ -398,3 +406,18 @@ def test_a_shard_table_refuses_columns_its_readers_would_refuse(tmp_path):
     other = str(tmp_path / "i.sqlite")  # no such limit
     build_index([shard], other, columns=["json:cap"])
     assert ShardListDataset(other).column("cap")[1099] == caption + "1099"
+
+
+def test_info_columns_of_values_spanning_more_than_a_float_holds(tmp_path, capsys):
+    """Review of issue 23: numpy cannot make 10 finite bins over [-1.7e308, 1.7e308]: ``index
+    info --columns`` failed with its ValueError. Such a column has no histogram."""
+    shard = _shard(tmp_path / "a.tar", [{"v": 1.7e308}, {"v": -1.7e308}, {"v": 0.5}, {"n": 1}])
+    out = str(tmp_path / "i.widx")
+    build_index([shard], out, columns=["json:v", "size:.jpg"])
+    capsys.readouterr()
+    assert main(["index", "info", out, "--columns", "--json"]) == 0
+    info = {c["name"]: c for c in json.loads(capsys.readouterr().out)["columns"]}
+    assert (info["v"]["min"], info["v"]["max"], info["v"]["missing"]) == (-1.7e308, 1.7e308, 1)
+    assert "histogram" not in info["v"] and sum(info["size_jpg"]["histogram"]["counts"]) == 4
+    assert main(["index", "info", out, "--columns"]) == 0
+    assert "min -1.7e+308, max 1.7e+308" in capsys.readouterr().out

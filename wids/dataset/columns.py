@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ColumnError, IndexFormatError
-from ..index.columns import ShardColumn, decode_columns, merge_type
+from ..index.columns import ShardColumn, decode_columns, merge_type, shard_extras
 
 __all__ = ["Column", "dataset_column", "raw_column", "where_excluded", "where_in_index"]
 
@@ -93,6 +93,8 @@ def raw_column(loaded: Any, name: str) -> Column:
             got = decode_columns(entry, n, None, names=None if k == 0 else [name])
         except IndexFormatError as e:
             raise IndexFormatError(e.message, shard=redact_url(loaded.infos[k].url)) from None
+        except ColumnError as e:  # columns of a newer wids: say which shard holds them
+            raise ColumnError(f"{redact_url(loaded.infos[k].url)}: {e}") from None
         if k == 0:
             seen = set(got)
         col = got.get(name)
@@ -111,13 +113,8 @@ _THREADS = 16  # a remote JSON index's sidecars read at once
 
 def _extras(loaded: Any, extra: Any) -> Any:
     """Every shard's extra keys in order (a remote JSON index's sidecars read concurrently)."""
-    n = len(loaded.lengths)
-    if not getattr(loaded, "extra_remote", False) or n < 2:
-        return (extra(k) for k in range(n))
-    import concurrent.futures as cf
-
-    with cf.ThreadPoolExecutor(_THREADS, thread_name_prefix="wids-columns") as pool:
-        return list(pool.map(extra, range(n)))
+    remote = getattr(loaded, "extra_remote", False)
+    return shard_extras(extra, len(loaded.lengths), remote, _THREADS)
 
 
 def _concat(

@@ -207,10 +207,9 @@ class Description:
 
 def _remote_sidecars(reader: Any) -> bool:
     """Whether ``shard_extra(i)`` may read a remote file per shard (a remote JSON index)."""
-    from ..index import JsonIndex
-    from ..storage import is_remote
+    from ..index.columns import remote_sidecars
 
-    return isinstance(reader, JsonIndex) and isinstance(reader.url, str) and is_remote(reader.url)
+    return remote_sidecars(reader)
 
 
 def _per_shard(counts: np.ndarray) -> int:

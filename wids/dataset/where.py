@@ -10,7 +10,8 @@ The language:
 - comparisons ``== != < <= > >=`` (chains too: ``256 <= width < 1024``), ``in`` / ``not in``
   a tuple or list of constants;
 - arithmetic ``+ - * / // %`` and unary ``-``/``+`` on numbers (``width / height > 1.5``;
-  a division by zero gives infinity or NaN, as numpy does);
+  a division by zero gives infinity or NaN, integers included; integer arithmetic that
+  would overflow int64 is done in float64, and integer constants past int64 are floats);
 - ``and``, ``or``, ``not``, parentheses;
 - functions ``isnull(col)``, ``notnull(col)``, ``abs(x)``.
 
@@ -23,6 +24,7 @@ where missing. Bounds: at most :data:`MAX_LENGTH` characters and :data:`MAX_NODE
 from __future__ import annotations
 
 import ast
+import math
 import operator
 from collections.abc import Mapping
 from typing import Any
@@ -115,11 +117,14 @@ class Where:
                 ordering a string and a number).
         """
         with np.errstate(all="ignore"):
-            return _truth(self._bool(self._tree.body, columns), n)
+            try:
+                return _truth(self._bool(self._tree.body, columns), n)
+            except OverflowError as e:  # not expected (constants are converted): still typed
+                raise ColumnError(f"{self.text!r}: a number out of range ({e})") from None
 
     def _eval(self, node: ast.AST, cols: Mapping[str, Any]) -> _Val:
         if isinstance(node, ast.Constant):
-            return _Val(node.value, node.value is None)
+            return _Val(_constant(node.value), node.value is None)
         if isinstance(node, ast.Name):
             if node.id in ("True", "False", "None"):  # not reached on 3.8+: they are Constants
                 raise ColumnError(f"{self.text!r}: unexpected name {node.id}")
@@ -139,7 +144,7 @@ class Where:
             return _Val(-v.value if isinstance(node.op, ast.USub) else v.value, v.missing)
         if isinstance(node, ast.BinOp):
             a, b = self._number(node.left, cols), self._number(node.right, cols)
-            value = _ARITH[type(node.op)](a.value, b.value)
+            value = _arith(_ARITH[type(node.op)], a.value, b.value)
             return _Val(value, np.logical_or(a.missing, b.missing))
         if isinstance(node, ast.Compare):
             return self._compare(node, cols)
@@ -193,7 +198,7 @@ class Where:
     def _member(self, left: _Val, node: ast.AST) -> Any:
         if not isinstance(node, (ast.Tuple, ast.List)):
             raise ColumnError(f"{self.text!r}: 'in' takes a tuple or list of constants")
-        options = [e.value for e in node.elts if isinstance(e, ast.Constant)]
+        options = [_constant(e.value) for e in node.elts if isinstance(e, ast.Constant)]
         value = left.value
         if isinstance(value, np.ndarray) and value.dtype == object:
             wanted = set(options)
@@ -208,6 +213,38 @@ class Where:
         else:
             found = np.asarray(value in options)
         return np.logical_and(found, np.logical_not(left.missing))
+
+
+def _constant(value: Any) -> Any:
+    """A constant as evaluation uses it: an int past int64 is a float (past float: infinity).
+
+    numpy refuses Python ints it cannot convert (OverflowError from deep inside an
+    operation); as floats they compare and compute as the numbers they are.
+    """
+    if type(value) is int and not -(1 << 63) <= value < (1 << 63):
+        try:
+            return float(value)
+        except OverflowError:
+            return math.inf if value > 0 else -math.inf
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    if isinstance(value, np.ndarray):
+        return value.dtype.kind in "iu"
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _arith(f: Any, a: Any, b: Any) -> Any:
+    """``f(a, b)``; integers that would wrap around int64 (or divide by zero) in float64."""
+    if not (_is_int(a) and _is_int(b)) or f is np.true_divide:
+        return f(a, b)
+    wide = f(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64))
+    if f in (np.floor_divide, np.mod):
+        return wide if np.any(np.asarray(b) == 0) else f(a, b)  # int // 0 is 0 in numpy
+    if np.any(np.abs(wide) >= 2.0**63):  # int64 would wrap: keep the (rounded) magnitude
+        return wide
+    return f(a, b)
 
 
 def _compare(f: Any, a: _Val, b: _Val, text: str) -> Any:

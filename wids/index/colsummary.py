@@ -10,12 +10,13 @@ common ones. Every shard's entry is read once (the columns are decoded and check
 from __future__ import annotations
 
 import collections
+import math
 from typing import Any
 
 import numpy as np
 
-from ..errors import IndexFormatError
-from .columns import ShardColumn, decode_columns, merge_type
+from ..errors import ColumnError, IndexFormatError
+from .columns import ShardColumn, decode_columns, merge_type, remote_sidecars, shard_extras
 
 __all__ = ["BINS", "column_summaries"]
 
@@ -42,13 +43,16 @@ def column_summaries(reader: Any) -> list[dict[str, Any]]:
     types: dict[str, str] = {}
     absent: collections.Counter[str] = collections.Counter()  # samples of shards without it
     total = 0
-    for k in range(n):
+    extras = shard_extras(reader.shard_extra, n, remote_sidecars(reader))
+    for k, extra in enumerate(extras):
         nsamples = int(counts[k])
         total += nsamples
         try:
-            cols = decode_columns(reader.shard_extra(k), nsamples, None)
+            cols = decode_columns(extra, nsamples, None)
         except IndexFormatError as e:
             raise IndexFormatError(e.message, shard=redact_url(get(k).url)) from None
+        except ColumnError as e:  # columns of a newer wids: say which shard holds them
+            raise ColumnError(f"{redact_url(get(k).url)}: {e}") from None
         for name, col in cols.items():
             if name not in parts:
                 parts[name] = []
@@ -84,8 +88,10 @@ def _summary(name: str, kind: str, parts: list[ShardColumn], absent: int) -> dic
     finite = nums[np.isfinite(nums)] if kind == "float64" else nums
     out["min"] = _plain(nums.min())
     out["max"] = _plain(nums.max())
-    if len(finite):
-        hist, edges = np.histogram(finite.astype(np.float64), bins=BINS)
+    wide = finite.astype(np.float64)
+    # numpy cannot cut a span wider than a float holds (-1e308 .. 1e308) into finite bins
+    if len(wide) and math.isfinite(float(wide.max()) - float(wide.min())):
+        hist, edges = np.histogram(wide, bins=BINS)
         out["histogram"] = {"edges": [float(e) for e in edges], "counts": hist.tolist()}
     return out
 

@@ -37,7 +37,7 @@ import json
 import keyword
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,8 @@ __all__ = [
     "encode_columns",
     "merge_type",
     "parse_specs",
+    "remote_sidecars",
+    "shard_extras",
     "values_column",
 ]
 
@@ -326,7 +328,8 @@ def decode_columns(
         raise bad("not an object with 'columns'")
     if entry.get("version") != VERSION:
         raise ColumnError(
-            f"{shard}: columns of version {entry.get('version')!r}; this wids reads version "
+            (f"{shard}: " if shard is not None else "")
+            + f"columns of version {entry.get('version')!r}; this wids reads version "
             f"{VERSION} (a newer wids wrote them)"
         )
     cols = entry["columns"]
@@ -359,7 +362,10 @@ def _decode_one(entry: Any, n: int, bad: Any, name: str) -> ShardColumn:
         values = entry.get("values")
         if not isinstance(values, list) or len(values) != n:
             raise bad(f"column {name!r}: 'values' is not a list of {n}")
-        col = values_column(values, f"column {name!r}: ")
+        try:
+            col = values_column(values, f"column {name!r}: ")
+        except ColumnError as e:  # stored values: damage to the index, not a user's value
+            raise bad(str(e)) from None
         if col.type not in ("str", "null"):
             raise bad(f"column {name!r}: a str column holds {col.type} values")
         return ShardColumn("str", col.values.astype(object), col.missing)
@@ -418,3 +424,27 @@ def json_value(data: bytes | bytearray | memoryview, path: str, where: str) -> A
     if isinstance(doc, (dict, list)):
         raise ColumnError(f"{where}: json:{path} is an {type(doc).__name__}, not a value")
     return doc
+
+
+def remote_sidecars(reader: Any) -> bool:
+    """Whether ``reader.shard_extra(i)`` may read a remote file per shard (a remote JSON index)."""
+    from ..storage import is_remote
+    from .jsonreader import JsonIndex
+
+    return isinstance(reader, JsonIndex) and isinstance(reader.url, str) and is_remote(reader.url)
+
+
+def shard_extras(
+    extra: Callable[[int], Mapping[str, Any]], n: int, remote: bool, threads: int = 16
+) -> Iterable[Mapping[str, Any]]:
+    """Every shard's extra keys in order; ``remote``: ``threads`` shards' sidecars read at once.
+
+    A remote JSON index keeps each shard's columns in its member sidecar, one request each:
+    read one after another, 200 shards behind 25 ms of latency took 6 s.
+    """
+    if not remote or n < 2:
+        return (extra(k) for k in range(n))
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(threads, thread_name_prefix="wids-columns") as pool:
+        return list(pool.map(extra, range(n)))
