@@ -421,3 +421,24 @@ def test_info_columns_of_values_spanning_more_than_a_float_holds(tmp_path, capsy
     assert "histogram" not in info["v"] and sum(info["size_jpg"]["histogram"]["counts"]) == 4
     assert main(["index", "info", out, "--columns"]) == 0
     assert "min -1.7e+308, max 1.7e+308" in capsys.readouterr().out
+
+
+def test_a_rebuild_without_columns_warns_that_it_drops_them(tmp_path, capsys):
+    """Review of issue 23: ``wids index create`` again (incremental, one shard more) without
+    ``--column`` silently wrote an index without the columns ``ds.where`` filters need."""
+    import warnings
+
+    shards = [
+        _shard(tmp_path / f"s{k}.tar", [{"w": k}, {"w": k + 1}], start=2 * k) for k in range(3)
+    ]
+    out = str(tmp_path / "i.json")
+    assert main(["index", "create", *shards[:2], "-o", out, "-q", "--column", "json:w"]) == 0
+    with pytest.warns(UserWarning, match=r"has metadata columns \(w\).*--column SPEC"):
+        assert main(["index", "create", *shards, "-o", out, "-q"]) == 0
+    with pytest.raises(ColumnError, match="no column named 'w'"):
+        ShardListDataset(out).column("w")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no columns now: nothing to warn about
+        assert main(["index", "create", *shards, "-o", out, "-q", "--column", "json:w"]) == 0
+        assert main(["index", "create", *shards, "-o", out, "-q", "--column", "json:w"]) == 0
+    assert ShardListDataset(out).column("w").tolist() == [0, 1, 1, 2, 2, 3]
