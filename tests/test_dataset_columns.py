@@ -294,3 +294,29 @@ def test_a_pickled_dataset_reads_its_columns(index):
     assert len(ds) == N - 1
     copy = pickle.loads(pickle.dumps(ds))
     assert np.array_equal(copy.column("width"), ds.column("width"), equal_nan=True)
+
+
+def test_a_concatenation_has_its_parts_columns_aligned_with_its_samples(index, tmp_path):
+    """Review of issue 23: ``ds1 + ds2`` had no ``column``, so ``keys="width"`` of the
+    bucketing sampler refused it; its column is the parts' columns (after their exclusions)."""
+    pytest.importorskip("torch")
+    from wids import BucketBatchSampler
+
+    a = ShardListDataset(index, transformations=[], exclude=[0, 7])
+    b = ShardListDataset(index, transformations=[], exclude=a.where("width < 1000"))
+    both = a + b
+    width = both.column("width", missing=-1)
+    assert len(width) == len(both) == len(a) + len(b)
+    for i in range(len(both)):
+        meta = _meta(int(both[i]["__key__"]))
+        assert width[i] == (-1 if meta is None or "width" not in meta else meta["width"])
+    assert both.column("size_jpg").dtype == np.int64
+    with pytest.raises(ColumnError, match="no column named 'depth'"):
+        both.column("depth")
+    sampler = BucketBatchSampler(
+        both, "size_jpg", batch_size=2, num_buckets=2, num_replicas=1, rank=0
+    )
+    batches = list(sampler)
+    assert sorted(i for batch in batches for i in batch) == list(range(len(both)))
+    with pytest.raises(ColumnError, match="part 1"):
+        (a + list(range(3))).column("width")

@@ -8,7 +8,8 @@ samplers in :mod:`wids.sampler` read from a dataset:
   a plain torch dataset, counts as one shard), so chunks never cross a shard boundary and
   ``ShardedSampler`` serves one shard at a time across the parts;
 - ``components``: each part's (sub-)datasets, shifted to the concatenation's indices (a part
-  without components is one), for ``mix=True``.
+  without components is one), for ``mix=True``;
+- ``column(name)``: the parts' metadata columns in order (``BucketBatchSampler(keys=name)``).
 
 A batch (``__getitems__``) is read part by part with each part's own batched read, so a
 ``ShardListDataset`` part still merges nearby samples into one request. This module imports
@@ -68,6 +69,37 @@ class ShardConcatDataset(ConcatDataset[T_co]):
             )
             start += size
         return out
+
+    def column(self, name: str, *, missing: Any = None) -> Any:
+        """Metadata column ``name`` of every part in order: ``out[i]`` is ``self[i]``'s.
+
+        Each part's ``column(name, missing=missing)`` (``ShardListDataset.column``: after its
+        exclusions), concatenated; numpy picks the common type (an ``int64`` part and a
+        ``float64`` part give ``float64``). A filter over a concatenation is a filter per
+        part: ``ds1.where(expr)`` and ``ds2.where(expr)``.
+
+        Raises:
+            ColumnError: A part has no such column, or no ``column`` at all (a plain torch
+                dataset).
+        """
+        import numpy as np
+
+        from ..errors import ColumnError
+
+        out = []
+        for k, part in enumerate(self.datasets):
+            get = getattr(part, "column", None)
+            if not callable(get):
+                raise ColumnError(
+                    f"part {k} of the concatenation ({type(part).__name__}) has no metadata columns"
+                )
+            values = np.asarray(get(name, missing=missing))
+            if len(values) != len(part):  # type: ignore[arg-type]
+                raise ColumnError(
+                    f"part {k}: column {name!r} has {len(values)} values for {len(part)} samples"  # type: ignore[arg-type]
+                )
+            out.append(values)
+        return np.concatenate(out) if out else np.zeros(0)
 
     def __add__(self, other: Dataset[Any]) -> ShardConcatDataset[Any]:
         """A flat concatenation of this one's parts and ``other`` (or its parts)."""
