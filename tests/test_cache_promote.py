@@ -191,3 +191,109 @@ def test_a_plan_beyond_the_share_is_deferred_then_fetched_as_room_frees_or_reads
         assert shard.read_range(0, 10) == blob(10_000, 5)[:10]
     promoter.close()
     fs.rm("/wids-focus", recursive=True)
+
+
+class _Stalling:
+    """A Range-honouring HTTP server on 127.0.0.1 whose GETs wait while ``stall`` is set."""
+
+    def __init__(self, data: bytes) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.data, self.stall, self.gets = data, threading.Event(), 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_HEAD(self) -> None:  # noqa: N802 - http.server's name
+                self._head(200, len(outer.data))
+
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                outer.gets += 1
+                deadline = time.monotonic() + 60
+                while outer.stall.is_set() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                spec = self.headers.get("Range")
+                first, last = 0, len(outer.data) - 1
+                if spec:
+                    a, _, b = spec.split("=", 1)[1].partition("-")
+                    first, last = int(a), min(int(b or last), last)
+                part = outer.data[first : last + 1]
+                self._head(206 if spec else 200, len(part), (first, last) if spec else None)
+                self.wfile.write(part)
+
+            def _head(self, status: int, length: int, span: tuple[int, int] | None = None) -> None:
+                self.send_response(status)
+                self.send_header("Content-Length", str(length))
+                self.send_header("ETag", '"v1"')
+                if span is not None:
+                    self.send_header(
+                        "Content-Range", f"bytes {span[0]}-{span[1]}/{len(outer.data)}"
+                    )
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/shard.tar"
+
+    def close(self) -> None:
+        self.stall.clear()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_planned_shard_whose_downloader_process_is_killed_is_not_waited_for_long(tmp_path):
+    """A plan's first reads wait for the shard's download. When another process is the one
+    downloading it and is killed (SIGKILL, mid-download), its lock goes with it: this
+    process's fetch takes over at once, the wait ends with the right bytes (not after
+    lock_timeout), and the killed download's temporary file does not stay in the cache."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    data = blob(300_000, 5)
+    server = _Stalling(data)
+    server.stall.set()
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from wids.cache import ShardCache; from wids.storage import Source;"
+            "from wids.index import Fingerprint;"
+            "n = Fingerprint(int(sys.argv[3]));"
+            "ShardCache(sys.argv[1]).open(Source(sys.argv[2]), expected=n)",
+            str(tmp_path),
+            server.url,
+            str(len(data)),
+        ],
+        env={**os.environ},
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while server.gets == 0 and time.monotonic() < deadline:  # the child is downloading
+            time.sleep(0.05)
+        assert server.gets > 0
+        time.sleep(0.3)
+        cache = ShardCache(tmp_path)  # lock_timeout: 600 s
+        promoter = Promoter(cache, share=0.05, focus=0.0)
+        src = Source(server.url)
+        assert promoter.planned(src, 0.9, shard_bytes=len(data), expected=Fingerprint(len(data)))
+        time.sleep(0.5)  # this process's fetch waits for the child's lock
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        server.stall.clear()
+        began = time.monotonic()
+        shard = promoter.open_if_ready(src.url, expected=Fingerprint(len(data)))
+        assert shard is not None and time.monotonic() - began < 20
+        with shard:
+            assert shard.read_range(0, len(data)) == data
+        promoter.close()
+        assert not list((tmp_path / "tmp").iterdir())  # the killed download's copy is gone
+    finally:
+        if child.poll() is None:
+            child.kill()
+        server.close()
