@@ -480,3 +480,34 @@ def test_a_forged_state_is_refused_without_working_on_it():
     assert time.perf_counter() - start < 1
     s.load_state_dict(state)  # and the sampler still takes a good one
     assert len(list(s)) == -(-(103 - 12) // 3)
+
+
+@pytest.mark.parametrize(
+    "n, replicas, kw",
+    [
+        (103, 1 << 20, {}),  # a million ranks of one index each: every rank replayed
+        (103, 131072, {}),
+        (20000, 40000, {"partition": "global", "num_workers": 2, "batch_size": 1}),
+        (20000, 40000, {"partition": "global"}),
+    ],
+    ids=["block-2^20", "block-2^17", "global-workers", "global"],
+)
+def test_a_state_of_more_ranks_than_samples_is_bounded(n, replicas, kw):
+    """More ranks than samples make most ranks hold padding copies, each replayed to see which
+    were read: forged, such a state is refused or loaded at once (the old code replayed them
+    all: ~40 s for 2^20 ranks, minutes for a global order of 20,000 on 40,000 ranks)."""
+    import time
+
+    ds = Shards([n])
+    s = DistributedChunkedSampler(ds, num_replicas=3, rank=0, seed=1, chunksize=100, **kw)
+    length = -(-n // replicas)
+    forged = {**s.state_dict(), "num_replicas": replicas, "length": length, "position": length}
+    forged.update({k: v for k, v in kw.items() if k != "partition"})
+    start = time.perf_counter()
+    try:
+        s.load_state_dict(forged)
+    except SamplerStateError as e:
+        assert "ranks" in str(e)
+    else:
+        assert list(s) == []  # every index was consumed: nothing left for the new ranks
+    assert time.perf_counter() - start < 3

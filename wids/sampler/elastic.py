@@ -41,9 +41,11 @@ from .workers import _interleave
 __all__: list[str] = []
 
 # bounds on what a state may ask for (a real job is far below them)
-_MAX_RANKS = 1 << 22  # all stages' ranks together
+_MAX_RANKS = 1 << 17  # all stages' ranks together (a rank replayed costs ~100 indices' time)
 _MAX_STAGES = 1024
 _MAX_WORKERS = 1 << 16
+_MAX_REPLAY = 1 << 26  # indices replayed to find the padding copies read (~20 s)
+_RANK_COST = 512  # a replayed rank's own cost, in indices (~65 us each)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -126,7 +128,9 @@ class _Resumed:
         # the rest after the first stage: old rank r's unread slots, without the padding
         # copies and without the samples a copy of which was read
         self._extra = max(0, first.replicas * first.length - self._n)  # padding slots
-        seen = {r: self._read_marks(r) for r in self._marked_ranks()}
+        marked = self._marked_ranks()
+        self._check_replay(marked)
+        seen = {r: self._read_marks(r) for r in marked}
         self._marked = set(seen)
         self._consumed = {slot % self._n for marks in seen.values() for slot in marks}
         heads = [
@@ -185,8 +189,37 @@ class _Resumed:
         first = self._first
         return [r for r in range(first.replicas) if self._extra and self._marks(r)]
 
+    def _replays(self) -> bool:
+        """Whether finding the read marks replays the old orders (else: arithmetic)."""
+        return self.sampler.partition == "block" or self._first.num_workers > 1
+
+    def _check_replay(self, marked: list[int]) -> None:
+        """Refuse a state whose marked ranks would take too long to replay (a forged one).
+
+        Each marked rank's order is replayed up to the position; a global order is generated
+        from the epoch's start up to that rank's slice. More ranks than samples make most ranks
+        marked: work that grows with ranks times samples, not with the job.
+        """
+        if not self._replays():
+            return
+        first, n = self._first, self._n
+        block = self.sampler.partition == "block"
+        cost = 0
+        for r in marked:
+            cost += _RANK_COST + first.position + (0 if block else min(n, r * first.length))
+            if cost > _MAX_REPLAY:
+                raise SamplerStateError(
+                    f"sampler state: {len(marked)} of its {first.replicas} ranks hold padding "
+                    f"copies of {n} samples; replaying them is more than {_MAX_REPLAY} indices "
+                    "(a state of far more ranks than samples)"
+                )
+
     def _read_marks(self, rank: int) -> set[int]:
         """The marked slots among old ``rank``'s consumed indices."""
+        first = self._first
+        if not self._replays():  # a global slice read in order: slot g is at g - rank * length
+            start = rank * first.length
+            return {g for g in self._marks(rank) if g - start < first.position}
         head = itertools.islice(self._old_order(rank), self._first.position)
         return {i.slot for i in head if type(i) is _Slot}
 
