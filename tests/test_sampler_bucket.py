@@ -776,3 +776,23 @@ def test_a_hostile_state_is_refused_before_any_work(stages):
     state = {**sampler.state_dict(), "stages": stages}
     with pytest.raises(SamplerStateError):
         sampler.load_state_dict(state)
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [None, [], "state", {"epoch": None}, {"epoch": "3"}, {"epoch": 1.5}, {"epoch": ...}],
+)
+def test_a_malformed_state_is_a_typed_error(forged):
+    """Not a dict, or no integer epoch: SamplerStateError (was AttributeError, KeyError or
+    TypeError from deep inside load_state_dict), and the sampler is unchanged."""
+    from wids import SamplerStateError
+
+    sampler = BucketBatchSampler(Shards([100]), np.zeros(100), batch_size=4, boundaries=[0.5])
+    state = sampler.state_dict()
+    if isinstance(forged, dict):
+        forged = {**state, **forged}
+        if forged["epoch"] is ...:
+            del forged["epoch"]
+    with pytest.raises(SamplerStateError):
+        sampler.load_state_dict(forged)
+    assert sampler.epoch == 0 and len(list(sampler)) == 25

@@ -510,8 +510,16 @@ class BucketBatchSampler:
                 layout, keys or boundaries), with another seed or batch settings (a
                 ``ValueError`` too).
         """
-        if state.get("format") != _STATE_FORMAT or state.get("version") != _STATE_VERSION:
+        if (
+            not isinstance(state, dict)
+            or state.get("format") != _STATE_FORMAT
+            or state.get("version") != _STATE_VERSION
+        ):
             raise SamplerStateError(f"not a {_STATE_FORMAT} version {_STATE_VERSION} dict")
+        try:
+            epoch = operator.index(state["epoch"])
+        except (KeyError, TypeError) as e:
+            raise SamplerStateError(f"bucket sampler state: no valid epoch ({e!r})") from None
         mine = self._settings()
         for key in _STATE_CHECKED:
             if state.get(key) != mine[key]:
@@ -534,7 +542,7 @@ class BucketBatchSampler:
         stage_length = _per_rank(len(seq), self.num_replicas, self.drop_last)
         if not 0 <= position <= stage_length:
             raise SamplerStateError(f"position must be in [0, {stage_length}], got {position}")
-        self.epoch = operator.index(state["epoch"])
+        self.epoch = epoch
         self._done, self._stage_length, self._finished = done, stage_length, None
         self._resume = self._position = position
 
