@@ -528,3 +528,35 @@ def test_a_reused_blocking_connection_takes_the_timeout_of_the_store_reading():
         listener.close()
         for c in conns:
             c.close()
+
+
+def test_a_single_read_trickled_a_byte_at_a_time_ends_within_its_timeout():
+    """``ds[i]``'s blocking read is bounded as a whole by the timeout, as a batch's attempt
+    is: a server sending its answer a byte every 0.3 s (never silent for a whole timeout)
+    held one attempt of a 1 s timeout for as long as the answer has bytes (main: ~35 s for
+    this 100-byte range, and a real range of 20 KB for hours)."""
+    from wids import RetriesExhaustedError
+
+    def answer_all(conn) -> None:
+        try:
+            request = conn.recv(65536)
+            for k, byte in enumerate(_answer(*_ranges(request))):
+                conn.sendall(bytes([byte]))
+                if k > 60:  # the head whole and fast, then the body a byte at a time
+                    time.sleep(0.3)
+        except OSError:
+            pass
+
+    base, conns, listener = _raw_server(answer_all)
+    try:
+        src = Store(None, RetryPolicy(attempts=1, timeout=1.0)).source(
+            f"{base}/x", size=len(DATA), etag="v1"
+        )
+        began = time.monotonic()
+        with pytest.raises(RetriesExhaustedError, match="TimeoutError"):
+            src.read_range(0, 100)
+        assert time.monotonic() - began < 3.0
+    finally:
+        listener.close()
+        for c in conns:
+            c.close()

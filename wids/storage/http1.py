@@ -39,6 +39,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 import urllib.parse
 from typing import Any
 
@@ -201,11 +202,23 @@ class _SyncConn:
         if sock is not None:
             sock.close()
 
+    def _shorten(self, sock: socket.socket, deadline: float, timeout: float) -> None:
+        """Wait no longer than ``deadline`` for the rest of an answer (raise past it)."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no complete answer within {timeout:g}s")
+        if left < self.timeout:
+            sock.settimeout(left)
+            self.timeout = left
+
     def exchange(self, request: bytes, limit: int, timeout: float) -> tuple[_Answer, bool]:
         """Send ``request``; its whole answer, and whether the connection may be reused.
 
         ``timeout`` is the request's (its store's): a connection made for another store's
-        request keeps the timeout it was made with otherwise.
+        request keeps the timeout it was made with otherwise. It bounds the whole exchange,
+        as the asynchronous path's attempt is bounded, not only each ``recv``: a server
+        trickling its answer a byte at a time would otherwise hold one attempt for as many
+        timeouts as the answer has bytes.
 
         Raises:
             _Silent: The connection ended before any byte of the answer.
@@ -219,6 +232,7 @@ class _SyncConn:
         if timeout != self.timeout:
             sock.settimeout(timeout)
             self.timeout = timeout
+        deadline = time.monotonic() + timeout
         buf = b""
         try:
             sock.sendall(request)
@@ -232,6 +246,7 @@ class _SyncConn:
                     break
                 if len(buf) > _HEAD_LIMIT:
                     raise ConnectionResetError(errno.ECONNRESET, "answer head too long")
+                self._shorten(sock, deadline, timeout)
         except ConnectionError as exc:
             if buf:
                 raise ConnectionResetError(errno.ECONNRESET, str(exc)) from None
@@ -261,6 +276,8 @@ class _SyncConn:
                     )
                 parts.append(chunk)
                 missing -= len(chunk)
+                if missing:
+                    self._shorten(sock, deadline, timeout)
             body = b"".join(parts)
         status, _, headers, closes = head
         # bytes nobody asked for after the answer: never read as the next one
