@@ -168,6 +168,19 @@ def test_where_numbers_beyond_int64_neither_crash_nor_wrap(index):
     assert ds.where("size_jpg % 0 >= 0").tolist() == list(range(N))
 
 
+def test_where_a_bool_column_in_a_list_of_bools(index):
+    """Review of issue 23: ``ok in (True,)`` kept nothing (bools were dropped from the list
+    as not numbers), though ``ok == True`` kept the samples it should."""
+    ds = ShardListDataset(index, transformations=[])
+
+    def kept(expr: str) -> list[int]:
+        return sorted(set(range(N)) - set(ds.where(expr).tolist()))
+
+    evens = [i for i in range(N) if i % 2 == 0 and i != 10]  # sample 10 has no .json
+    assert kept("ok in (True,)") == evens == kept("ok == True") == kept("ok not in [False]")
+    assert kept("ok in (True, False)") == [i for i in range(N) if i != 10]
+
+
 def test_unknown_column_and_no_index(index, tmp_path):
     ds = ShardListDataset(index, transformations=[])
     with pytest.raises(ColumnError, match="no column named 'depth'.*width"):

@@ -203,6 +203,9 @@ class Where:
         if isinstance(value, np.ndarray) and value.dtype == object:
             wanted = set(options)
             found = np.fromiter((v in wanted for v in value), dtype=bool, count=len(value))
+        elif isinstance(value, np.ndarray) and value.dtype == bool:
+            flags = [o for o in options if isinstance(o, bool)]
+            found = np.isin(value, np.asarray(flags, dtype=bool))
         elif isinstance(value, np.ndarray):
             nums = [o for o in options if isinstance(o, (int, float)) and not isinstance(o, bool)]
             found = (
