@@ -511,3 +511,56 @@ def test_a_state_of_more_ranks_than_samples_is_bounded(n, replicas, kw):
     else:
         assert list(s) == []  # every index was consumed: nothing left for the new ranks
     assert time.perf_counter() - start < 3
+
+
+def test_random_chains_with_repeated_world_sizes_and_a_loader_running_ahead():
+    """As test_random_chains_of_resumes, but a world size may follow itself (a resumed stage
+    resumed again on the same ranks), and each rank's iterator runs up to 3 indices ahead of
+    what the loop consumed (a DataLoader's prefetch): the state is saved with the consumed
+    ``position``, counted from the start of the stage. Nothing read before a resume on another
+    world size is read after it, nothing is lost (drop_last: nothing twice), and a world size's
+    stage repeats at most its padding (R - 1), however often it was resumed on itself."""
+    rng = random.Random(2311)
+    settings = [
+        *SETTINGS,
+        {"partition": "global", "num_workers": 3, "batch_size": 1},
+        {"num_workers": 3, "batch_size": 2, "drop_last": True},
+    ]
+    for _ in range(150):
+        lengths = [rng.randint(0, 12) for _ in range(rng.randint(1, 6))]
+        n, kw, epoch = sum(lengths), rng.choice(settings), rng.randint(0, 3)
+        worlds = [rng.randint(1, 6) for _ in range(rng.randint(2, 5))]
+        if not n:
+            continue
+        state, reads = None, []  # per stage: consecutive runs of one world size
+        for k, world in enumerate(worlds):
+            samplers = ranks(world, lengths, **kw)
+            for s in samplers:
+                s.set_epoch(epoch)
+                if state is not None:
+                    s.load_state_dict(json.loads(json.dumps(state)))
+            its = [iter(s) for s in samplers]
+            if k == len(worlds) - 1:
+                consumed = [list(i) for i in its]
+            else:
+                now = samplers[0].state_dict()
+                stage = now.get("stages", [now])[-1]
+                steps = rng.randint(0, stage["length"] - stage["position"])
+                ahead = rng.randint(0, 3) if steps else 0  # position 0 past the end: see docs
+                consumed = [list(itertools.islice(i, steps + ahead))[:steps] for i in its]
+                state = samplers[0].state_dict(position=stage["position"] + steps)
+            assert len({len(c) for c in consumed}) == 1
+            if k == 0 or world != worlds[k - 1]:
+                reads.append(Counter())
+            reads[-1].update(i for c in consumed for i in c)
+        case = (lengths, kw, worlds, epoch)
+        stages = [w for k, w in enumerate(worlds) if k == 0 or w != worlds[k - 1]]
+        for k in range(1, len(reads)):
+            assert not set(sum(reads[:k], Counter())) & set(sum(reads[k:], Counter())), case
+        for read, world in zip(reads, stages, strict=True):
+            assert (read - Counter(set(read))).total() <= world - 1, case
+        served = sum(reads, Counter())
+        if kw.get("drop_last"):
+            assert max(served.values(), default=1) == 1, case
+        else:
+            assert set(served) == set(range(n)), case
