@@ -335,3 +335,39 @@ def test_small_tar_gz_shards(tmp_path, n, make):
     for i in range(n):
         s = ds[i]
         assert all(s[f] == oracle[s["__key__"] + f] for f in (".txt", ".bin", ".cls"))
+
+
+def test_without_the_compressed_extra(gz_dir, tmp_path):
+    """Indexing a .tar.gz needs indexed_gzip (the error names the extra); reading does not."""
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Absent:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'indexed_gzip':\n"
+        "            raise ModuleNotFoundError('blocked', name=name)\n"
+        "sys.meta_path.insert(0, _Absent())\n"
+    )
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), repo])}
+    code = (
+        "import sys, wids\n"
+        "ds = wids.ShardListDataset(sys.argv[1], transformations=[])\n"
+        "print(len(ds), ds[7]['.cls'].decode())\n"
+        "try:\n"
+        "    wids.build_index([sys.argv[2]], sys.argv[3])\n"
+        "except ImportError as e:\n"
+        "    print('ImportError', e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(gz_dir / "train.json"), str(gz_dir / "a.tar.gz"),
+         str(tmp_path / "x.json")],
+        capture_output=True, text=True, env=env, check=True,
+    ).stdout  # fmt: skip
+    first, second = out.splitlines()[:2]
+    assert first == f"{2 * N} {7 % 7}"
+    assert second.startswith("ImportError") and "'compressed' extra" in second, second
