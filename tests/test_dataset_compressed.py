@@ -371,3 +371,21 @@ def test_without_the_compressed_extra(gz_dir, tmp_path):
     first, second = out.splitlines()[:2]
     assert first == f"{2 * N} {7 % 7}"
     assert second.startswith("ImportError") and "'compressed' extra" in second, second
+
+
+def test_batch_reads_check_the_tar_headers_too(gz_dir, tmp_path):
+    """An index whose offsets are one block off: ds[i] and batches raise, never other bytes."""
+    d = tmp_path / "shifted"
+    d.mkdir()
+    os.link(gz_dir / "a.tar.gz", d / "a.tar.gz")
+    build_index([str(d / "a.tar.gz")], str(d / "t.json"), seek_spacing=SPACING)
+    (sidecar,) = (d / "t.members").glob("*.json")
+    doc = json.loads(sidecar.read_bytes())
+    doc["member_offset"] = [o + 512 for o in doc["member_offset"]]
+    sidecar.write_text(json.dumps(doc))
+    ds = ShardListDataset(str(d / "t.json"), transformations=[])
+    with pytest.raises(CompressedDataError, match="not what the index records"):
+        ds[3]
+    ds = ShardListDataset(str(d / "t.json"), transformations=[])
+    with pytest.raises(CompressedDataError, match="not what the index records"):
+        ds.__getitems__([3, 4, 50])

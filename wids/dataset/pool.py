@@ -266,9 +266,8 @@ class ReaderPool:
                 buf = data[b]
                 if buf is None:
                     blk = blocks[b]
-                    buf = data[b] = readers[shard].read_span(
-                        blk.start, blk.end, self.catalog.store.stats
-                    )
+                    check = checks[b] if checks else None  # compressed shards' (verifying)
+                    buf = data[b] = readers[shard].read_span(blk.start, blk.end, stats, check)
                 raws.append(tables[shard].sample(local, i, buf, span[1] - offset))
                 uses[b] -= 1
                 if not uses[b]:  # free it now: the next read reuses the memory
