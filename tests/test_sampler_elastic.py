@@ -474,6 +474,8 @@ def test_a_forged_state_is_refused_without_working_on_it():
         {**state, "num_workers": 10**12},
         {**state, "version": 2, "stages": [{**state, "position": 0}] * 5000},
         {**state, "version": 2, "stages": "x"},
+        # one stage, of this world size: was an IndexError deep in the resume
+        {**state, "version": 2, "num_replicas": 3, "stages": [{**state, "num_replicas": 3}]},
     ]:
         with pytest.raises(SamplerStateError):
             s.load_state_dict(forged)

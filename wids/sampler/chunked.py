@@ -465,6 +465,11 @@ class ChunkedSampler:
         if plain:
             resumed = None  # on the same world size: the same order, from the position
         elif stages[-1].replicas == self.num_replicas:  # a resumed stage, resumed again
+            if len(stages) < 2:  # wids saves a one-stage epoch without 'stages'
+                raise SamplerStateError(
+                    "sampler state: 'stages' holds only the stage of this world size "
+                    "(a resumed stage follows the epoch's first stage)"
+                )
             resumed = _Resumed(self, epoch, seed, stages[:-1], stages[-1])
         else:
             resumed = _Resumed(self, epoch, seed, stages)
