@@ -442,3 +442,18 @@ def test_a_rebuild_without_columns_warns_that_it_drops_them(tmp_path, capsys):
         assert main(["index", "create", *shards, "-o", out, "-q", "--column", "json:w"]) == 0
         assert main(["index", "create", *shards, "-o", out, "-q", "--column", "json:w"]) == 0
     assert ShardListDataset(out).column("w").tolist() == [0, 1, 1, 2, 2, 3]
+
+
+def test_a_writer_extending_an_index_without_columns_warns_that_it_drops_them(tmp_path):
+    """Review of issue 23: ``ShardWriter(start_shard=...)`` (or ``resume``) without
+    ``columns=`` over an index with columns rewrote it without them, silently."""
+    pattern, index = str(tmp_path / "s-%03d.tar"), str(tmp_path / "i.json")
+    with ShardWriter(pattern, maxcount=3, index=index, columns=["json:w"]) as w:
+        for i in range(7):
+            w.write({"__key__": f"{i:04d}", "json": {"w": i}})
+    with pytest.warns(UserWarning, match=r"has metadata columns \(w\); this writer") as got:
+        with ShardWriter(pattern, maxcount=3, index=index, start_shard=3) as w:
+            w.write({"__key__": "0009", "json": {"w": 9}})
+    assert got[0].filename == __file__  # the warning points at the user's line
+    with pytest.raises(ColumnError, match="no column named 'w'"):
+        ShardListDataset(index).column("w")

@@ -223,6 +223,10 @@ class ShardWriter:
 
                 self._keeper = IndexKeeper(self.index, self.store, self.name)
             if self.resume or (self.index is not None and not self.overwrite):
+                if self._columns is None and self.index is not None:
+                    from .index.colcollect import warn_if_dropped
+
+                    warn_if_dropped(self.index, "this writer collects none (columns=)", 3)
                 with writing(self._where()):
                     self._keep()
         except BaseException:

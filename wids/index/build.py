@@ -221,7 +221,9 @@ def build_index(
         raise ValueError("no shards given")
     check_output(output, urls, store)
     if not specs:
-        _warn_dropped_columns(output, store)
+        from .colcollect import warn_if_dropped
+
+        warn_if_dropped(output, "this build collects none")
     placed: set[str] = set()  # sidecars written at their remote place by the jobs
     # Locked: two builders of one index would each publish, and delete the other's sidecars.
     with index_destination(output, store, placed) as path:
@@ -249,41 +251,6 @@ def build_index(
             add_columns_locked(path, specs, store)
     report.seconds = time.monotonic() - t0
     return report
-
-
-def _warn_dropped_columns(output: str, store: Store) -> None:
-    """Warn when ``output`` is a local index with metadata columns that this build drops.
-
-    The index records each column's values, not where they came from, so a build without
-    ``columns`` cannot collect them for new or changed shards: it writes none.
-    """
-    import warnings
-
-    from ..storage import is_remote
-    from .access import count_shards
-    from .columns import EXTRA_KEY
-
-    if is_remote(output) or not os.path.isfile(output):
-        return
-    try:
-        reader = open_index(output, None)
-    except (WidsError, OSError):
-        return  # the build says what is wrong with it
-    try:
-        entry = reader.shard_extra(0).get(EXTRA_KEY) if count_shards(reader) else None
-    except (WidsError, OSError):
-        entry = None
-    finally:
-        reader.close()
-    names = entry.get("columns") if isinstance(entry, dict) else None
-    if isinstance(names, dict) and names:
-        listed = ", ".join(sorted(str(n) for n in names)[:8])
-        warnings.warn(
-            f"{output} has metadata columns ({listed}); this build collects none, so the new "
-            "index has none: pass columns=[...] (wids index create --column SPEC) to keep them",
-            UserWarning,
-            stacklevel=3,
-        )
 
 
 def _column_specs(columns: Sequence[str] | None, output: str) -> list[Any]:

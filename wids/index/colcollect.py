@@ -11,7 +11,8 @@ Two ways in, with the same values:
 :func:`add_columns_locked` adds columns to an existing local index (the caller holds its
 writer lock: a build, or :func:`wids.index.coladd.add_columns`): it rewrites the index with
 each shard's columns in its extra keys (shards, member tables, components and report as they
-were).
+were). :func:`warn_if_dropped` warns before a rewrite without columns drops the
+ones an index has.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from .columns import (
 )
 from .members import ShardMembers
 
-__all__ = ["BLOCK", "RowCollector", "add_columns_locked", "shard_columns"]
+__all__ = ["BLOCK", "RowCollector", "add_columns_locked", "shard_columns", "warn_if_dropped"]
 
 BLOCK = 8 << 20
 """The most bytes one read of ``.json`` members takes."""
@@ -316,3 +317,46 @@ def _put(
         info.md5sum,
     )
     writer.add(stored, members, extra)
+
+
+def warn_if_dropped(index: str, why: str, stacklevel: int = 2) -> None:
+    """Warn when the local ``index`` has metadata columns that rewriting it without drops.
+
+    The index keeps each column's values, not where they came from, so a build (or a writer
+    extending it) without ``columns`` cannot collect them for new or changed shards: it
+    writes none.
+
+    Args:
+        index: The index about to be rewritten (a remote or missing one is not looked at).
+        why: What drops them, for the message.
+        stacklevel: For :func:`warnings.warn`, counted from the caller.
+    """
+    import os
+    import warnings
+
+    from ..errors import WidsError
+    from ..storage import is_remote
+    from .access import count_shards
+    from .registry import open_index
+
+    if is_remote(index) or not os.path.isfile(index):
+        return
+    try:
+        reader = open_index(index, None)
+    except (WidsError, OSError):
+        return  # the rewrite says what is wrong with it
+    try:
+        entry = reader.shard_extra(0).get(EXTRA_KEY) if count_shards(reader) else None
+    except (WidsError, OSError):
+        entry = None
+    finally:
+        reader.close()
+    names = entry.get("columns") if isinstance(entry, dict) else None
+    if isinstance(names, dict) and names:
+        listed = ", ".join(sorted(str(n) for n in names)[:8])
+        warnings.warn(
+            f"{index} has metadata columns ({listed}); {why}, so the new index has none: "
+            "pass columns=[...] (wids index create --column SPEC) to keep them",
+            UserWarning,
+            stacklevel=stacklevel + 1,
+        )
