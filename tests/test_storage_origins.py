@@ -249,6 +249,52 @@ def test_a_redirect_to_another_origin_drops_authorization(tmp_path: Path) -> Non
         b.stop()
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="known leak (review of issue 25): aiohttp and obstore follow a redirect to another "
+    "origin with the headers of the storage options other than Authorization; wids would have "
+    "to follow redirects itself, with the new origin's options (Scope.options_for)",
+)
+@pytest.mark.parametrize("transport", ["fsspec", "obstore"])
+def test_a_redirect_to_another_origin_drops_every_header_of_the_options(
+    tmp_path: Path, transport: str
+) -> None:
+    """A header given for one origin (an API key) must not reach the origin a redirect names."""
+    if transport == "obstore":
+        pytest.importorskip("obstore")
+    root = tmp_path / "b"
+    root.mkdir()
+    write_shard(root / "b.tar", make_samples(3, prefix="b", fields=(".txt",)))
+    b = RecordingServer(root)
+
+    class Redirect(BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", b.base + self.path)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+    a = ThreadingHTTPServer(("127.0.0.1", 0), Redirect)
+    threading.Thread(target=a.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{a.server_address[1]}/b.tar"
+        ds = ShardListDataset(
+            [{"url": url, "nsamples": 3}],
+            storage_options={"headers": {"X-Api-Key": "KEY-FOR-A"}, "transport": transport},
+        )
+        assert len(_read_all(ds)) == 3
+        assert b.seen and "KEY-FOR-A" not in b.all_header_values()
+    finally:
+        a.shutdown()
+        a.server_close()
+        b.stop()
+
+
 @pytest.mark.servers
 def test_an_index_on_s3_naming_an_http_shard_sends_it_no_s3_options(s3_server, tmp_path: Path):
     """S3 keys, secret and endpoint stay with S3; the HTTP shard is opened with no options."""
