@@ -566,3 +566,25 @@ def test_random_chains_with_repeated_world_sizes_and_a_loader_running_ahead():
             assert max(served.values(), default=1) == 1, case
         else:
             assert set(served) == set(range(n)), case
+
+
+def test_shrinking_a_global_order_to_few_ranks_reads_the_old_orders_in_one_pass():
+    """A new rank whose slice spans many old ranks of a global order: each old rank's order
+    alone is made from the epoch's start up to its slice, so they are cut from one pass (was
+    one pass per old rank: 512 -> 1 ranks read ~100x slower than a fresh epoch)."""
+    import time
+
+    lengths, kw = [1000] * 20, {"partition": "global", "chunksize": 100}
+    old = ranks(512, lengths, **kw)[0]
+    state = old.state_dict(position=len(old) // 2)
+    fresh = ranks(1, lengths, **kw)[0]
+    start = time.process_time()
+    assert len(list(fresh)) == 20000
+    plain = time.process_time() - start
+    new = ranks(1, lengths, **kw)[0]
+    new.load_state_dict(state)
+    start = time.process_time()
+    rest = list(new)
+    resumed = time.process_time() - start
+    assert len(rest) == len(set(rest)) == 10000  # 20 of each old rank's 40 read, no copies
+    assert resumed < 10 * plain + 0.05, (resumed, plain)

@@ -300,8 +300,12 @@ class ChunkedSampler:
             self._resume, self._pending = 0, None
         self.epoch, self._finished = epoch, None
 
-    def _pieces(self) -> Iterator[list[int]]:
-        """This replica's indices for the current epoch, as lists taken from single chunks."""
+    def _pieces(self, ranks: int = 1) -> Iterator[list[int]]:
+        """This replica's indices for the current epoch, as lists taken from single chunks.
+
+        ``ranks > 1`` (not block): this rank's slice and the next ``ranks - 1`` ranks', from one
+        pass over the epoch's order (an elastic resume reads consecutive old ranks).
+        """
         rng = random.Random(self.seed + _EPOCH_STRIDE * self.epoch)
         reorder = self.shuffle and (self.shufflefirst or self.epoch > 0)
         lo, hi = self.span
@@ -312,12 +316,13 @@ class ChunkedSampler:
         # the chunk order is always shuffled when mixing: the blend is the point
         ranges = self._mixed_ranges(rng, big) if self.mix else self.ranges
         reorder = self.shuffle if self.mix else reorder
+        stop = start + ranks * self._length
         if big:
-            keep = min(n, max(0, start + self._length - n))
+            keep = min(n, max(0, stop - n))
             pieces = _keyed_pieces(ranges, rng, reorder, self.shuffle, start, keep)
         else:
             pieces = _shuffled_pieces(ranges, rng, reorder, self.shuffle)
-        return _slice(pieces, n, start, start + self._length)
+        return _slice(pieces, n, start, stop)
 
     def _mixed_ranges(self, rng: random.Random, lazy: bool = False) -> _Chunks:
         """Whole passes over each component plus randomly chosen chunks for the remainder."""

@@ -27,6 +27,7 @@ found by replaying that order up to the consumed position, as a plain resume doe
 
 from __future__ import annotations
 
+import bisect
 import copy
 import dataclasses
 import itertools
@@ -35,7 +36,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..errors import SamplerStateError
-from .chunks import Range, _cyclic_segments
+from .chunks import _BIG, Range, _cyclic_segments
 from .workers import _interleave
 
 __all__: list[str] = []
@@ -231,16 +232,17 @@ class _Resumed:
         """Whether the rest leaves out the (unread) index in ``slot``: a copy, or read as one."""
         return slot >= self._n or slot in self._consumed
 
-    def _old_order(self, rank: int) -> Iterator[int]:
-        """Old ``rank``'s order in the first stage, marked slots as :class:`_Slot`."""
+    def _old_order(self, rank: int, pieces: Iterable[list[int]] | None = None) -> Iterator[int]:
+        """Old ``rank``'s order in the first stage, marked slots as :class:`_Slot`.
+
+        ``pieces``: that rank's slice, if already cut from a pass over several ranks.
+        """
         first, n = self._first, self._n
-        replica = self.sampler._replica(
-            first.replicas, rank, self.epoch, self.seed, first.num_workers, first.batch_size
-        )
-        pieces: Iterable[list[int]] = replica._pieces()
+        if pieces is None:
+            pieces = self._replica(rank)._pieces()
         marks = self._marks(rank) if self._extra else []
-        if marks and replica.partition == "block":  # slot g holds index lo + g % n
-            lo = replica.span[0]
+        if marks and self.sampler.partition == "block":  # slot g holds index lo + g % n
+            lo = self.sampler.span[0]
             by_index = {lo + g % n: g for g in marks}  # a rank's slots hold distinct indices
             pieces = ([_Slot(i, by_index[i]) if i in by_index else i for i in p] for p in pieces)
         elif marks:  # global slices: slot g is position g - rank * length of the slice
@@ -249,15 +251,42 @@ class _Resumed:
             return _interleave(pieces, first.num_workers, first.batch_size)
         return itertools.chain.from_iterable(pieces)
 
+    def _replica(self, rank: int) -> Any:
+        first = self._first
+        return self.sampler._replica(
+            first.replicas, rank, self.epoch, self.seed, first.num_workers, first.batch_size
+        )
+
+    def _global_orders(self, r0: int, r1: int) -> Iterator[tuple[int, Iterator[int]]]:
+        """Old ranks ``r0 .. r1``'s orders (not block), from one pass over the epoch's order.
+
+        Each rank's order alone is made from the epoch's start up to its slice: a new rank
+        whose slice spans many old ranks would redo that pass for each of them.
+        """
+        length = self._first.length
+        cut = _cut(self._replica(r0)._pieces(r1 - r0 + 1), length)
+        for rank in range(r0, r1 + 1):
+            yield rank, self._old_order(rank, next(cut))
+
     def _first_rest(self, a: int, b: int) -> Iterator[int]:
         """Positions ``[a, b)`` of the first stage's rest."""
         first = self._first
         rank = 0
+        while self._starts[rank + 1] <= a:
+            rank += 1
+        last = bisect.bisect_right(self._starts, b - 1) - 1  # the old rank holding b - 1
+        shared = None
+        if self.sampler.partition != "block" and self._n <= _BIG and rank < last:
+            shared = self._global_orders(rank, last)
         while a < b:
             while self._starts[rank + 1] <= a:
                 rank += 1
             offset, stop = a - self._starts[rank], min(b, self._starts[rank + 1])
-            unread = itertools.islice(self._old_order(rank), first.position, None)
+            if shared is None:
+                order = self._old_order(rank)
+            else:  # the ranks in between with nothing unread are passed over
+                order = next(o for r, o in shared if r == rank)
+            unread = itertools.islice(order, first.position, None)
             kept: Iterator[int] = unread  # a rank without copies or indices that have one
             if rank in self._marked:
                 kept = (int(i) for i in unread if type(i) is not _Slot or not self._drops(i.slot))
@@ -275,6 +304,24 @@ class _Resumed:
         return itertools.chain.from_iterable(
             self._first_rest(a, b) for part in parts for a, b in part
         )
+
+
+def _cut(pieces: Iterable[list[int]], size: int) -> Iterator[list[list[int]]]:
+    """``pieces`` as consecutive groups of ``size`` indices, pieces split at the group ends."""
+    group: list[list[int]] = []
+    filled = 0
+    for piece in pieces:
+        at = 0
+        while at < len(piece):
+            part = piece[at : at + size - filled]
+            group.append(part)
+            filled += len(part)
+            at += len(part)
+            if filled == size:
+                yield group
+                group, filled = [], 0
+    if group:
+        yield group
 
 
 def _take(ranges: Sequence[Range], a: int, b: int) -> list[Range]:
