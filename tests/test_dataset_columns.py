@@ -294,7 +294,9 @@ def test_the_documented_example_runs(tmp_path, monkeypatch, capsys):
         assert main(argv[1:]) == 0, line
     out = capsys.readouterr().out
     assert "(20 excluded)" in out
-    assert "column   width            int64    23 values, 1 missing, min 64, max 384" in out
+    # the subset's columns as its dataset sees them: the 4 samples its exclusion keeps
+    assert "excluded 20 by big/scanned.widx.exclude (4 samples kept)" in out
+    assert "column   width            int64    4 values, 0 missing, min 256, max 384" in out
     big = ShardListDataset("big/scanned.widx", transformations=[])
     assert [big[i]["__key__"] for i in range(len(big))] == ["000003", "000011", "000015", "000023"]
 

@@ -457,3 +457,30 @@ def test_a_writer_extending_an_index_without_columns_warns_that_it_drops_them(tm
     assert got[0].filename == __file__  # the warning points at the user's line
     with pytest.raises(ColumnError, match="no column named 'w'"):
         ShardListDataset(index).column("w")
+
+
+def test_info_of_a_filtered_subset_summarises_the_kept_samples(tmp_path, capsys):
+    """Review of issue 23: ``index info --columns`` of ``wids subset --where``'s output
+    summarised every sample of the copied shards (min width 64 after ``width >= 256``) and did
+    not say that the index opens with an exclusion."""
+    shards = [
+        _shard(tmp_path / f"s{k}.tar", [{"w": 100 * (3 * k + j)} for j in range(3)], start=3 * k)
+        for k in range(3)
+    ]
+    index = str(tmp_path / "i.json")
+    build_index(shards, index, columns=["json:w", "size:.jpg"])
+    argv = ["subset", index, "--shards", ":", "--where", "w >= 400", "--to", str(tmp_path / "sub")]
+    assert main([*argv, "-q"]) == 0
+    capsys.readouterr()
+    sub = str(tmp_path / "sub" / "i.json")
+    assert main(["index", "info", sub, "--columns", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    cols = {c["name"]: c for c in info["columns"]}
+    assert (info["samples"], info["excluded"]) == (9, 4)
+    assert (cols["w"]["count"], cols["w"]["min"], cols["w"]["max"]) == (5, 400, 800)
+    assert cols["w"]["count"] == len(ShardListDataset(sub)) == sum(cols["w"]["histogram"]["counts"])
+    assert (cols["size_jpg"]["min"], cols["size_jpg"]["missing"]) == (14, 0)
+    assert main(["index", "info", sub, "--columns"]) == 0
+    assert "excluded 4 by " in capsys.readouterr().out
+    assert main(["index", "info", index, "--columns", "--json"]) == 0  # no exclusion beside
+    assert "excluded" not in json.loads(capsys.readouterr().out)

@@ -106,7 +106,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--columns",
         action="store_true",
         help="summarise each metadata column: type, values, missing, min/max and a histogram "
-        "(reads every shard's entry)",
+        "(reads every shard's entry; of the kept samples when INDEX.exclude is beside it)",
     )
     i.add_argument(
         "--shard",
@@ -205,10 +205,15 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
     try:
         info: dict[str, Any] = {"index": redact_url(args.index)}
         info.update(index_summary(idx, all_shards=args.all, detail=args.shard or ()))
+        from ..dataset import index_exclusion
+
+        excluded = index_exclusion(args.index, idx)  # INDEX.exclude, as opening applies it
+        if excluded is not None:
+            info["excluded"] = len(excluded)
         if args.columns:
             from ..index.colsummary import column_summaries
 
-            info["columns"] = column_summaries(idx)
+            info["columns"] = column_summaries(idx, excluded)
     except IndexError as e:
         raise SystemExit(f"wids index info: {e}") from None
     finally:
@@ -221,6 +226,9 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
     print(f"{info['index']}  name={escape_controls(repr(info['name']))}")
     print(f"  shards   {info['shards']}")
     print(f"  samples  {info['samples']}")
+    if "excluded" in info:
+        kept = info["samples"] - info["excluded"]
+        print(f"  excluded {info['excluded']} by {info['index']}.exclude ({kept} samples kept)")
     print(f"  bytes    {info['bytes']} ({human(info['bytes'])})")
     if info["fields_from"] < info["shards"]:
         print(f"  fields of the first and last shards ({info['fields_from']}; --all: every shard)")

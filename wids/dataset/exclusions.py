@@ -43,6 +43,7 @@ __all__ = [
     "SIDECAR",
     "ExcludeSpec",
     "Kept",
+    "index_exclusion",
     "parse_exclude",
     "read_exclude_file",
     "resolve",
@@ -258,6 +259,45 @@ def resolve(
     if unknown and spec.strict:
         raise ExclusionError(f"exclude: {unknown} of {len(spec)} entries name no sample")
     return excluded, unknown
+
+
+def index_exclusion(index: Any, reader: Any) -> np.ndarray | None:
+    """The samples a local index's exclusion file (``P.exclude``) leaves out, or ``None``.
+
+    What opening ``ShardListDataset(P)`` leaves out without ``exclude=``: the file's entries
+    resolved (strictly, as opening does) against ``reader``, the opened index ``P``.
+
+    Args:
+        index: The index's path or URL (only a local path has such a file).
+        reader: The opened index.
+
+    Raises:
+        ExclusionError: An entry names no sample, or the index has no member tables.
+    """
+    from ..index import shard_getter, shard_sample_counts
+    from ..storage import is_local
+
+    if not isinstance(index, (str, os.PathLike)):
+        return None
+    path = os.fspath(index).removeprefix("file://")
+    if not is_local(path) or not os.path.isfile(path + SIDECAR):
+        return None
+    beside = parse_exclude(path + SIDECAR, strict=True)
+    if beside is None:
+        return None
+    counts = np.asarray(shard_sample_counts(reader), dtype=np.int64)
+    starts = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    get = shard_getter(reader)
+
+    def table(k: int) -> ShardMembers:
+        got = reader.members(k)
+        if got is None:
+            raise ExclusionError(f"{path + SIDECAR}: the index records no member tables")
+        return got  # type: ignore[no-any-return]
+
+    excluded, _ = resolve(beside, starts, lambda k: str(get(k).url), table)
+    return excluded
 
 
 class Kept:

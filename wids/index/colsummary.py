@@ -25,8 +25,13 @@ BINS = 10
 _TOP = 5  # most common strings shown
 
 
-def column_summaries(reader: Any) -> list[dict[str, Any]]:
+def column_summaries(reader: Any, excluded: np.ndarray | None = None) -> list[dict[str, Any]]:
     """One summary per column of an opened index (none when it has no columns).
+
+    Args:
+        reader: The opened index.
+        excluded: Sorted global sample numbers left out of the summaries (the exclusion
+            opening the index applies), or ``None``.
 
     Raises:
         IndexFormatError: A shard's stored columns are malformed (naming the shard).
@@ -44,15 +49,21 @@ def column_summaries(reader: Any) -> list[dict[str, Any]]:
     absent: collections.Counter[str] = collections.Counter()  # samples of shards without it
     total = 0
     extras = shard_extras(reader.shard_extra, n, remote_sidecars(reader))
+    start = 0
     for k, extra in enumerate(extras):
-        nsamples = int(counts[k])
+        stored = int(counts[k])
+        keep = _kept(excluded, start, stored)
+        start += stored
+        nsamples = stored if keep is None else int(np.count_nonzero(keep))
         total += nsamples
         try:
-            cols = decode_columns(extra, nsamples, None)
+            cols = decode_columns(extra, stored, None)
         except IndexFormatError as e:
             raise IndexFormatError(e.message, shard=redact_url(get(k).url)) from None
         except ColumnError as e:  # columns of a newer wids: say which shard holds them
             raise ColumnError(f"{redact_url(get(k).url)}: {e}") from None
+        if keep is not None:
+            cols = {name: _take(col, keep) for name, col in cols.items()}
         for name, col in cols.items():
             if name not in parts:
                 parts[name] = []
@@ -65,6 +76,23 @@ def column_summaries(reader: Any) -> list[dict[str, Any]]:
             if name not in cols:
                 absent[name] += nsamples
     return [_summary(name, types[name], parts[name], absent[name]) for name in parts]
+
+
+def _kept(excluded: np.ndarray | None, start: int, n: int) -> np.ndarray | None:
+    """Which of a shard's ``n`` samples from global ``start`` are kept (``None``: all)."""
+    if excluded is None:
+        return None
+    lo, hi = np.searchsorted(excluded, [start, start + n])
+    if lo == hi:
+        return None
+    keep = np.ones(n, dtype=bool)
+    keep[excluded[lo:hi] - start] = False
+    return keep
+
+
+def _take(col: ShardColumn, keep: np.ndarray) -> ShardColumn:
+    missing = None if col.missing is None else col.missing[keep]
+    return ShardColumn(col.type, col.values[keep], missing)
 
 
 def _summary(name: str, kind: str, parts: list[ShardColumn], absent: int) -> dict[str, Any]:

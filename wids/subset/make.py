@@ -283,30 +283,14 @@ def _with_source_exclusion(
     """
     import dataclasses
 
-    from ..dataset import SIDECAR, parse_exclude, resolve
-    from ..storage import is_local
+    from ..dataset import index_exclusion, parse_exclude
 
-    if not isinstance(index, (str, os.PathLike)):
-        return exclude
-    path = os.fspath(index).removeprefix("file://")
-    if not is_local(path) or not os.path.isfile(path + SIDECAR):
-        return exclude
-    beside = parse_exclude(path + SIDECAR, strict=True)  # as opening the index reads it
-    if beside is None:
+    numbers = index_exclusion(index, idx)  # as opening the index applies it
+    if numbers is None:
         return exclude
     counts = np.asarray(shard_sample_counts(idx), dtype=np.int64)
-    starts = np.zeros(len(counts) + 1, dtype=np.int64)
-    np.cumsum(counts, out=starts[1:])
-    get = shard_getter(idx)
-
-    def table(k: int) -> Any:
-        got = idx.members(k)
-        if got is None:
-            raise ExclusionError(f"{path + SIDECAR}: the index records no member tables")
-        return got
-
-    numbers, _ = resolve(beside, starts, lambda k: str(get(k).url), table)
-    inside = np.isin(np.searchsorted(starts[1:], numbers, side="right"), chosen)
+    starts = np.cumsum(counts)
+    inside = np.isin(np.searchsorted(starts, numbers, side="right"), chosen)
     numbers = numbers[inside]
     spec = parse_exclude(exclude, strict=strict)
     if spec is None:
