@@ -19,7 +19,13 @@ from typing import Any
 import numpy as np
 
 from ..errors import ColumnError, IndexFormatError
-from ..index.columns import ShardColumn, decode_columns, merge_type, shard_extras
+from ..index.columns import (
+    ShardColumn,
+    decode_columns,
+    merge_type,
+    remote_sidecars,
+    shard_extras,
+)
 
 __all__ = ["Column", "dataset_column", "raw_column", "where_excluded", "where_in_index"]
 
@@ -187,6 +193,7 @@ class _Shards:
         self.lengths = np.asarray([int(counts[k]) for k in shards], dtype=np.int64)
         self.infos = [get(k) for k in shards]
         self.extra = lambda j: reader.shard_extra(shards[j])
+        self.extra_remote = remote_sidecars(reader)  # a remote JSON index: sidecars at once
 
 
 def where_in_index(reader: Any, shards: Sequence[int], expr: str) -> np.ndarray:
