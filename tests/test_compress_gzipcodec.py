@@ -160,3 +160,83 @@ def test_an_index_claiming_a_huge_tar_costs_what_the_data_decodes_to(tmp_path):
     c0, c1 = codec.compressed_range(huge, start, start + 100)
     with pytest.raises(CompressedDataError, match="short"):
         codec.decode(huge, blob[c0:c1], start, start + 100)
+
+
+_NO_CTYPES_ZLIB = r"""
+import ctypes.util, sys, tarfile, warnings, zlib
+{setup}
+sys.path.insert(0, {tests!r})
+from wids import ShardListDataset, build_index
+from wids.compress import zlibprime
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    build_index([{shard!r}], {index!r}, seek_spacing=64 << 10)
+    ds = ShardListDataset({index!r}, transformations=[])
+    got = {{}}
+    for i in reversed(range(len(ds))):  # backwards: no decoded segment reused
+        for k, v in ds[i].items():
+            if not k.startswith("__"):
+                got[ds[i]["__key__"] + k] = v
+with tarfile.open({shard!r}) as tar:
+    want = {{m.name: tar.extractfile(m).read() for m in tar if m.isfile()}}
+assert not zlibprime.available()
+assert got == want, "samples differ from tarfile's"
+ours = [w for w in caught if "inflatePrime" in str(w.message)]
+assert len(ours) == 1 and ours[0].category is RuntimeWarning, [str(w.message) for w in caught]
+print("ok", len(ds))
+"""
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        "ctypes.util.find_library = lambda name: None",  # no zlib library loadable
+        "zlib.ZLIB_RUNTIME_VERSION = '1.0.0-other'",  # a libz of another version than Python's
+    ],
+    ids=["no-libz", "other-version"],
+)
+def test_without_inflate_prime_reads_are_right_and_say_so_once(setup, tmp_path):
+    # the fallback (decode from the nearest byte-aligned point) raised RuntimeError at index
+    # build and at every read; a libz whose version differs from Python's zlib was called
+    # with zlib 1.x's z_stream layout. Now: every sample equals tarfile's, one RuntimeWarning
+    import os
+    import subprocess
+    import sys
+
+    shard = tarfile_gz(tmp_path / "a.tar.gz", compressible_samples(200, seed=3))
+    code = _NO_CTYPES_ZLIB.format(
+        setup=setup,
+        tests=os.path.dirname(__file__),
+        shard=str(shard),
+        index=str(tmp_path / "i.json"),
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.startswith("ok 200")
+    points = _index(shard)
+    assert set(points.bits.tolist()) - {0}  # points inside bytes exist: the fallback was used
+
+
+def test_byte_aligned_points_inflate_with_pythons_zlib_as_with_prime():
+    # the Python path (points at bit 0) and the ctypes path give the same results
+    from wids.compress import zlibprime
+
+    if not zlibprime.available():
+        pytest.skip("no ctypes zlib here")
+    rng = random.Random(5)
+    text = b" ".join(b"w%d" % rng.randrange(300) for _ in range(200_000))
+    window = text[:32768]
+    c = zlib.compressobj(6, zlib.DEFLATED, -15, zdict=window)
+    raw = c.compress(text[32768:]) + c.flush()
+    body = text[32768:]
+    # a stream starting a byte: Python's zlib; the same stream one bit later: inflatePrime
+    # (deflate fills bytes from the low bit: 7 bits of byte 0 are the top 7, after one junk)
+    shifted = ((int.from_bytes(raw, "little") << 1) | 1).to_bytes(len(raw) + 1, "little")
+    for data, nbits in ((raw + b"TRAILER!", 0), (shifted + b"TRAILER!", 7)):
+        out, consumed, ended, err = zlibprime.inflate_from(data, nbits, window, len(body) + 10)
+        assert (out, ended, err) == (body, True, None), nbits
+        for need in (1, 1000, len(body) // 2):
+            assert zlibprime.inflate_from(data, nbits, window, need)[0] == body[:need]
+    assert zlibprime.inflate_from(raw, 0, window, len(body))[1] == len(raw)
+    bad = zlibprime.inflate_from(b"\xff" * 100, 0, b"", 10)
+    assert bad[3] is not None and bad[0] == b""

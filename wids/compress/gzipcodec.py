@@ -92,6 +92,12 @@ def _start(points: SeekPoints, k: int) -> int:
         return k
     while k > 0 and points.bits[k] != 0:
         k -= 1
+    if points.bits[k] != 0:
+        raise CompressedDataError(
+            "no byte-aligned gzip seek point to decode from, and zlib's inflatePrime is not "
+            "loadable here",
+            offset=int(points.compressed[k]),
+        )
     return k
 
 
@@ -164,7 +170,7 @@ def _deflate_start(head: bytes) -> int:
 
 def _check_end(points: SeekPoints, tail: bytes, c_start: int) -> None:
     """The file's bytes from the last point on decode to the tar's end, members all whole."""
-    k = len(points) - 1
+    k = _start(points, len(points) - 1)
     need = points.uncompressed_size - int(points.uncompressed[k])
     out, whole = _inflate(points, k, tail, need + 1)
     if len(out) < need or not whole:
@@ -287,8 +293,7 @@ class _GzipIndexing:
             )
         # indexed_gzip ends a truncated file quietly (no trailer, so no CRC to fail): the
         # last stretch must decode to the end of the tar and end with a whole trailer.
-        k = len(points) - 1
-        c_start = int(points.compressed[k]) - (1 if points.bits[k] else 0)
+        c_start = _c_start(points, _start(points, len(points) - 1))
         tail = os.pread(self._fd, self._size - c_start, c_start)
         _check_end(points, tail, c_start)
         return points

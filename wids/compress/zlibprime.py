@@ -5,8 +5,12 @@ so the point starts a byte is not enough: a stored block realigns to the *input'
 boundaries, which a shift moves. zlib's public ``inflatePrime`` feeds the point's leading
 bits and then the input from the next byte, so alignment stays right; it is called here
 through ``ctypes`` on the zlib library Python's own ``zlib`` module is built on (loaded once
-per process, on first use). Without a loadable zlib, :func:`available` is false and the gzip
-codec decodes from the nearest byte-aligned seek point instead.
+per process, on first use, and used only if its ``zlibVersion`` is the version Python's
+``zlib`` runs on: another zlib's ``z_stream`` may differ). A point that starts a byte needs
+no priming and is inflated by Python's ``zlib`` (so that path runs in every test, with or
+without ctypes). Without a usable zlib library, :func:`available` is false, a
+``RuntimeWarning`` says so once per process, and the gzip codec decodes from the nearest
+byte-aligned seek point instead (correct, slower).
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import threading
+import warnings
+import zlib
 from typing import Any
 
 __all__ = ["available", "inflate_from"]
@@ -54,6 +60,20 @@ def _lib() -> Any:
 
 
 def _load() -> Any:
+    lib = _open_zlib()
+    if lib is None:
+        warnings.warn(
+            "zlib's inflatePrime cannot be called here (no zlib library of Python's zlib "
+            f"version {zlib.ZLIB_RUNTIME_VERSION} loadable through ctypes): .tar.gz reads "
+            "decode from the nearest byte-aligned seek point, which can be several seek "
+            "points further back (slower, still correct)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return lib
+
+
+def _open_zlib() -> Any:
     name = ctypes.util.find_library("z")
     if name is None:
         return None
@@ -74,7 +94,14 @@ def _load() -> Any:
         ]
         lib.inflate.argtypes = [ctypes.POINTER(_ZStream), ctypes.c_int]
         lib.inflateEnd.argtypes = [ctypes.POINTER(_ZStream)]
+        version = lib.zlibVersion()
     except (OSError, AttributeError):
+        return None
+    # the z_stream layout declared above is zlib 1.x's; a library of another version than
+    # the one Python's zlib runs on (zlib-ng's native API, an old libz found first) is not used
+    if not isinstance(version, bytes) or version.decode("ascii", "replace") != (
+        zlib.ZLIB_RUNTIME_VERSION
+    ):
         return None
     return lib
 
@@ -100,6 +127,8 @@ def inflate_from(
         ``(output, consumed, ended, error)``: the output, how many bytes of ``data`` were
         consumed, whether the deflate stream ended, and zlib's message if the data is bad.
     """
+    if not nbits:
+        return _inflate_aligned(data, window, need)
     lib = _lib()
     if lib is None:
         raise RuntimeError("zlib's inflatePrime is not available")
@@ -142,3 +171,30 @@ def inflate_from(
         return data, consumed, ret == _Z_STREAM_END, None
     finally:
         lib.inflateEnd(ctypes.byref(strm))
+
+
+_STEP_IN = 1 << 16
+
+
+def _inflate_aligned(data: bytes, window: bytes, need: int) -> tuple[bytes, int, bool, str | None]:
+    """:func:`inflate_from` for a stream that starts a byte: Python's ``zlib``, no priming."""
+    d = zlib.decompressobj(-15, zdict=window) if window else zlib.decompressobj(-15)
+    parts: list[bytes] = []
+    made = fed = 0
+    # input in steps, so a failure is placed within a step; output in steps, so memory
+    # grows with what the data decodes to, not with ``need``
+    while made < need and not d.eof:
+        chunk = d.unconsumed_tail
+        if not chunk and fed < len(data):
+            chunk = data[fed : fed + _STEP_IN]
+            fed += len(chunk)
+        try:
+            out = d.decompress(chunk, min(need - made, _STEP))
+        except zlib.error as e:
+            return b"".join(parts), fed - len(chunk), False, str(e)
+        parts.append(out)
+        made += len(out)
+        if not out and len(d.unconsumed_tail) == len(chunk):  # no progress (or no input)
+            break
+    consumed = fed - len(d.unconsumed_tail) - len(d.unused_data)
+    return b"".join(parts), consumed, d.eof, None
