@@ -14,6 +14,7 @@ from tarfixtures import write_shard
 
 from wids import (
     ColumnError,
+    ExclusionError,
     IndexFormatError,
     ShardListDataset,
     ShardWriter,
@@ -484,3 +485,9 @@ def test_info_of_a_filtered_subset_summarises_the_kept_samples(tmp_path, capsys)
     assert "excluded 4 by " in capsys.readouterr().out
     assert main(["index", "info", index, "--columns", "--json"]) == 0  # no exclusion beside
     assert "excluded" not in json.loads(capsys.readouterr().out)
+    with open(sub + ".exclude", "a") as f:
+        f.write("no-such-key\n")  # opening refuses it; info still answers, and says so
+    with pytest.raises(ExclusionError):
+        len(ShardListDataset(sub))
+    assert main(["index", "info", sub]) == 0
+    assert "excluded ? (exclude: 1 of 5 entries name no sample" in capsys.readouterr().out

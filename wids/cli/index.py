@@ -206,8 +206,13 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
         info: dict[str, Any] = {"index": redact_url(args.index)}
         info.update(index_summary(idx, all_shards=args.all, detail=args.shard or ()))
         from ..dataset import index_exclusion
+        from ..errors import ExclusionError
 
-        excluded = index_exclusion(args.index, idx)  # INDEX.exclude, as opening applies it
+        try:
+            excluded = index_exclusion(args.index, idx)  # INDEX.exclude, as opening applies it
+        except ExclusionError as e:  # opening the dataset refuses it too: say so, go on
+            excluded = None
+            info["exclusion_error"] = str(e)
         if excluded is not None:
             info["excluded"] = len(excluded)
         if args.columns:
@@ -229,6 +234,8 @@ def _cmd_index_info(args: argparse.Namespace) -> int:
     if "excluded" in info:
         kept = info["samples"] - info["excluded"]
         print(f"  excluded {info['excluded']} by {info['index']}.exclude ({kept} samples kept)")
+    if "exclusion_error" in info:
+        print(f"  excluded ? ({escape_controls(info['exclusion_error'])}; opening refuses it too)")
     print(f"  bytes    {info['bytes']} ({human(info['bytes'])})")
     if info["fields_from"] < info["shards"]:
         print(f"  fields of the first and last shards ({info['fields_from']}; --all: every shard)")
