@@ -568,6 +568,23 @@ def test_random_chains_with_repeated_world_sizes_and_a_loader_running_ahead():
             assert set(served) == set(range(n)), case
 
 
+def test_a_later_stage_of_many_ranks_is_loaded_at_once():
+    """A forged later stage of 60,000 ranks over 35,000 unread indices, all read: its ~25,000
+    read copies were looked up rank by rank (47 s in one run; 2^17 ranks: minutes)."""
+    import time
+
+    n, replicas = 35000, 60000
+    s = DistributedChunkedSampler(Shards([n]), num_replicas=3, rank=0, seed=1, chunksize=1000)
+    stages = [
+        {"num_replicas": 2, "length": -(-n // 2), "position": 0},
+        {"num_replicas": replicas, "length": 1, "position": 1},
+    ]
+    start = time.perf_counter()
+    s.load_state_dict({**s.state_dict(), "version": 2, "stages": stages})
+    assert time.perf_counter() - start < 2
+    assert list(s) == []  # every index was read by the 60,000 ranks
+
+
 def test_shrinking_a_global_order_to_few_ranks_reads_the_old_orders_in_one_pass():
     """A new rank whose slice spans many old ranks of a global order: each old rank's order
     alone is made from the epoch's start up to its slice, so they are cut from one pass (was

@@ -375,10 +375,11 @@ def _unread(total: int, replicas: int, length: int, position: int) -> list[Range
     for g in range(total, replicas * length):  # the copies: at most replicas - 1
         if g % length < position:
             read.add(g % total)
+    holes = sorted(read)
     kept: list[Range] = []
     for r in range(replicas):
         a, b = min(total, r * length + position), min(total, (r + 1) * length)
-        for q in sorted(p for p in read if a <= p < b):
+        for q in holes[bisect.bisect_left(holes, a) : bisect.bisect_left(holes, b)]:
             if a < q:
                 kept.append((a, q))
             a = q + 1
