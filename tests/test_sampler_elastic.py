@@ -585,6 +585,24 @@ def test_a_later_stage_of_many_ranks_is_loaded_at_once():
     assert list(s) == []  # every index was read by the 60,000 ranks
 
 
+def test_stages_of_many_ranks_are_chained_at_once():
+    """12,000 ranks each leave a range of the rest, which 6,000 ranks each take part of: every
+    part was found by a scan from the first range (6 s in one run, quadratic in the ranks)."""
+    import time
+
+    n = 24000
+    s = DistributedChunkedSampler(Shards([n]), num_replicas=3, rank=0, seed=1, chunksize=1000)
+    stages = [
+        {"num_replicas": 2, "length": n // 2, "position": 0},
+        {"num_replicas": n // 2, "length": 2, "position": 1},  # each read 1 of its 2
+        {"num_replicas": n // 4, "length": 2, "position": 1},
+    ]
+    start = time.process_time()
+    s.load_state_dict({**s.state_dict(), "version": 2, "stages": stages})
+    assert time.process_time() - start < 1
+    assert s.state_dict()["stages"][-1]["length"] == -(-n // 4 // 3)
+
+
 def test_shrinking_a_global_order_to_few_ranks_reads_the_old_orders_in_one_pass():
     """A new rank whose slice spans many old ranks of a global order: each old rank's order
     alone is made from the epoch's start up to its slice, so they are cut from one pass (was

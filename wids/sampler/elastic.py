@@ -143,12 +143,13 @@ class _Resumed:
         ranges: list[Range] = [(0, self._starts[-1])] if self._starts[-1] else []
         for stage in done[1:]:
             total = self._check(stage, ranges)
+            starts = _starts(ranges)
             ranges = [
                 piece
                 for a, b in _unread(total, stage.replicas, stage.length, stage.position)
-                for piece in _take(ranges, a, b)
+                for piece in _take(ranges, a, b, starts)
             ]
-        self._ranges = ranges
+        self._ranges, self._range_starts = ranges, _starts(ranges)
         self.total = sum(b - a for a, b in ranges)
         """How many indices the current stage splits over its ranks."""
         if current is None:
@@ -300,7 +301,7 @@ class _Resumed:
         if count <= 0 or not total:
             return iter(())
         positions = _cyclic_segments(0, total, rank * stage.length + start, count)
-        parts = (_take(self._ranges, a, b) for a, b in positions)
+        parts = (_take(self._ranges, a, b, self._range_starts) for a, b in positions)
         return itertools.chain.from_iterable(
             self._first_rest(a, b) for part in parts for a, b in part
         )
@@ -324,18 +325,24 @@ def _cut(pieces: Iterable[list[int]], size: int) -> Iterator[list[list[int]]]:
         yield group
 
 
-def _take(ranges: Sequence[Range], a: int, b: int) -> list[Range]:
-    """Positions ``[a, b)`` of the concatenation of ``ranges``, as ranges."""
+def _starts(ranges: Sequence[Range]) -> list[int]:
+    """Where each of ``ranges`` starts in their concatenation (and its length, last)."""
+    return list(itertools.accumulate((b - a for a, b in ranges), initial=0))
+
+
+def _take(ranges: Sequence[Range], a: int, b: int, starts: Sequence[int]) -> list[Range]:
+    """Positions ``[a, b)`` of the concatenation of ``ranges`` (``starts``: theirs), as ranges.
+
+    Found by bisection: a stage of many ranks leaves as many ranges, taken one by one.
+    """
     out: list[Range] = []
-    pos = 0
-    for lo, hi in ranges:
-        size = hi - lo
-        x, y = max(a, pos), min(b, pos + size)
+    k = max(0, bisect.bisect_right(starts, a) - 1)
+    while k < len(ranges) and starts[k] < b:
+        (lo, hi), pos = ranges[k], starts[k]
+        x, y = max(a, pos), min(b, pos + hi - lo)
         if x < y:
             out.append((lo + x - pos, lo + y - pos))
-        pos += size
-        if pos >= b:
-            break
+        k += 1
     return out
 
 
