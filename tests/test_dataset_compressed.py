@@ -389,3 +389,49 @@ def test_batch_reads_check_the_tar_headers_too(gz_dir, tmp_path):
     ds = ShardListDataset(str(d / "t.json"), transformations=[])
     with pytest.raises(CompressedDataError, match="not what the index records"):
         ds.__getitems__([3, 4, 50])
+
+
+def _windows(points):
+    ends = points.window_end.tolist()
+    return [points.window_blob[a:b] for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+
+
+@pytest.mark.parametrize("change", ["uncompressed-1", "uncompressed+1", "windows-rotated"])
+def test_seek_points_that_do_not_match_the_shard_never_give_a_wrong_sample(
+    gz_dir, tmp_path, change
+):
+    """Seek points one byte off (or with another point's window): a sample over a point joined
+    bytes decoded from two points, its header right and its data shifted (main gave 2 wrong
+    samples of 120 for 'uncompressed-1'). Every read is tarfile's bytes or a typed error."""
+    from wids.compress import SeekPoints
+
+    d = tmp_path / change
+    d.mkdir()
+    os.link(gz_dir / "a.tar.gz", d / "a.tar.gz")
+    build_index([str(d / "a.tar.gz")], str(d / "t.json"), seek_spacing=SPACING)
+    (sidecar,) = (d / "t.members").glob("*.json")
+    doc = json.loads(sidecar.read_bytes())
+    p = SeekPoints.from_bytes(base64.b64decode(doc["seek"]))
+    uncomp, windows = p.uncompressed.copy(), _windows(p)
+    if change == "windows-rotated":
+        windows = [windows[0], *windows[2:], windows[1]]
+    else:
+        uncomp[1:] += 1 if change.endswith("+1") else -1
+    bad = SeekPoints(
+        "gzip", p.compressed_size, p.uncompressed_size, p.compressed, uncomp, p.bits, windows
+    )
+    doc["seek"] = base64.b64encode(bad.to_bytes()).decode()
+    sidecar.write_text(json.dumps(doc))
+    want = _oracle(gz_dir)[:N]
+    errors = 0
+    for order in (range(N), reversed(range(N))):
+        ds = ShardListDataset(str(d / "t.json"), transformations=[])
+        for i in order:
+            try:
+                got = ds[i]
+            except CompressedDataError as e:
+                assert "a.tar.gz" in str(e)
+                errors += 1
+                continue
+            assert {k: v for k, v in got.items() if not k.startswith("__")} == want[i], i
+    assert errors

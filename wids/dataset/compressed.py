@@ -23,7 +23,13 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from ..compress import SeekPoints, codec_for
-from ..errors import CompressedDataError, CorruptReadError, ShortReadError, TooLargeError
+from ..errors import (
+    CompressedDataError,
+    CorruptReadError,
+    IndexFormatError,
+    ShortReadError,
+    TooLargeError,
+)
 from ..index import Fingerprint
 from ..storage import Check, IOStats, Source, redact_url
 from .readers import CachedReader, ShardReader, download_check
@@ -164,6 +170,8 @@ class SeekReader(ShardReader):
                 if attempt or c1 >= full:
                     raise e.for_shard(name) from None
                 c1 = full  # the guess fell short: the whole segments, once
+        for m in missing:
+            self._check_join(m, got[m], ranges[m][0], name)
         with self._lock:
             for m in missing:
                 old = self._segments.pop(m, None)
@@ -175,6 +183,35 @@ class SeekReader(ShardReader):
                 _, old = self._segments.popitem(last=False)
                 self._held -= len(old)
         return c0
+
+    def _check_join(self, m: int, seg: bytes, c_start: int, name: str) -> None:
+        """A whole segment ends with the next point's window (gzip: the tar before it).
+
+        A span over a seek point joins the bytes decoded from two points; an index whose
+        point (offset, bits, window) does not match the data would join shifted or other
+        bytes after a correct tar header: a wrong sample. The next point's window is the
+        tar's bytes before it, so a segment decoded to its end must end with them.
+
+        Raises:
+            CompressedDataError: It does not.
+        """
+        pts = self.points
+        u0, u1 = self._bounds(m)
+        if m + 1 >= len(pts) or len(seg) != u1 - u0:
+            return
+        try:
+            window = pts.window(m + 1)
+        except IndexFormatError as e:
+            raise CompressedDataError(str(e), shard=name, offset=c_start) from None
+        n = min(len(window), len(seg))
+        if n and seg[len(seg) - n :] != window[len(window) - n :]:
+            raise CompressedDataError(
+                f"the tar decoded from seek point {m} (compressed byte {c_start}) does not "
+                f"end with seek point {m + 1}'s window: the index's seek points do not match "
+                "the shard",
+                shard=name,
+                offset=c_start,
+            )
 
     def close(self) -> None:
         """Drop the decoded segments; close the shard's descriptor, if one was opened."""
