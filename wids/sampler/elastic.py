@@ -269,30 +269,43 @@ class _Resumed:
         for rank in range(r0, r1 + 1):
             yield rank, self._old_order(rank, next(cut))
 
-    def _first_rest(self, a: int, b: int) -> Iterator[int]:
-        """Positions ``[a, b)`` of the first stage's rest."""
-        first = self._first
-        rank = 0
-        while self._starts[rank + 1] <= a:
-            rank += 1
-        last = bisect.bisect_right(self._starts, b - 1) - 1  # the old rank holding b - 1
-        shared = None
-        if self.sampler.partition != "block" and self._n <= _BIG and rank < last:
-            shared = self._global_orders(rank, last)
-        while a < b:
-            while self._starts[rank + 1] <= a:
-                rank += 1
-            offset, stop = a - self._starts[rank], min(b, self._starts[rank + 1])
-            if shared is None:
-                order = self._old_order(rank)
-            else:  # the ranks in between with nothing unread are passed over
-                order = next(o for r, o in shared if r == rank)
-            unread = itertools.islice(order, first.position, None)
-            kept: Iterator[int] = unread  # a rank without copies or indices that have one
-            if rank in self._marked:
-                kept = (int(i) for i in unread if type(i) is not _Slot or not self._drops(i.slot))
-            yield from itertools.islice(kept, offset, offset + stop - a)
-            a = stop
+    def _first_rest(self, parts: list[Range]) -> Iterator[int]:
+        """Positions ``parts`` (increasing ranges) of the first stage's rest.
+
+        Each old rank's order is replayed once for all the parts it holds (a stage of many
+        ranks leaves the rest in as many parts), and the orders of consecutive old ranks of a
+        global order are cut from one pass over the epoch's order.
+        """
+        if not parts:
+            return
+        first, starts = self._first, self._starts
+        lo = bisect.bisect_right(starts, parts[0][0]) - 1  # the old rank holding a position
+        hi = bisect.bisect_right(starts, parts[-1][1] - 1) - 1
+        orders: Iterator[tuple[int, Iterator[int]]]
+        if self.sampler.partition != "block" and self._n <= _BIG and lo < hi:
+            orders = self._global_orders(lo, hi)
+        else:
+            orders = ((r, self._old_order(r)) for r in range(lo, hi + 1))
+        kept: Iterator[int] = iter(())
+        rank, at = -1, 0
+        for a, b in parts:
+            while a < b:
+                r = bisect.bisect_right(starts, a) - 1
+                offset, stop = a - starts[r], min(b, starts[r + 1])
+                if r != rank or offset < at:  # the ranks in between with nothing left: passed
+                    found = None if r <= rank else next((o for q, o in orders if q == r), None)
+                    order = self._old_order(r) if found is None else found
+                    unread = itertools.islice(order, first.position, None)
+                    kept = unread  # a rank without copies or indices that have one
+                    if r in self._marked:
+                        kept = (
+                            int(i)
+                            for i in unread
+                            if type(i) is not _Slot or not self._drops(i.slot)
+                        )
+                    rank, at = r, 0
+                yield from itertools.islice(kept, offset - at, offset - at + stop - a)
+                at, a = offset + stop - a, stop
 
     def order(self, rank: int, start: int) -> Iterator[int]:
         """``rank``'s indices of the stage being read, from its position ``start``."""
@@ -301,9 +314,8 @@ class _Resumed:
         if count <= 0 or not total:
             return iter(())
         positions = _cyclic_segments(0, total, rank * stage.length + start, count)
-        parts = (_take(self._ranges, a, b, self._range_starts) for a, b in positions)
         return itertools.chain.from_iterable(
-            self._first_rest(a, b) for part in parts for a, b in part
+            self._first_rest(_take(self._ranges, a, b, self._range_starts)) for a, b in positions
         )
 
 
