@@ -61,13 +61,16 @@ def filesystem(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
     """This process's fsspec filesystem for ``url`` under ``options``, and ``url``'s path on it.
 
     One filesystem per protocol and options in a process (so one connection pool), whatever
-    the number of files read through it.
+    the number of files read through it; HTTP(S) options that set headers get one per origin
+    (:func:`~wids.storage.redirects.confine`: a redirect to another origin drops them).
 
     Raises:
         ImportError: The backend of ``url``'s protocol is not installed (names its extra).
     """
     from .backends import url_to_fs
+    from .redirects import confine
 
+    options = confine(url, options)  # headers stay with their origin on redirects
     pid = os.getpid()
     if "::" in url:  # chained: the filesystem depends on the whole chain
         chained: tuple[Any, str] = _get(

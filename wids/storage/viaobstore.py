@@ -14,10 +14,12 @@ obstore would take from the environment or a credentials chain of its own is lef
 botocore or gcsfs would decide otherwise: S3 needs the key and secret (or ``anon``) and the
 region or endpoint in the options, and the store obstore builds must hold only what was
 given (no ``AWS_*`` variable obstore would add to them, :func:`_from_environment`); GCS only
-``token="anon"`` (its emulators: ``endpoint_url``); HTTP(S) only ``headers`` and the client's
-timeout, on URLs without a query or user name. The options are the ones
-:class:`~wids.storage.origins.Scope` gives the file's origin, so credentials still go only
-where they were given.
+``token="anon"`` (its emulators: ``endpoint_url``); HTTP(S) only the client's timeout and
+the headers ``Authorization`` and ``Cookie`` (reqwest follows redirects, with no setting to
+stop it, and drops only those two on a hop to another origin: any other header, an API key,
+would follow it; :mod:`wids.storage.redirects`), on URLs without a query or user name. The
+options are the ones :class:`~wids.storage.origins.Scope` gives the file's origin, so
+credentials still go only where they were given.
 
 A :class:`ObstoreTransport` makes one request per call (obstore's retries off: wids's loop is
 the only one), conditional on the file's :class:`~wids.storage.answer.Pin` (``if_match`` the
@@ -48,6 +50,7 @@ from ..errors import RangeNotSupportedError as _RangeNotSupported
 from .answer import Answer, Pin, too_large
 from .clients import get
 from .redact import redact_text, redact_url
+from .redirects import DROPPED_ACROSS_ORIGINS
 from .stats import FileStat, comparable_etag
 from .transport import Transport
 
@@ -310,6 +313,11 @@ def _http(url: str, options: Mapping[str, Any], client: dict[str, Any]) -> _Conf
     if url.lower().startswith("http://"):
         client["allow_http"] = True
     headers = options.get("headers")
+    kept = sorted(
+        str(k) for k in dict(headers or {}) if str(k).lower() not in DROPPED_ACROSS_ORIGINS
+    )
+    if kept:  # reqwest would follow a redirect to another origin with them (no setting)
+        return f"headers {kept} would follow a redirect to another origin (obstore keeps them)"
     if headers:
         client["default_headers"] = {str(k): str(v) for k, v in dict(headers).items()}
     root = f"{parts.scheme}://{parts.netloc}"
