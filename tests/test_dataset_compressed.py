@@ -435,3 +435,37 @@ def test_seek_points_that_do_not_match_the_shard_never_give_a_wrong_sample(
                 continue
             assert {k: v for k, v in got.items() if not k.startswith("__")} == want[i], i
     assert errors
+
+
+def test_cache_ls_and_verify_mark_a_stale_decompressed_copy(tmp_path):
+    """A .tar.gz rewritten and re-indexed: its decompressed copy in the cache is another
+    version, and `wids cache ls --index` / `index verify --cache-dir` say so (they looked up
+    only the shard's own URL: the '#decompressed' entry was never compared)."""
+    import subprocess
+    import sys
+    import time
+
+    path = tarfile_gz(tmp_path / "s.tar.gz", compressible_samples(20, seed=1))
+    index, cache = str(tmp_path / "s.json"), str(tmp_path / "cache")
+    build_index([str(path)], index)
+    ShardListDataset(index, transformations=[], access="shard", cache_dir=cache)[0]
+
+    def cli(*args: str) -> str:
+        run = subprocess.run(
+            [sys.executable, "-m", "wids", *args], capture_output=True, text=True, timeout=120
+        )
+        assert run.returncode in (0, 1), run.stderr
+        return run.stdout
+
+    ls = ["cache", "ls", "--cache-dir", cache, "--index", index]
+    assert "#decompressed" in cli(*ls) and "STALE" not in cli(*ls)
+    time.sleep(0.05)
+    tarfile_gz(path, compressible_samples(20, seed=2))  # other bytes, a new date
+    build_index([str(path)], index)
+    out = cli(*ls)
+    assert "s.tar.gz#decompressed" in out and "STALE" in out, out
+    out = cli("index", "verify", index, "--cache-dir", cache)
+    assert "STALE-COPY" in out and "#decompressed" in out, out
+    # and a dataset decompresses the new version
+    ds = ShardListDataset(index, transformations=[], access="shard", cache_dir=cache)
+    assert ds[0][".txt"] == tar_oracle(path)[ds[0]["__key__"] + ".txt"]

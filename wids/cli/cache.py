@@ -118,13 +118,16 @@ def _stale(cache: Any, args: argparse.Namespace) -> dict[str, str]:
     """The entries that are not the version ``--index`` records (none without it)."""
     if args.index is None:
         return {}
+    from ..dataset.compressed import cache_versions
     from ..index import count_shards, open_index, shard_getter
     from ..storage import Store
 
     idx = open_index(args.index, Store(parse_storage_options(args.storage_option)))
     get = shard_getter(idx)
     shards = (get(k) for k in range(count_shards(idx)))
-    stale: dict[str, str] = cache.stale((i.url, i.fingerprint) for i in shards)
+    stale: dict[str, str] = cache.stale(
+        v for i in shards for v in cache_versions(i.url, i.fingerprint)
+    )
     return stale
 
 

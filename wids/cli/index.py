@@ -299,12 +299,15 @@ def _cmd_index_verify(args: argparse.Namespace) -> int:
 def _stale_copies(index: str, store: Any, url_map: Any, args: argparse.Namespace) -> dict[str, str]:
     """Cached copies in ``args.cache_dir`` that are not what ``index`` records."""
     from ..cache import ShardCache
+    from ..dataset.compressed import cache_versions
     from ..index import count_shards, open_index, shard_getter
 
     idx = open_index(index, store, url_map=url_map, allow_local_shards=args.allow_local_shards)
     get = shard_getter(idx)
     shards = (get(k) for k in range(count_shards(idx)))
-    return ShardCache(args.cache_dir).stale((i.url, i.fingerprint) for i in shards)
+    return ShardCache(args.cache_dir).stale(
+        v for i in shards for v in cache_versions(i.url, i.fingerprint)
+    )
 
 
 def _cmd_index_convert(args: argparse.Namespace) -> int:

@@ -39,7 +39,14 @@ if TYPE_CHECKING:
     from ..index import ShardInfo, ShardMembers
     from .catalog import Catalog
 
-__all__ = ["DECOMPRESSED", "SEGMENTS", "SeekReader", "compressed_reader", "decompressed_reader"]
+__all__ = [
+    "DECOMPRESSED",
+    "SEGMENTS",
+    "SeekReader",
+    "cache_versions",
+    "compressed_reader",
+    "decompressed_reader",
+]
 
 SEGMENTS = 32 << 20
 """Bytes of decoded tar a :class:`SeekReader` keeps (per open shard and process)."""
@@ -253,6 +260,16 @@ def compressed_reader(
         remote = None if source.is_local else source
         catalog.check_fingerprint(info, members.data_end, remote)
     return SeekReader(source, points)
+
+
+def cache_versions(url: str, fingerprint: Fingerprint) -> list[tuple[str, Fingerprint]]:
+    """The cache entries a shard may have and the version each must be (``cache ls --index``).
+
+    The shard's own copy, and a compressed shard's decompressed one (its size is the tar's,
+    which the shard's record does not hold: its etag and date are compared).
+    """
+    whole = Fingerprint(None, fingerprint.etag, fingerprint.mtime, None)
+    return [(url, fingerprint), (url + DECOMPRESSED, whole)]
 
 
 def decompressed_reader(
