@@ -475,3 +475,16 @@ def test_the_hand_written_http_client_is_never_given_credentials() -> None:
         ("http://127.0.0.1:9/a.tar", {"auth": "basic"}),
     ):
         assert not plain_options(url, options), (url, options)
+
+
+def test_the_origin_headers_are_kept_at_is_the_one_aiohttp_requests_name() -> None:
+    """An IDN host is sent in punycode: its own requests must keep their headers."""
+    from wids.storage.redirects import confine
+
+    options = confine("http://Bücher.Example/a.tar", {"headers": {"X-Api-Key": "SECRET-K"}})
+    keep = options["client_kwargs"]["middlewares"][0]
+    assert keep.home == "http://xn--bcher-kva.example:80"
+    assert {"x-api-key", "authorization", "cookie"} <= set(keep.names)
+    assert "SECRET" not in repr(keep)  # it keys the filesystem by names, never by values
+    plain = {"client_kwargs": {"timeout": 5}}
+    assert confine("http://h/a.tar", plain) is plain and confine("s3://b/k", options) is options

@@ -74,10 +74,17 @@ def confine(url: str, options: Mapping[str, Any]) -> Mapping[str, Any]:
     if "::" in url or not url.lower().startswith(("http://", "https://")):
         return options
     names = _header_names(options)
-    home = origin(url)
-    if not names or home is None:
+    if not names:
         return options
     import aiohttp
+    import yarl
+
+    try:  # as aiohttp's requests name it (an IDN host in punycode)
+        home = origin(str(yarl.URL(url)))
+    except ValueError:
+        home = origin(url)
+    if home is None:
+        return options
 
     client = dict(options.get("client_kwargs") or {})
     if not hasattr(aiohttp, "ClientMiddlewareType"):  # aiohttp < 3.12: no middlewares
