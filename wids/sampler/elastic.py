@@ -44,7 +44,7 @@ __all__: list[str] = []
 # bounds on what a state may ask for (a real job is far below them)
 _MAX_RANKS = 1 << 17  # all stages' ranks together (a rank replayed costs ~100 indices' time)
 _MAX_STAGES = 1024
-_MAX_WORKERS = 1 << 16
+_MAX_WORKERS = 1 << 10  # per rank: a replay costs a step per worker for each chunk
 _MAX_REPLAY = 1 << 26  # indices replayed to find the padding copies read (~20 s)
 _RANK_COST = 512  # a replayed rank's own cost, in indices (~65 us each)
 
