@@ -469,3 +469,39 @@ def test_cache_ls_and_verify_mark_a_stale_decompressed_copy(tmp_path):
     # and a dataset decompresses the new version
     ds = ShardListDataset(index, transformations=[], access="shard", cache_dir=cache)
     assert ds[0][".txt"] == tar_oracle(path)[ds[0]["__key__"] + ".txt"]
+
+
+def test_seek_points_far_apart_are_refused_not_decoded_into_memory(tmp_path):
+    """An index keeping only the first seek point of a 70 MB tar: reading its last (small)
+    sample decoded the whole tar into memory (main returned it); now a TooLargeError naming
+    the shard, past 2x max_sample_bytes + 64 MiB, and the samples near the point still read."""
+    import gzip
+    import io
+    import tarfile
+
+    from wids.compress import SeekPoints
+    from wids.errors import TooLargeError
+
+    big = 70 << 20
+    path = tmp_path / "far.tar.gz"
+    with gzip.open(path, "wb", compresslevel=1) as z, tarfile.open(fileobj=z, mode="w|") as tar:
+        for name, data in (("a.txt", b"hello"), ("b.bin", bytes(big)), ("c.txt", b"hello")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    build_index([str(path)], str(tmp_path / "t.json"))
+    (sidecar,) = (tmp_path / "t.members").glob("*.json")
+    doc = json.loads(sidecar.read_bytes())
+    p = SeekPoints.from_bytes(base64.b64decode(doc["seek"]))
+    assert len(p) > 2
+    one = SeekPoints(
+        "gzip", p.compressed_size, p.uncompressed_size, p.compressed[:1], p.uncompressed[:1],
+        p.bits[:1], _windows(p)[:1],
+    )  # fmt: skip
+    doc["seek"] = base64.b64encode(one.to_bytes()).decode()
+    sidecar.write_text(json.dumps(doc))
+    ds = ShardListDataset(str(tmp_path / "t.json"), transformations=[], max_sample_bytes=1 << 20)
+    assert ds[0][".txt"] == b"hello"
+    with pytest.raises(TooLargeError, match="far.tar.gz") as e:
+        ds[2]
+    assert "seek point" in str(e.value)

@@ -71,13 +71,24 @@ class SeekReader(ShardReader):
         source: The compressed shard (local or remote, pinned to the indexed version).
         points: Its seek points (seekable).
         cache_bytes: Decoded segments kept (least recently used dropped first).
+        max_decode: Most bytes one read may decode or fetch (from the seek point before the
+            span to its end): an index whose points are far apart (hostile, or a huge
+            ``--seek-spacing``) would otherwise decode a whole shard into memory for one
+            sample. ``None``: no bound.
     """
 
     verifies = True  # every span's tar header is checked once decoded
 
-    def __init__(self, source: Source, points: SeekPoints, cache_bytes: int = SEGMENTS) -> None:
+    def __init__(
+        self,
+        source: Source,
+        points: SeekPoints,
+        cache_bytes: int = SEGMENTS,
+        max_decode: int | None = None,
+    ) -> None:
         if not points.seekable:
             raise ValueError("a seek reader needs seek points")
+        self.max_decode = max_decode
         self.shard_source = source
         self.points = points
         self.codec = codec_for(points.kind)
@@ -156,6 +167,7 @@ class SeekReader(ShardReader):
         # there (the segment's ratio, with a margin) are read; short of it, the rest next
         a, b = ranges[missing[-1]]
         u0, u1 = self._bounds(missing[-1])
+        self._check_bound(c0, c1, self._bounds(missing[0])[0], end, name)
         with self._lock:
             again = missing[-1] in self._segments  # touched before, decoded short of this read
         if again and u1 - u0 <= WHOLE_SEGMENT:  # reads in tar order: decode it whole this time
@@ -190,6 +202,20 @@ class SeekReader(ShardReader):
                 _, old = self._segments.popitem(last=False)
                 self._held -= len(old)
         return c0
+
+    def _check_bound(self, c0: int, c1: int, u0: int, end: int, name: str) -> None:
+        """A read decodes from the point before it: refused past :attr:`max_decode` bytes."""
+        if self.max_decode is None:
+            return
+        if end - u0 > self.max_decode or c1 - c0 > self.max_decode:
+            raise TooLargeError(
+                f"reading tar bytes up to {end:,} decodes {end - u0:,} bytes from the seek "
+                f"point before them (compressed bytes {c0:,}-{c1:,}), over the "
+                f"{self.max_decode:,} bytes a read may decode (2x max_sample_bytes + 64 MiB): "
+                "the index's seek points are too far apart; rebuild it with a smaller "
+                "--seek-spacing, or read the shard whole (access='shard')",
+                shard=name,
+            )
 
     def _check_join(self, m: int, seg: bytes, c_start: int, name: str) -> None:
         """A whole segment ends with the next point's window (gzip: the tar before it).
@@ -259,7 +285,7 @@ def compressed_reader(
     if check:
         remote = None if source.is_local else source
         catalog.check_fingerprint(info, members.data_end, remote)
-    return SeekReader(source, points)
+    return SeekReader(source, points, max_decode=2 * memory_bound(catalog) + WHOLE_SEGMENT)
 
 
 def cache_versions(url: str, fingerprint: Fingerprint) -> list[tuple[str, Fingerprint]]:
