@@ -505,3 +505,39 @@ def test_seek_points_far_apart_are_refused_not_decoded_into_memory(tmp_path):
     with pytest.raises(TooLargeError, match="far.tar.gz") as e:
         ds[2]
     assert "seek point" in str(e.value)
+
+
+def _fields(sample: dict) -> dict:
+    return {k: v for k, v in sample.items() if k not in ("__url__", "__shard__")}
+
+
+def test_every_tar_format_gzipped_reads_as_the_plain_tar(tar_fixture, tmp_path):
+    """Every fixture archive (tarfile and GNU tar; ustar, gnu, pax, v7; long and non-ASCII
+    names, links, empty members, base-256 sizes), gzipped whole and as gzip members of 1000
+    bytes (cut mid-header and mid-member): every sample equals the plain tar's (whose reads
+    equal tarfile's, tests/test_tar.py), by seek point and decompressed whole."""
+    import gzip
+
+    from wids.errors import WidsError
+
+    raw = tar_fixture.read_bytes()
+    try:
+        build_index([str(tar_fixture)], str(tmp_path / "plain.json"))
+    except WidsError:
+        pytest.skip("not a shard wids indexes as a plain tar either")
+    plain = ShardListDataset(str(tmp_path / "plain.json"), transformations=[])
+    want = [_fields(plain[i]) for i in range(len(plain))]
+    parts = b"".join(gzip.compress(raw[k : k + 1000], mtime=0) for k in range(0, len(raw), 1000))
+    for name, data in (("one", gzip.compress(raw, mtime=0)), ("parts", parts)):
+        path = tmp_path / f"{name}.tar.gz"
+        path.write_bytes(data)
+        build_index([str(path)], str(tmp_path / f"{name}.json"))
+        for access in ("range", "shard"):
+            ds = ShardListDataset(
+                str(tmp_path / f"{name}.json"),
+                transformations=[],
+                access=access,
+                cache_dir=str(tmp_path / "cache"),
+            )
+            got = [_fields(ds[i]) for i in range(len(ds))]
+            assert got == want, (name, access)
