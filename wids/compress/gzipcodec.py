@@ -241,7 +241,7 @@ class _Errors(io.RawIOBase):
                 where: int | None = self._raw.tell()
             except (OSError, ValueError):
                 where = None
-            if isinstance(e, EOFError) or "EOF" in str(e) or "truncated" in str(e).lower():
+            if isinstance(e, EOFError):  # gzip's type for a file that ends early
                 what = f"truncated gzip data ({e})"
             else:
                 what = f"corrupt gzip data ({e})"
