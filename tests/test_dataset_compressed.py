@@ -541,3 +541,27 @@ def test_every_tar_format_gzipped_reads_as_the_plain_tar(tar_fixture, tmp_path):
             )
             got = [_fields(ds[i]) for i in range(len(ds))]
             assert got == want, (name, access)
+
+
+def test_remote_index_create_of_a_bad_tar_gz_leaves_no_temporary_copy(
+    http_server, tmp_path, monkeypatch
+):
+    """A remote .tar.gz is indexed from a temporary local copy (as large as the file): a
+    truncated one is a CompressedDataError naming its URL, and the copy is gone."""
+    import tempfile
+
+    path = tarfile_gz(tmp_path / "cut.tar.gz", compressible_samples(60))
+    path.write_bytes(path.read_bytes()[:-3000])
+    prefix = f"gzcut{uuid.uuid4().hex[:8]}"
+    http_server.put(str(path), f"{prefix}/cut.tar.gz")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the copy goes
+    with pytest.raises(CompressedDataError, match="cut.tar.gz"):
+        build_index(
+            [http_server.url(f"{prefix}/cut.tar.gz")],
+            str(tmp_path / "cut.json"),
+            storage_options=http_server.storage_options,
+        )
+    assert list(scratch.iterdir()) == []
+    assert not (tmp_path / "cut.json").exists()
