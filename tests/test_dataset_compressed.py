@@ -565,3 +565,31 @@ def test_remote_index_create_of_a_bad_tar_gz_leaves_no_temporary_copy(
         )
     assert list(scratch.iterdir()) == []
     assert not (tmp_path / "cut.json").exists()
+
+
+@pytest.mark.parametrize("window", [b"xx", "40000 zeros"])
+def test_a_bad_stored_window_is_an_index_error_naming_the_shard(gz_dir, tmp_path, window):
+    """A window that does not inflate, or inflates past 32 KiB: IndexFormatError naming the
+    shard (main raised it without any shard: 'seek point 1: its window does not inflate')."""
+    import zlib
+
+    from wids.compress import SeekPoints
+
+    d = tmp_path / "w"
+    d.mkdir()
+    os.link(gz_dir / "a.tar.gz", d / "a.tar.gz")
+    build_index([str(d / "a.tar.gz")], str(d / "t.json"), seek_spacing=SPACING)
+    (sidecar,) = (d / "t.members").glob("*.json")
+    doc = json.loads(sidecar.read_bytes())
+    p = SeekPoints.from_bytes(base64.b64decode(doc["seek"]))
+    bad_window = window if isinstance(window, bytes) else zlib.compress(bytes(40000))
+    windows = [_windows(p)[0]] + [bad_window] * (len(p) - 1)
+    bad = SeekPoints(
+        "gzip", p.compressed_size, p.uncompressed_size, p.compressed, p.uncompressed, p.bits,
+        windows,
+    )  # fmt: skip
+    doc["seek"] = base64.b64encode(bad.to_bytes()).decode()
+    sidecar.write_text(json.dumps(doc))
+    ds = ShardListDataset(str(d / "t.json"), transformations=[])
+    with pytest.raises(IndexFormatError, match="a.tar.gz.*window"):
+        ds[N - 1]

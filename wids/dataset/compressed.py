@@ -189,6 +189,8 @@ class SeekReader(ShardReader):
                 if attempt or c1 >= full:
                     raise e.for_shard(name) from None
                 c1 = full  # the guess fell short: the whole segments, once
+            except IndexFormatError as e:  # a stored window that does not inflate
+                raise IndexFormatError(e.message, shard=e.shard or name) from None
         for m in missing:
             self._check_join(m, got[m], ranges[m][0], name)
         with self._lock:
