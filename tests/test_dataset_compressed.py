@@ -593,3 +593,45 @@ def test_a_bad_stored_window_is_an_index_error_naming_the_shard(gz_dir, tmp_path
     ds = ShardListDataset(str(d / "t.json"), transformations=[])
     with pytest.raises(IndexFormatError, match="a.tar.gz.*window"):
         ds[N - 1]
+
+
+def test_subset_of_a_bad_window_names_the_shard(gz_dir, tmp_path):
+    """wids subset checks a compressed shard's last header through its seek points: a stored
+    window that does not inflate is an error naming the shard (main: 'seek point 23: ...')."""
+    import subprocess
+    import sys
+
+    from wids.compress import SeekPoints
+
+    d = tmp_path / "w"
+    d.mkdir()
+    os.link(gz_dir / "a.tar.gz", d / "a.tar.gz")
+    build_index([str(d / "a.tar.gz")], str(d / "t.json"), seek_spacing=SPACING)
+    (sidecar,) = (d / "t.members").glob("*.json")
+    doc = json.loads(sidecar.read_bytes())
+    p = SeekPoints.from_bytes(base64.b64decode(doc["seek"]))
+    windows = [_windows(p)[0]] + [b"xx"] * (len(p) - 1)
+    bad = SeekPoints(
+        "gzip", p.compressed_size, p.uncompressed_size, p.compressed, p.uncompressed, p.bits,
+        windows,
+    )  # fmt: skip
+    doc["seek"] = base64.b64encode(bad.to_bytes()).decode()
+    sidecar.write_text(json.dumps(doc))
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "wids",
+            "subset",
+            str(d / "t.json"),
+            "--to",
+            str(d / "sub"),
+            "--samples",
+            "110",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode != 0
+    assert "a.tar.gz: seek point" in run.stderr and "window" in run.stderr, run.stderr

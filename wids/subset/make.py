@@ -29,7 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ExclusionError, IndexMismatchError, OutputExistsError
+from ..errors import (
+    CompressedDataError,
+    ExclusionError,
+    IndexFormatError,
+    IndexMismatchError,
+    OutputExistsError,
+)
 from ..index import IndexReader, ShardInfo, shard_getter, shard_sample_counts
 from ..storage import Store, named_by, redact_url
 from .destination import Plan, Run, check_destination, local_names, plan_paths
@@ -122,7 +128,12 @@ def _check_copy(path: str, info: ShardInfo, stat: Any, members: Any) -> None:
             fields = members.members(sample)
             for field, offset, size in (fields[0], fields[-1]):
                 member = members.key(sample) + field
-                header = read(offset - 512, offset) if offset >= 512 else b""
+                try:
+                    header = read(offset - 512, offset) if offset >= 512 else b""
+                except CompressedDataError as e:  # codecs name no shard: they do no I/O
+                    raise e.for_shard(name) from None
+                except IndexFormatError as e:  # a seek point's stored window
+                    raise IndexFormatError(e.message, shard=e.shard or name) from None
                 problem = header_mismatch(header, member, size)
                 if problem is not None:
                     raise IndexMismatchError(
