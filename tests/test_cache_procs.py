@@ -6,6 +6,7 @@ import multiprocessing as mp
 import os
 import random
 import signal
+import threading
 import time
 
 import pytest
@@ -92,6 +93,62 @@ def test_four_processes_random_reads_within_budget(http_server, tmp_path):
 def _read_whole(cache_dir, url, size) -> None:
     with ShardCache(cache_dir).open(Source(url), size=size) as shard:
         shard.read_range(0, size)
+
+
+def _write(dest: str, data: bytes) -> None:
+    with open(dest, "wb") as f:
+        f.write(data)
+
+
+def _two_fetches(cache_dir, x, y, downloading, release, fetched_y) -> None:
+    """Fetch ``x`` (held until ``release``) and then ``y``: one download at a time here."""
+    cache = ShardCache(cache_dir, lock_timeout=60)
+
+    def slow(dest: str) -> None:
+        downloading.set()
+        release.wait(60)
+        _write(dest, b"x" * 1000)
+
+    def quick(dest: str) -> None:
+        fetched_y.set()
+        _write(dest, b"y" * 1000)
+
+    first = threading.Thread(target=lambda: cache.open_with(x, slow, size=1000).close())
+    first.start()
+    downloading.wait(60)
+    cache.open_with(y, quick, size=1000).close()  # waits for this process's download slot
+    first.join(60)
+
+
+def test_a_process_waiting_for_its_download_slot_lets_another_fetch_the_shard(tmp_path):
+    """A process downloading one shard and wanting a second held the second's lock while it
+    waited for its own download to end: every other process wanting the second waited for
+    both downloads (DataLoader workers' first batches waited on a sibling's downloads)."""
+    cache_dir = str(tmp_path / "cache")
+    x, y = "http://127.0.0.1:9/slot/x.tar", "http://127.0.0.1:9/slot/y.tar"
+    ctx = mp.get_context("spawn")
+    downloading, release, fetched_y = ctx.Event(), ctx.Event(), ctx.Event()
+    p = ctx.Process(target=_two_fetches, args=(cache_dir, x, y, downloading, release, fetched_y))
+    p.start()
+    try:
+        assert downloading.wait(60)
+        time.sleep(0.5)  # the other process now waits for its slot to fetch y
+        got: list[bytes] = []
+        mine = ShardCache(cache_dir, lock_timeout=60)
+
+        def open_y() -> None:
+            with mine.open_with(y, lambda dest: _write(dest, b"y" * 1000), size=1000) as shard:
+                got.append(shard.read_range(0, 1000))
+
+        reader = threading.Thread(target=open_y)
+        reader.start()
+        reader.join(10)
+        assert got == [b"y" * 1000], "y waited for another process's download of x"
+    finally:
+        release.set()
+        p.join(60)
+    assert p.exitcode == 0
+    assert not fetched_y.is_set()  # fetched once, here: the other process opened this copy
 
 
 def test_sigkill_mid_download_then_next_reader_refetches(http_server, tmp_path):

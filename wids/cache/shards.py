@@ -255,27 +255,42 @@ class ShardCache:
             except BaseException:
                 lock.release()
                 raise
-            # Become the fetcher, but wait for the exclusive lock only briefly at a time: if
-            # another process is fetching it, look again (its copy may be ready) instead.
-            if not try_upgrade(lock, url, deadline, self.lock_timeout):
-                continue
-            try:
-                if self.files.is_valid(key, url, expect):  # fetched meanwhile by another
+            lock.release()
+            # One download at a time per process (the budget's allowance is one shard per
+            # process), waited for holding no lock on this entry: another process may fetch it
+            # meanwhile (holding it, a process downloading another shard kept the others from
+            # fetching this one, and its readers waited for both downloads in turn).
+            with self._downloading:
+                if not lock.acquire(blocking=False):  # another process is fetching it
+                    continue
+                try:
                     shard = self._open_valid(key, url, expect, lock)
-                else:
-                    fetches += 1
-                    tmp = os.path.join(self.cache_dir, "tmp")
-                    with writing(redact_url(url), tmp):  # a full disk: which shard, which cache
-                        shard = self._fetch(key, url, download, expect)
-                    if ahead:
-                        self._reserve(key)
+                except BaseException:
                     lock.release()
-            except BaseException:
-                if lock.locked:
-                    lock.release()
-                raise
-            if shard is not None:
-                return shard
+                    raise
+                if shard is not None:
+                    return shard
+                # Become the fetcher, but wait for the exclusive lock only briefly at a time:
+                # if another process is fetching it, look again (its copy may be ready).
+                if not try_upgrade(lock, url, deadline, self.lock_timeout):
+                    continue
+                try:
+                    if self.files.is_valid(key, url, expect):  # fetched meanwhile by another
+                        shard = self._open_valid(key, url, expect, lock)
+                    else:
+                        fetches += 1
+                        tmp = os.path.join(self.cache_dir, "tmp")
+                        with writing(redact_url(url), tmp):  # a full disk: which shard, cache
+                            shard = self._fetch(key, url, download, expect)
+                        if ahead:
+                            self._reserve(key)
+                        lock.release()
+                except BaseException:
+                    if lock.locked:
+                        lock.release()
+                    raise
+                if shard is not None:
+                    return shard
             lock.release()  # evicted at once by another process: look again
 
     def open_cached(
@@ -338,18 +353,16 @@ class ShardCache:
         not take it from this reader.
         """
         self.files.remove_files(key)
-        # one download at a time per process: the budget's allowance is one shard per process
-        with self._downloading:
-            fd, size = download_entry(
-                self.files,
-                key,
-                url,
-                download,
-                expected,
-                self.max_bytes,
-                keep=self.keep,
-                lock_timeout=self.lock_timeout,
-            )
+        fd, size = download_entry(  # in this process's download slot (open_with)
+            self.files,
+            key,
+            url,
+            download,
+            expected,
+            self.max_bytes,
+            keep=self.keep,
+            lock_timeout=self.lock_timeout,
+        )
         self.refetches.note(url)
         return CachedShard(url, self.files.data(key), fd, size, True, self.files.meta(key))
 
