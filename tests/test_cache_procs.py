@@ -151,6 +151,53 @@ def test_a_process_waiting_for_its_download_slot_lets_another_fetch_the_shard(tm
     assert not fetched_y.is_set()  # fetched once, here: the other process opened this copy
 
 
+def _slow_fetches(cache_dir, urls, downloading, release) -> None:
+    """Fetch each of ``urls`` (as a process of its own each), held until ``release``."""
+
+    def fetch(url: str) -> None:
+        def slow(dest: str) -> None:
+            downloading.put(url)
+            release.wait(60)
+            _write(dest, b"x" * 1000)
+
+        ShardCache(cache_dir, lock_timeout=60).open_with(url, slow, size=1000).close()
+
+    threads = [threading.Thread(target=fetch, args=(u,)) for u in urls]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
+
+def test_fetches_ahead_of_shards_another_process_downloads_hold_up_none_after_them(
+    http_server, tmp_path
+):
+    """The fetches ahead of a process waited for other processes' downloads of the same
+    shards, and the fetch queued behind them (the shard a worker read next) waited for both:
+    a DataLoader worker's next shard began downloading only when its siblings' shards had."""
+    cache_dir = str(tmp_path / "cache")
+    held = ["http://127.0.0.1:9/ahead/x1.tar", "http://127.0.0.1:9/ahead/x2.tar"]
+    data = random.Random(7).randbytes(50_000)
+    url = http_server.put_bytes(data, "ahead/y.tar")
+    ctx = mp.get_context("spawn")
+    downloading, release = ctx.Queue(), ctx.Event()
+    p = ctx.Process(target=_slow_fetches, args=(cache_dir, held, downloading, release))
+    p.start()
+    cache = ShardCache(cache_dir, lock_timeout=60)
+    try:
+        assert sorted(downloading.get(timeout=60) for _ in held) == held
+        skipped = [cache.prefetch(Source(u), size=1000) for u in held]  # both threads' first
+        cache.prefetch(Source(url), size=len(data)).result(timeout=10)
+        assert all(f.done() for f in skipped)  # left to their readers, none was fetched here
+        with cache.open(Source(url), size=len(data)) as shard:
+            assert shard.read_range(0, len(data)) == data
+    finally:
+        release.set()
+        p.join(60)
+        cache.close()
+    assert p.exitcode == 0
+
+
 def test_sigkill_mid_download_then_next_reader_refetches(http_server, tmp_path):
     size = 96 << 20
     data = random.Random(5).randbytes(size)

@@ -20,7 +20,7 @@ from ..lock import FileLock
 from ..storage import redact_url
 from .entries import EntryFiles
 
-__all__ = ["CachedShard", "acquire", "open_local", "open_valid", "try_upgrade"]
+__all__ = ["CachedShard", "acquire", "downloading", "open_local", "open_valid", "try_upgrade"]
 
 _UPGRADE_SLICE = 0.25  # seconds of waiting for an exclusive lock before looking again
 _TOUCH_EVERY = 1.0  # seconds; coarser last-access updates save a metadata write per open
@@ -207,3 +207,12 @@ def try_upgrade(lock: FileLock, url: str, deadline: float, lock_timeout: float) 
             f"cache entry busy for {lock_timeout:g} s; lock file {lock.path}",
             shard=redact_url(url),
         ) from e
+
+
+def downloading(lock_path: str) -> bool:
+    """Whether a fetcher holds the entry's lock exclusively now (it is downloading the shard)."""
+    lock = FileLock(lock_path, shared=True)
+    if not lock.acquire(blocking=False):
+        return True
+    lock.release()
+    return False

@@ -19,8 +19,9 @@ Protocol: an open takes the entry's lock shared and checks the entry (record pre
 file's size, inode, mtime and ctime as recorded, and the expected version: size, etag or
 ``Last-Modified``, md5, when known), opens its file and releases the lock: the returned
 :class:`CachedShard` reads that descriptor, which stays valid when the entry is evicted
-(unlinked). If the check fails it upgrades to exclusive (waiting a quarter second at a time,
-then checking again: another process may be fetching it), checks again, removes temporary
+(unlinked). If the check fails it waits for this process's download slot (one at a time)
+holding no lock, then upgrades to exclusive (a quarter second at a time, then checking
+again: another process may be fetching it), checks again, removes temporary
 files left by killed downloads of this entry, makes room in the budget, downloads into
 ``tmp/`` (a copy that fails its check is fetched again within the retry policy), verifies
 size, etag and md5, and records and publishes it under the budget's lock.
@@ -47,7 +48,7 @@ from . import budget
 from . import layout as cachedir
 from .download import download_entry, fetch_checked
 from .entries import ENTRY_SUBDIRS, CacheEntry, EntryFiles, version_mismatch
-from .handle import CachedShard, acquire, open_local, open_valid, try_upgrade
+from .handle import CachedShard, acquire, downloading, open_local, open_valid, try_upgrade
 from .promote import BackgroundFetches
 from .readers import ReaderMarks
 from .refetch import Refetches
@@ -256,10 +257,8 @@ class ShardCache:
                 lock.release()
                 raise
             lock.release()
-            # One download at a time per process (the budget's allowance is one shard per
-            # process), waited for holding no lock on this entry: another process may fetch it
-            # meanwhile (holding it, a process downloading another shard kept the others from
-            # fetching this one, and its readers waited for both downloads in turn).
+            # one download at a time per process (the budget's allowance), waited for holding
+            # no lock on this entry: another process may fetch it meanwhile
             with self._downloading:
                 if not lock.acquire(blocking=False):  # another process is fetching it
                     continue
@@ -270,8 +269,7 @@ class ShardCache:
                     raise
                 if shard is not None:
                     return shard
-                # Become the fetcher, but wait for the exclusive lock only briefly at a time:
-                # if another process is fetching it, look again (its copy may be ready).
+                # become the fetcher; another process fetching it: look again (its copy)
                 if not try_upgrade(lock, url, deadline, self.lock_timeout):
                     continue
                 try:
@@ -497,6 +495,13 @@ class ShardCache:
             with self._mutex:  # queued behind other fetches: its reads may be done already
                 if counted and source.url not in self._ahead:
                     return  # a read opened it meanwhile (and fetches it if it must)
+            # another process downloading it: its reads open that copy (waiting here held up
+            # the fetches queued behind this one too)
+            self._prepare()
+            if ahead and downloading(self.files.lockfile(url_name(source.url))):
+                with self._mutex:  # it holds no room of this process's share
+                    self._ahead.pop(source.url, None)
+                return
             log.debug("cache: fetching %s ahead of its reads", redact_url(source.url))
             try:
                 self._open_source(source, expect, stats, verify, ahead=ahead).close()
