@@ -150,9 +150,13 @@ class Lookahead:
             self.stride = position - self.position
         else:  # a new iteration (or its start again): the DataLoader's workers take turns
             self.stride = size * loader_workers()
+        first = self.batches == 0 and self._small(plan.batch(position, size) or [])
         self.plan, self.position, self.size = plan, position, size
         self.batches += 1
-        if fresh:  # before this batch's reads: a shard fetched whole is not read by range too
+        # before this batch's reads: a shard fetched whole is not read by range too; but this
+        # process's first batch, a small part of its shards, is read by range, and the shards
+        # announced after it (schedule): it came a whole download later (2.5x webdataset's)
+        if fresh and not first:
             self._look_far(plan)
         key = (plan.token, position)
         with self._mutex:
@@ -172,6 +176,14 @@ class Lookahead:
             return None
         finally:
             self._release(job)
+
+    def _small(self, batch: list[int]) -> bool:
+        """Whether ``batch`` reads at most 1/20 of the samples of each of its shards."""
+        counts: dict[int, int] = {}
+        for i in batch:
+            shard = self._locate(i)
+            counts[shard] = counts.get(shard, 0) + 1
+        return bool(counts) and all(20 * n <= self._lengths[s] for s, n in counts.items())
 
     def upcoming(self, depth: int) -> list[tuple[int, list[int]]]:
         """``(position, indices)`` of the next ``depth`` batches at the stride, in the plan."""
