@@ -31,12 +31,16 @@ def local(tmp_path_factory):
 
 
 def _span(ds: ShardListDataset, i: int) -> tuple[int, int]:
+    """The bytes a read of sample ``i`` takes: its members and the first one's tar header."""
     _, shard, j = ds._catalog.locate(i)
-    return ds._pool._tables[shard].span(j)
+    start, end = ds._pool._tables[shard].span(j)
+    return start - 512, end
 
 
 def test_a_local_batch_reads_its_samples_bytes_only(local):
     """Samples of a shard farther apart than a tar header share no read: no gap bytes copied.
+
+    Each read starts at its sample's first tar header (every member's header is checked).
 
     Before, a local batch was merged as a remote one (``merge_gap``, 64 KiB): samples 0, 2
     and 5 of a shard were one ``pread`` with samples 1, 3 and 4 in it.

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..storage import DescriptorPool
-from .tables import MemberTable
+from .tables import HEADER, MemberTable
 
 if TYPE_CHECKING:
     from ..index import ShardMembers
@@ -139,7 +139,9 @@ class LocalShard(MemberTable):
         else:
             first = self.ss[j]
             end = self.ss[j + 1]
-        start = off[first]
+        start = off[first] - HEADER  # from the first member's tar header: all are checked
+        if start < 0:  # the check names the member that leaves no room for it
+            start = 0
         n = off[end - 1] + size[end - 1] - start
         try:
             buf = self.descriptor.pread(n, start)
@@ -155,15 +157,21 @@ class LocalShard(MemberTable):
             except BaseException:
                 self.failed += 1
                 raise
+        try:
+            self.check(j, first, end, buf, start)
+        except BaseException:
+            self.failed += 1
+            raise
         ko, text = self.ko, self.text
         if text is not None:
             key = text[ko[j] : ko[j + 1]]
         else:
             key = self.blob[ko[j] : ko[j + 1]].decode("utf-8", "surrogateescape")
-        if len(names) == 3:  # the first member's data starts the span
+        a = off[first] - start
+        if len(names) == 3:
             b, c = off[first + 1] - start, off[first + 2] - start
             return {
-                names[0]: buf[: size[first]],
+                names[0]: buf[a : a + size[first]],
                 names[1]: buf[b : b + size[first + 1]],
                 names[2]: buf[c : c + size[first + 2]],
                 "__key__": key,
@@ -175,7 +183,7 @@ class LocalShard(MemberTable):
         if len(names) == 2:
             b = off[first + 1] - start
             return {
-                names[0]: buf[: size[first]],
+                names[0]: buf[a : a + size[first]],
                 names[1]: buf[b : b + size[first + 1]],
                 "__key__": key,
                 "__index__": index,
@@ -231,7 +239,8 @@ def read_local_batch(shards: dict[int, LocalShard], located: Located) -> list[di
         ss, off = ls.ss, ls.off
         first = ss[j]
         last = ss[j + 1] - 1
-        spans.append((shard, off[first], off[last] + ls.size[last], pos, i, j))
+        start = max(0, off[first] - HEADER)  # every member's tar header too: all are checked
+        spans.append((shard, start, off[last] + ls.size[last], pos, i, j))
     spans.sort()
     out: list[Any] = [None] * len(spans)
     k, n = 0, len(spans)

@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IndexMismatchError, WidsError
+from ..index.contents import mismatch_error
 from ..storage import Source, forks, redact_url, strip_credentials
 from ..tar import header_mismatch
 from .readers import CachedReader, RangeReader
@@ -474,9 +475,18 @@ def _decoded_member(
     bound = catalog.max_sample_bytes
     if bound is not None and size > bound:
         raise catalog.too_large(shard, j, size)
-    check = (lambda data: header_mismatch(data[:HEADER], name, size)) if reader.verifies else None
-    data = reader.read_span(offset - HEADER, offset + size, catalog.store.stats, check)
-    return data[HEADER:]
+    def check(data: bytes) -> str | None:
+        return header_mismatch(data[:HEADER], name, size)
+
+    if offset < HEADER:
+        problem: str | None = f"member {name!r} at byte {offset} leaves no room for its header"
+    else:
+        verify = check if reader.verifies else None
+        data = reader.read_span(offset - HEADER, offset + size, catalog.store.stats, verify)
+        problem = check(data)  # a reader that does not verify (a cached copy) too
+        if problem is None:
+            return data[HEADER:]
+    raise mismatch_error(problem, catalog.load().infos[shard].url)
 
 
 def _copy_of(reader: ShardReader) -> int | None:

@@ -205,9 +205,11 @@ class ReaderPool:
         if end - start > self.max_sample:
             raise self.catalog.too_large(shard, local, end - start)
         check = None
-        if reader.verifies:  # read the first member's tar header too, and check it
-            start -= HEADER
+        start -= HEADER  # every member's tar header is read too (MemberTable.sample checks them)
+        if reader.verifies:  # the first one also with the read (a wrong answer is retried)
             check = header_check(((0, *table.first_member(local)),), start)
+        elif start < 0:  # the table's check names the member that leaves no room
+            start = 0
         try:
             if self._promotable:  # before the read: a promotion then overlaps with it
                 self.requested(shard, reader, end - start)
@@ -328,8 +330,11 @@ class ReaderPool:
             start, end = tables[shard].span(local)
             if end - start > self.max_sample:
                 raise self.catalog.too_large(shard, local, end - start)
-            if readers[shard].verifies:  # the first member's tar header too, to check it
-                start -= HEADER
+            # every member's tar header too (MemberTable.sample checks them; the first one
+            # also with the read where the reader verifies: a wrong answer is retried)
+            start -= HEADER
+            if start < 0 and not readers[shard].verifies:
+                start = 0
             spans.append((shard, start, end, local))
         blocks, where = plan_batch(spans, merge_gap)
         headers: dict[int, list[tuple[int, str, int]]] = {}

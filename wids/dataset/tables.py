@@ -13,10 +13,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..tar import header_mismatch
+
 if TYPE_CHECKING:
     from ..index import ShardMembers
 
-__all__ = ["MemberTable"]
+__all__ = ["HEADER", "MemberTable"]
+
+HEADER = 512
+"""Bytes of a tar header: every read of a sample starts this much before its first member."""
 
 
 def _view(values: np.ndarray) -> memoryview:
@@ -65,6 +70,48 @@ class MemberTable:
         first, last = self.ss[j], self.ss[j + 1] - 1
         return self.off[first], self.off[last] + self.size[last]
 
+    def check(self, j: int, first: int, end: int, buf: bytes, base: int) -> None:
+        """Raise unless ``buf`` holds the tar header of each member ``first .. end - 1``.
+
+        A sample's members follow each other in the tar (header, data, padding, next
+        header), so the read of a sample from its first member's header on holds every
+        member's header: each must be there, 512 bytes before the member's data, and name the
+        member (key + field) with its recorded size (:func:`~wids.tar.header_mismatch`). This
+        is what keeps a wrong (hostile, corrupt) member table from returning wrong bytes.
+
+        Args:
+            j: The sample's index in the shard.
+            first: Its first member's row; ``end``: one past its last.
+            buf: Bytes of the shard from ``base`` on.
+            base: Offset of ``buf`` in the shard.
+
+        Raises:
+            IndexMismatchError: A member is not where (or not what) the table says, naming
+                the shard, the member and what is wrong.
+        """
+        off, size, fields, fid = self.off, self.size, self.fields, self.fid
+        n = len(buf)
+        key = None
+        for m in range(first, end):
+            a = off[m] - base
+            s = size[m]
+            if key is None:
+                key = self.key(j)
+            name = key + fields[fid[m]]
+            if a < HEADER or s < 0 or a + s > n:
+                problem: str | None = (
+                    f"member {name!r} at byte {off[m]} ({s} bytes) lies outside its sample's "
+                    f"span of the shard, bytes {base + HEADER}-{base + n}"
+                )
+            else:
+                problem = header_mismatch(buf[a - HEADER : a], name, s)
+                if problem is None:
+                    continue
+                problem = f"at byte {off[m] - HEADER}, where member {name!r} begins, {problem}"
+            from ..index.contents import mismatch_error
+
+            raise mismatch_error(problem, self.url)
+
     def sample(self, j: int, index: int, buf: bytes, base: int) -> dict[str, Any]:
         """Sample ``j`` of this shard as the dataset returns it (before transformations).
 
@@ -73,7 +120,8 @@ class MemberTable:
         Args:
             j: The sample's index in the shard.
             index: Its global index in the dataset (``__index__``).
-            buf: Bytes of the shard holding the sample's members, starting at byte ``base``.
+            buf: Bytes of the shard holding the sample's members and their tar headers,
+                starting at byte ``base`` (at or before the first member's header).
             base: Offset of ``buf`` in the shard.
 
         Returns:
@@ -81,8 +129,10 @@ class MemberTable:
             ``__shard__``, ``__shardindex__``, ``__dataset__``.
         """
         fields, fid, off, size = self.fields, self.fid, self.off, self.size
+        first, end = self.ss[j], self.ss[j + 1]
+        self.check(j, first, end, buf, base)
         sample: dict[str, Any] = {}
-        for m in range(self.ss[j], self.ss[j + 1]):
+        for m in range(first, end):
             a = off[m] - base
             sample[fields[fid[m]]] = buf[a : a + size[m]]
         sample["__key__"] = self.key(j)

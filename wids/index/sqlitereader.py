@@ -33,7 +33,7 @@ import sqlite3
 import tempfile
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -251,8 +251,12 @@ class SqliteIndex:
             self._all()  # every row checked: raises naming the first bad one
         starts = np.zeros(n + 1, dtype=np.int64)
         try:
-            rows = self._connection().execute("SELECT nsamples FROM shards ORDER BY id")
-            np.cumsum(np.fromiter((r[0] for r in rows), dtype=np.int64, count=n), out=starts[1:])
+            # checked again as read: this query may be answered from another b-tree (the
+            # covering index shards_counts) than the check above, and one may be corrupt
+            rows = self._connection().execute("SELECT id, nsamples FROM shards ORDER BY id")
+            np.cumsum(np.fromiter(self._counts(rows), dtype=np.int64, count=n), out=starts[1:])
+        except IndexFormatError:
+            raise
         except (sqlite3.DatabaseError, ValueError, TypeError) as e:
             raise self._error(f"not a readable SQLite index: {e}") from None
         comps = [
@@ -270,6 +274,16 @@ class SqliteIndex:
         self._fields = [name for _, name in fields]
         self._state = (meta, starts, comps)
         return self._state
+
+    def _counts(self, rows: Iterable[tuple[Any, ...]]) -> Iterator[int]:
+        """The ``nsamples`` of ``(id, nsamples)`` rows, each checked (ids 0, 1, ... in order)."""
+        for k, (sid, count) in enumerate(rows):
+            if sid != k or type(count) is not int or not 0 <= count <= MAX_NSAMPLES:
+                raise self._error(
+                    f"shards row {k}: id {sid!r}, nsamples {count!r}; expected id {k} and "
+                    f"nsamples an integer from 0 to {MAX_NSAMPLES}"
+                )
+            yield count
 
     def _untrusted(self) -> bool:
         return check_remote_ref("file:///", self.url, self.allow_local_shards) is not None
@@ -293,7 +307,10 @@ class SqliteIndex:
         n = len(self._load()[1]) - 1
         if not 0 <= shard < n:
             raise IndexError(f"shard {shard} out of range for {n} shards")
-        row = self._query(_SHARD_QUERY, (shard,))[0]
+        found = self._query(_SHARD_QUERY, (shard,))
+        if not found:  # counted, but not there: a corrupt b-tree
+            raise self._error(f"shards row {shard} is missing ({n} shards counted)")
+        row = found[0]
         root = self.base if self.base is not None else url_dir(self.url)
         packed = self._seek and bool(self._query("SELECT 1 FROM seek WHERE shard_id = ?", (shard,)))
         info = apply_url_map([self._shard(shard, row, root, packed)], self.url_map)[0]

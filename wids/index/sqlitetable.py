@@ -98,7 +98,10 @@ def table_from_rows(
         raise IndexFormatError("member rows must hold integers only (no NULL, text or real)")
     cols = cols.astype(np.int64, copy=False)
     sidx, gfield = cols[:, 0], cols[:, 1]
-    if int(sidx[0]) < 0 or int(sidx[-1]) >= nsamples:  # sorted by the query
+    # sorted by the query, unless the b-tree that answered it (an index) is corrupt
+    if len(sidx) > 1 and bool((sidx[1:] < sidx[:-1]).any()):
+        raise IndexFormatError("member rows are not in sample order")
+    if int(sidx[0]) < 0 or int(sidx[-1]) >= nsamples:
         raise IndexFormatError(f"member rows name samples outside 0..{nsamples - 1}")
     if int(gfield.min()) < 0 or int(gfield.max()) >= len(names):
         raise IndexFormatError(f"member rows name field ids outside 0..{len(names) - 1}")

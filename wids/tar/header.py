@@ -355,7 +355,9 @@ def header_mismatch(h: bytes, name: str, size: int) -> str | None:
     (unless it needs more than 11 octal digits, when a pax record may carry it) and the name
     when it fits the header unchanged (ASCII, at most 100 bytes). Longer or non-ASCII names
     come from a GNU ``L`` or pax ``path`` record before the header, and writers put different
-    approximations of them in the header itself, so those are not compared.
+    approximations of them in the header itself: a longer one is not compared; a non-ASCII
+    one of at most 100 bytes must not be in the header as another ASCII name (the writers put
+    its own bytes there, or ASCII with ``?`` for each other character).
 
     Args:
         h: The 512 bytes before the member's data.
@@ -385,11 +387,17 @@ def header_mismatch(h: bytes, name: str, size: int) -> str | None:
     if stored != size and size <= _MAX_OCTAL_SIZE:
         return f"the header says {stored} bytes where the index says {size}"
     raw = name.encode("utf-8", "surrogateescape")
-    if len(raw) <= 100 and raw.isascii():
+    if len(raw) <= 100:
         got = h[:100].partition(b"\0")[0]
         if h[345]:
             got = h[345:500].partition(b"\0")[0] + b"/" + got
-        if got != raw:
+        if got != raw and (
+            raw.isascii()  # an ASCII name of at most 100 bytes: always in the header as it is
+            # a non-ASCII one: its bytes as they are (GNU tar, libarchive), or its ASCII
+            # rendering with "?" for each other character (tarfile, wids's writer); a header
+            # with an ASCII name that is neither names another member
+            or (got.isascii() and got != name.encode("ascii", "replace"))
+        ):
             shown = got.decode("utf-8", "backslashreplace")
             return f"the header names {shown!r} where the index says {name!r}"
     return None
