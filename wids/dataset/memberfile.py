@@ -475,17 +475,18 @@ def _decoded_member(
     bound = catalog.max_sample_bytes
     if bound is not None and size > bound:
         raise catalog.too_large(shard, j, size)
+
     def check(data: bytes) -> str | None:
         return header_mismatch(data[:HEADER], name, size)
 
-    if offset < HEADER:
-        problem: str | None = f"member {name!r} at byte {offset} leaves no room for its header"
-    else:
+    problem = f"member {name!r} at byte {offset} leaves no room for its header"
+    if offset >= HEADER:
         verify = check if reader.verifies else None
         data = reader.read_span(offset - HEADER, offset + size, catalog.store.stats, verify)
-        problem = check(data)  # a reader that does not verify (a cached copy) too
-        if problem is None:
+        found = check(data)  # a reader that does not verify (a cached copy) too
+        if found is None:
             return data[HEADER:]
+        problem = f"at byte {offset - HEADER}, where member {name!r} begins, {found}"
     raise mismatch_error(problem, catalog.load().infos[shard].url)
 
 

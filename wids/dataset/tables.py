@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..tar import header_mismatch
+from ..tar import header_fits, header_mismatch
 
 if TYPE_CHECKING:
     from ..index import ShardMembers
@@ -39,12 +39,26 @@ class MemberTable:
     are decoded when their sample is read.
     """
 
-    __slots__ = ("blob", "dataset", "fields", "fid", "ko", "off", "size", "ss", "text", "url")
+    __slots__ = (
+        "blob",
+        "dataset",
+        "fields",
+        "fid",
+        "ko",
+        "off",
+        "raws",
+        "size",
+        "ss",
+        "text",
+        "url",
+    )
 
     def __init__(self, members: ShardMembers, url: str, dataset: str) -> None:
         self.url = url
         self.dataset = dataset
         self.fields = members.fields
+        # each field's name as bytes and a NUL: what ends a member's name in its tar header
+        self.raws = [f.encode("utf-8", "surrogateescape") + b"\0" for f in members.fields]
         self.blob = members.key_blob
         self.text = members.key_text  # ASCII keys as one str (a key is a slice), else None
         self.ko = _view(members.key_offsets)
@@ -81,7 +95,8 @@ class MemberTable:
 
         Args:
             j: The sample's index in the shard.
-            first: Its first member's row; ``end``: one past its last.
+            first: Its first member's row.
+            end: One past its last member's row.
             buf: Bytes of the shard from ``base`` on.
             base: Offset of ``buf`` in the shard.
 
@@ -89,25 +104,26 @@ class MemberTable:
             IndexMismatchError: A member is not where (or not what) the table says, naming
                 the shard, the member and what is wrong.
         """
-        off, size, fields, fid = self.off, self.size, self.fields, self.fid
+        off, size, fid, raws = self.off, self.size, self.fid, self.raws
+        ko = self.ko
+        kb = self.blob[ko[j] : ko[j + 1]]
         n = len(buf)
-        key = None
         for m in range(first, end):
             a = off[m] - base
             s = size[m]
-            if key is None:
-                key = self.key(j)
-            name = key + fields[fid[m]]
+            if HEADER <= a and 0 <= s and a + s <= n and header_fits(buf, a, kb + raws[fid[m]], s):
+                continue
+            name = self.key(j) + self.fields[fid[m]]
             if a < HEADER or s < 0 or a + s > n:
-                problem: str | None = (
-                    f"member {name!r} at byte {off[m]} ({s} bytes) lies outside its sample's "
-                    f"span of the shard, bytes {base + HEADER}-{base + n}"
+                problem = (
+                    f"member {name!r} at byte {off[m]} ({s} bytes) is not within its sample's "
+                    f"members (bytes {base + HEADER} to {base + n} with their headers)"
                 )
             else:
-                problem = header_mismatch(buf[a - HEADER : a], name, s)
-                if problem is None:
+                found = header_mismatch(buf[a - HEADER : a], name, s)
+                if found is None:
                     continue
-                problem = f"at byte {off[m] - HEADER}, where member {name!r} begins, {problem}"
+                problem = f"at byte {off[m] - HEADER}, where member {name!r} begins, {found}"
             from ..index.contents import mismatch_error
 
             raise mismatch_error(problem, self.url)

@@ -60,7 +60,14 @@ The package's modules: :mod:`.member` (the :class:`TarMember` record), :mod:`.he
 from __future__ import annotations
 
 from .bulk import LocalHeaders, scan_local_headers
-from .header import BLOCK, MAX_EXTENSION, MAX_MEMBER_SIZE, MAX_NAME, header_mismatch
+from .header import (
+    BLOCK,
+    MAX_EXTENSION,
+    MAX_MEMBER_SIZE,
+    MAX_NAME,
+    header_fits,
+    header_mismatch,
+)
 from .hop import header_stride, iter_members_hopping
 from .member import TarMember
 from .walk import iter_members_fetch, iter_members_stream, scan_local, scan_local_rows
@@ -72,6 +79,7 @@ __all__ = [
     "MAX_MEMBER_SIZE",
     "MAX_NAME",
     "TarMember",
+    "header_fits",
     "header_mismatch",
     "header_stride",
     "iter_members_fetch",

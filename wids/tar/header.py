@@ -18,7 +18,14 @@ from .member import Row
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["BLOCK", "MAX_EXTENSION", "MAX_MEMBER_SIZE", "MAX_NAME", "header_mismatch"]
+__all__ = [
+    "BLOCK",
+    "MAX_EXTENSION",
+    "MAX_MEMBER_SIZE",
+    "MAX_NAME",
+    "header_fits",
+    "header_mismatch",
+]
 
 BLOCK = 512
 # Larger pax / GNU long-name records are refused rather than read into memory.
@@ -344,6 +351,34 @@ def _bad_checksum(h: bytes, unsigned: int, off: int, shard: str | None, ext: _Ex
 
 
 _MAX_OCTAL_SIZE = 0o77777777777  # larger sizes need base-256 or a pax ``size`` record
+
+
+def header_fits(buf: bytes, at: int, name0: bytes, size: int) -> bool:
+    r"""Whether ``buf[at - 512 : at]`` is, at a glance, the header of member ``name0``, ``size``.
+
+    The hot path of reads (every member of every sample), without a copy of the header:
+    ``True`` when, as tarfile, GNU tar and wids's writer put them for a short name, the name
+    field is the name and a NUL with no prefix, the size field is ``"%011o\0"`` of ``size``
+    and the type a regular file's. The checksum is not summed here: it tells a header from
+    other bytes, and these fields at this place already do (a tar crafted to hold a header in
+    a member's data could as well give it a valid checksum). ``False`` means "ask
+    :func:`header_mismatch`", which decides exactly (checksum, other renderings, long or
+    non-ASCII names) and says what is wrong. ``LocalShard.read`` inlines these tests.
+
+    Args:
+        buf: Bytes holding the header.
+        at: Where the member's data begins in ``buf`` (``>= 512``).
+        name0: The member's name (key + field) as bytes, followed by a NUL.
+        size: The member's size as the index records it.
+    """
+    h = at - BLOCK
+    return (
+        len(name0) <= 100
+        and buf[h : h + len(name0)] == name0
+        and buf[h + 124 : h + 136] == b"%011o\0" % size
+        and buf[h + 156] in (0, 48)
+        and not buf[h + 345]
+    )
 
 
 def header_mismatch(h: bytes, name: str, size: int) -> str | None:
