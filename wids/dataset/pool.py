@@ -205,11 +205,10 @@ class ReaderPool:
         if end - start > self.max_sample:
             raise self.catalog.too_large(shard, local, end - start)
         check = None
-        start -= HEADER  # every member's tar header is read too (MemberTable.sample checks them)
+        start -= HEADER  # with every member's header (MemberTable.sample checks them all)
         if reader.verifies:  # the first one also with the read (a wrong answer is retried)
             check = header_check(((0, *table.first_member(local)),), start)
-        elif start < 0:  # the table's check names the member that leaves no room
-            start = 0
+        start = max(start, 0) if check is None else start
         try:
             if self._promotable:  # before the read: a promotion then overlaps with it
                 self.requested(shard, reader, end - start)
@@ -330,11 +329,8 @@ class ReaderPool:
             start, end = tables[shard].span(local)
             if end - start > self.max_sample:
                 raise self.catalog.too_large(shard, local, end - start)
-            # every member's tar header too (MemberTable.sample checks them; the first one
-            # also with the read where the reader verifies: a wrong answer is retried)
-            start -= HEADER
-            if start < 0 and not readers[shard].verifies:
-                start = 0
+            start -= HEADER  # with every member's header, as read() (the same checks)
+            start = start if readers[shard].verifies else max(start, 0)
             spans.append((shard, start, end, local))
         blocks, where = plan_batch(spans, merge_gap)
         headers: dict[int, list[tuple[int, str, int]]] = {}
