@@ -516,8 +516,10 @@ def test_same_size_swap_with_restored_mtime_is_an_error(tmp_path):
     with pytest.raises(IndexMismatchError, match="the header names 'a0002.cls'") as e:
         ds[3]  # was served as a's first sample
     assert e.value.shard == b
-    # verify=False skips both checks (and reads what is there)
-    assert ShardListDataset(out, transformations=[], verify=False)[5]["__key__"] == "b0002"
+    # verify=False skips the first-touch checks; a read still checks its members' headers
+    # (before, it returned a's bytes as sample b0002)
+    with pytest.raises(IndexMismatchError, match="the header names 'a0002.cls'"):
+        ShardListDataset(out, transformations=[], verify=False)[5]
 
 
 def test_dataloader_workers_check_shards_on_first_touch(tmp_path):

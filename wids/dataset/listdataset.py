@@ -127,7 +127,8 @@ class ShardListDataset(_DatasetBase[T_co]):
         verify: On first touch of a shard in a process, check that it is the shard the index
             describes: its fingerprint (size, plus etag, or mtime where the store gives no
             etag; one ``info()``) and the tar header of one recorded member (one 512-byte
-            read); a mismatch raises ``IndexMismatchError``.
+            read); a mismatch raises ``IndexMismatchError``. Whatever ``verify``, every read
+            checks the tar headers of the members it returns.
         retry: Retry and timeout policy for storage requests.
         read_limits: The most bytes a remote index description, member-table sidecar, SQLite
             index or ``.widx`` table may have (a larger one is ``TooLargeError``, never read
