@@ -59,8 +59,13 @@ PICKLED_SHARDS = 1 << 14
 PICKLED_TABLES = 32
 """A remote index of up to this many shards has its member tables loaded with it, and they go
 with a pickled catalog, at most ..."""
-PICKLED_BYTES = 16 << 20
-"""... and their bytes at most."""
+PICKLED_BYTES = 32 << 10
+"""... and their bytes at most: the pickle must stay under a pipe's buffer (64 KiB on Linux).
+``Process.start()`` under forkserver/spawn writes the pickled dataset into the child's pipe and,
+past the buffer, blocks until the child has unpickled it, after the child's torch import: the
+workers then start one after another. Measured on 8 remote shards (`tools/bench_startmethods.py`,
+tables of ~95 KB each): 16 MiB of tables gave 0.75x the samples/s of none under forkserver and
+spawn, the first batch 1.5x later; a worker that needs a table fetches it again instead."""
 
 
 def _is_shard_pattern(src: Any) -> bool:
