@@ -560,3 +560,51 @@ def test_a_single_read_trickled_a_byte_at_a_time_ends_within_its_timeout():
         listener.close()
         for c in conns:
             c.close()
+
+
+_NO_AIOHTTP = r"""
+import json, sys
+from wids.storage import Store, read_ranges, read_whole
+
+url, size = sys.argv[1], int(sys.argv[2])
+store = Store()
+src = store.source(url, size=size)
+got = [src.read_range(100, 5000), *read_ranges([(src, s, s + 700) for s in range(0, 9000, 900)])]
+whole = read_whole(store.source(url), limit=size)
+print(json.dumps({
+    "got": [g.hex() for g in got],
+    "whole": whole == open(sys.argv[3], "rb").read(),
+    "imported": sorted(m for m in ("aiohttp", "fsspec.implementations.http") if m in sys.modules),
+}))
+"""
+
+
+def test_a_process_reading_ranges_and_whole_files_never_imports_aiohttp(http_server, tmp_path):
+    """Plain ``http://`` reads (one range, a batch, a small whole file) need no aiohttp.
+
+    Importing aiohttp costs a fresh DataLoader worker (forkserver, spawn) ~0.3 s and two TLS
+    contexts before its first sample, for a client it does not use.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+
+    local = tmp_path / "lazy.bin"
+    local.write_bytes(DATA[:20_000])
+    url = http_server.put(str(local), "lazy.bin")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "PYTHONPATH": repo}
+    run = subprocess.run(
+        [sys.executable, "-c", _NO_AIOHTTP, url, "20000", str(local)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    found = json.loads(run.stdout)
+    spans = [(100, 5000), *((s, s + 700) for s in range(0, 9000, 900))]
+    assert found["got"] == [DATA[s:e].hex() for s, e in spans]
+    assert found["whole"]
+    assert found["imported"] == []

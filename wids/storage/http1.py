@@ -41,11 +41,13 @@ import ssl
 import threading
 import time
 import urllib.parse
+from collections.abc import Mapping
 from typing import Any
 
-from .answer import Answer, Pin, ignores_range
+from .answer import Answer, Pin, ignores_range, too_large
 from .redact import redact_url
-from .transport import HttpTransport, Transport, _date, _span
+from .retry import RetryPolicy
+from .transport import LOOP, Transport, _date, _span, conditions
 
 __all__ = [
     "AnswerTooLong",
@@ -361,9 +363,7 @@ class Http1Pool:
     def __init__(self, host: str, port: int, tls: bool = False) -> None:
         self.host, self.port = host, port
         self.host_header = host if port == (443 if tls else 80) else f"{host}:{port}"
-        self.tls = ssl.create_default_context() if tls else None
-        if self.tls is not None:
-            self.tls.set_alpn_protocols(["http/1.1"])  # as aiohttp's: never offered HTTP/2
+        self.tls = _tls_context() if tls else None
         self._idle: list[_Conn] = []
         self._loop: asyncio.AbstractEventLoop | None = None  # where its connections live
         # each thread's blocking connection (get_sync): this process's, shared by its stores
@@ -503,6 +503,25 @@ class Http1Pool:
                 conn.transport.close()
 
 
+def _tls_context() -> ssl.SSLContext:
+    """This process's TLS context, verified as aiohttp verifies by default (made once).
+
+    Loading the system's certificates costs ~20 ms; one context serves every pool (an
+    ``SSLContext`` is shared safely between threads and connections). Which certificates
+    OpenSSL loads by default follows ``SSL_CERT_FILE`` and ``SSL_CERT_DIR``: a pool made
+    after they changed gets a context that loaded them.
+    """
+    from .clients import get
+
+    def make() -> ssl.SSLContext:
+        context = ssl.create_default_context()
+        context.set_alpn_protocols(["http/1.1"])  # as aiohttp's: never offered HTTP/2
+        return context
+
+    paths = (os.environ.get("SSL_CERT_FILE"), os.environ.get("SSL_CERT_DIR"))
+    return get((os.getpid(), "http1-tls", *paths), make)
+
+
 class _Blocking:
     """A process's blocking connections to one ``host:port``: one per thread (``local``)."""
 
@@ -558,6 +577,16 @@ class PlainTransport(Transport):
 
     The same request and the same :class:`~wids.storage.answer.Answer`; an answer this client
     does not handle (:class:`Unsupported`) sends this file's reads to aiohttp from then on.
+    Nothing of aiohttp or of fsspec's HTTP filesystem is made (or imported) until something
+    needs it (:attr:`http`): a stat, a streamed or parted download, such an answer. A process
+    that only reads ranges and small whole files (an index, its sidecars) never imports
+    aiohttp; batches run on fsspec's event loop (:data:`~wids.storage.transport.LOOP`).
+
+    Args:
+        url: The file (``http://`` or ``https://``, options as :func:`plain_options` allows).
+        options: Its storage options (what :attr:`http` is made with).
+        policy: The retry policy (its timeout bounds each exchange).
+        pool: The connections to the file's server.
     """
 
     checked = True
@@ -565,18 +594,43 @@ class PlainTransport(Transport):
     direct = True  # one read at a time in the calling thread: get_sync (no hop into the loop)
 
     @classmethod
-    def over(cls, http: Transport, pools: Http1Pools) -> Transport:
-        """``http`` on plain connections where its requests are plain GETs, else ``http``."""
-        if not isinstance(http, HttpTransport) or http.kwargs.keys() - {"timeout"}:
-            return http
-        pool = pools.pool(http.target)
-        return http if pool is None else cls(http, pool)
+    def of(
+        cls, url: str, options: Mapping[str, Any], policy: RetryPolicy, pools: Http1Pools
+    ) -> PlainTransport | None:
+        """The plain transport of ``url``, or ``None`` where its requests are not plain GETs."""
+        if not plain_options(url, {k: v for k, v in options.items() if k != "transport"}):
+            return None
+        target = _yarl().URL(url)  # what fsspec's HTTP filesystem requests (encode_url)
+        pool = pools.pool(target)
+        return None if pool is None else cls(url, options, policy, pool, target.raw_path_qs)
 
-    def __init__(self, http: HttpTransport, pool: Http1Pool) -> None:
-        super().__init__(http.url, http.fs, http.path, http.timeout)
-        self.http: HttpTransport = http
+    def __init__(
+        self,
+        url: str,
+        options: Mapping[str, Any],
+        policy: RetryPolicy,
+        pool: Http1Pool,
+        target: str,
+    ) -> None:
+        super().__init__(url, LOOP, url, policy.timeout)
+        self.options, self.policy = options, policy
         self.pool: Http1Pool | None = pool
-        self.target = http.target.raw_path_qs
+        self.target = target
+        self._http: Transport | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def http(self) -> Transport:
+        """The file's aiohttp transport (fsspec's HTTP filesystem), made on first use."""
+        http = self._http
+        if http is None:
+            with self._lock:
+                http = self._http
+                if http is None:
+                    from .objectstores import fsspec_transport
+
+                    http = self._http = fsspec_transport(self.url, self.options, self.policy)
+        return http
 
     def stat_sync(self) -> Any:
         """A stat, as aiohttp's transport makes it."""
@@ -590,8 +644,8 @@ class PlainTransport(Transport):
         pool = self.pool
         if pool is None:
             return self._via_aiohttp(start, end, pin)
-        conditions = self.http.conditions(pin)
-        headers = _headers(start, end, conditions)
+        asked = conditions(pin)
+        headers = _headers(start, end, asked)
         try:
             answer = pool.get_sync(self.target, headers, max(end - start, 1 << 16), self.timeout)
         except AnswerTooLong as e:
@@ -599,13 +653,42 @@ class PlainTransport(Transport):
         except Unsupported:  # a redirect, another framing: aiohttp from now on
             self.pool = None
             return self._via_aiohttp(start, end, pin)
-        return self._answer(pin, answer, conditions, start, end)
+        return self._answer(pin, answer, asked, start, end)
 
     def _via_aiohttp(self, start: int, end: int, pin: Pin) -> Answer:
         import fsspec.asyn
 
-        got: Answer = fsspec.asyn.sync(self.fs.loop, self.http.get, start, end, pin)
+        http = self.http
+        got: Answer = fsspec.asyn.sync(http.fs.loop, http.get, start, end, pin)
         return got
+
+    def get_whole_sync(self, limit: int | None) -> bytes:
+        """The whole file in the calling thread: one plain GET, refused past ``limit`` bytes.
+
+        The answer's announced length is checked before any body byte is kept; an answer
+        this client does not handle (a redirect, chunked, encoded) is fetched again through
+        aiohttp, whose rules are the same (:func:`~wids.storage.transport.read_body`).
+        """
+        pool = self.pool
+        bound = _NO_LIMIT if limit is None else limit
+        if pool is not None:
+            try:
+                answer = pool.get_sync(self.target, "", bound, self.timeout)
+            except AnswerTooLong as e:
+                raise too_large(self.url, e.length, bound) from None
+            except Unsupported:  # aiohttp from now on
+                self.pool = None
+            else:
+                if answer.status == 404:
+                    raise FileNotFoundError(redact_url(self.url))
+                if answer.status >= 300:
+                    raise HttpStatusError(answer.status, "")
+                return answer.body
+        import fsspec.asyn
+
+        http = self.http
+        data: bytes = fsspec.asyn.sync(http.fs.loop, http.get_whole, limit)
+        return data
 
     async def get_whole(self, limit: int | None) -> bytes:
         """A whole file, through aiohttp."""
@@ -616,8 +699,8 @@ class PlainTransport(Transport):
         pool = self.pool
         if pool is None:
             return await self.http.get(start, end, pin)
-        conditions = self.http.conditions(pin)
-        headers = _headers(start, end, conditions)
+        asked = conditions(pin)
+        headers = _headers(start, end, asked)
         try:  # an error page is small; a range answer is the range
             answer = await pool.get(self.target, headers, max(end - start, 1 << 16))
         except AnswerTooLong as e:
@@ -625,16 +708,14 @@ class PlainTransport(Transport):
         except Unsupported:  # a redirect, another framing: aiohttp from now on
             self.pool = None
             return await self.http.get(start, end, pin)
-        return self._answer(pin, answer, conditions, start, end)
+        return self._answer(pin, answer, asked, start, end)
 
     def _answer(
-        self, pin: Pin, answer: _Answer, conditions: dict[str, str], start: int, end: int
+        self, pin: Pin, answer: _Answer, asked: dict[str, str], start: int, end: int
     ) -> Answer:
         status, got = answer.status, answer.headers
         if status == 412:
-            raise pin.refused(
-                "HTTP 412 for " + " ".join(f"{k}: {v}" for k, v in conditions.items())
-            )
+            raise pin.refused("HTTP 412 for " + " ".join(f"{k}: {v}" for k, v in asked.items()))
         if status == 404:
             raise FileNotFoundError(redact_url(pin.url))
         etag = got.get("etag") or None
@@ -649,10 +730,25 @@ class PlainTransport(Transport):
         return Answer(answer.body, total, etag, mtime, span, False, got.get("content-range", ""))
 
 
-def _headers(start: int, end: int, conditions: dict[str, str]) -> str:
+_NO_LIMIT = 1 << 62
+"""The body bound of a whole-file read without a limit (``read_whole(limit=None)``)."""
+
+
+def _yarl() -> Any:
+    """The module that encodes URLs for aiohttp and fsspec; an ``ImportError`` names the extra."""
+    try:
+        import yarl
+    except ImportError as e:
+        from ..extras import missing
+
+        raise missing("aiohttp", "http(s):// URLs", e) from None
+    return yarl
+
+
+def _headers(start: int, end: int, asked: dict[str, str]) -> str:
     """A ranged GET's own header lines (CRLF-ended): ``Range`` and the pin's conditions."""
     headers = f"Range: bytes={start}-{end - 1}\r\n"
-    for name, value in conditions.items():
+    for name, value in asked.items():
         headers += f"{name}: {value}\r\n"
     return headers
 

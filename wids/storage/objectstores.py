@@ -15,8 +15,9 @@ from typing import Any
 
 from ..errors import PermanentRemoteError
 from .answer import Answer, Pin, too_large
-from .backends import file_stat, is_http, is_s3
+from .backends import file_stat, is_http, is_s3, request_timeout, with_defaults
 from .redact import redact_url
+from .retry import RetryPolicy
 from .stats import FileStat
 from .transport import (
     HttpTransport,
@@ -27,7 +28,7 @@ from .transport import (
     read_bounded,
 )
 
-__all__ = ["GcsTransport", "S3Transport", "transport_for"]
+__all__ = ["GcsTransport", "S3Transport", "fsspec_transport", "transport_for"]
 
 
 def _precondition_failed(exc: BaseException | None) -> bool:
@@ -229,3 +230,19 @@ def transport_for(url: str, fs: Any, path: str, timeout: float, client_timeout: 
     if _is_gcs(fs):
         return GcsTransport(url, fs, path, timeout)
     return Transport(url, fs, path, timeout)
+
+
+def fsspec_transport(url: str, options: Mapping[str, Any], policy: RetryPolicy) -> Transport:
+    """The transport of ``url`` on this process's fsspec filesystem under ``options``.
+
+    The filesystem is :func:`~wids.storage.clients.filesystem`'s (one per process, protocol
+    and options), with the timeouts of ``policy`` (:func:`~wids.storage.backends.with_defaults`).
+
+    Raises:
+        ImportError: The backend of ``url``'s protocol is not installed (names its extra).
+    """
+    from .clients import filesystem
+
+    fs, path = filesystem(url, with_defaults(url, options, policy))
+    client_timeout = request_timeout(url, options, policy)
+    return transport_for(url, fs, path, policy.timeout, client_timeout)

@@ -289,7 +289,7 @@ def read_whole(source: Partable, stats: IOStats | None = None, limit: int | None
         return source.read_range(0, size, stats)
     transport = source.transport()
     attempts = source.attempts("could not read it", stats)
-    if transport.asynchronous:
+    if transport.asynchronous and not transport.direct:
 
         def op() -> Any:
             return transport.get_whole(limit)

@@ -37,7 +37,7 @@ from . import forks
 from .answer import Check, Pin, check_answer, check_range, checked
 from .backends import is_http, request_timeout, with_defaults
 from .clients import filesystem
-from .http1 import Http1Pools, plain_options
+from .http1 import Http1Pools
 from .limits import ReadLimits
 from .local import LocalFile
 from .objectstores import transport_for
@@ -315,7 +315,6 @@ class Source:
             options = with_defaults(self.url, self.storage_options, self.retry)
             self._fs, self._path = filesystem(self.url, options)
             self._pid = pid
-            self._transport = None
         if self._path is None:  # an invariant, kept under python -O
             raise RuntimeError("internal error: self._path is not set")
         return self._fs, self._path
@@ -331,15 +330,16 @@ class Source:
                 self._transport, self._pid = chosen, os.getpid()
                 self._made = forks.stamp()
                 return chosen
+            from .http1 import PlainTransport  # aiohttp only where needed: storage/http1.py
+
+            plain = PlainTransport.of(self.url, self._options, self.retry, self.store._plain)
+            if plain is not None:
+                self._transport, self._made = plain, forks.stamp()
+                return plain
             options = {k: v for k, v in self._options.items() if k != "transport"}
             fs, path = self._filesystem()
             timeout = request_timeout(self.url, options, self.retry)
             transport = transport_for(self.url, fs, path, self.retry.timeout, timeout)
-            plain = plain_options(self.url, options) and self.store._plain
-            if plain and is_http(fs):
-                from .http1 import PlainTransport
-
-                transport = PlainTransport.over(transport, plain)
             self._transport, self._made = transport, forks.stamp()
         return transport
 

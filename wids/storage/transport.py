@@ -34,7 +34,15 @@ from .backends import file_stat
 from .redact import redact_url
 from .stats import FileStat
 
-__all__ = ["HttpTransport", "Transport", "answer_of", "read_body", "read_bounded"]
+__all__ = [
+    "LOOP",
+    "HttpTransport",
+    "Transport",
+    "answer_of",
+    "conditions",
+    "read_body",
+    "read_bounded",
+]
 
 
 def _date(value: Any) -> float | None:
@@ -51,6 +59,28 @@ def _date(value: Any) -> float | None:
 def _span(content_range: str | None) -> tuple[tuple[int, int] | None, int | None]:
     span, total, valid = parse_content_range(content_range)
     return (span if valid else (-1, -1)), total
+
+
+class _Loop:
+    """Where transports without an fsspec filesystem run asynchronous reads: ``.loop``.
+
+    fsspec's event loop of this process (its own after a fork), the one its filesystems use;
+    a transport whose ``fs`` is this shares that loop without making a filesystem (and
+    without importing aiohttp for one).
+    """
+
+    async_impl = True
+
+    @property
+    def loop(self) -> Any:
+        """This process's fsspec event loop (started on first use)."""
+        import fsspec.asyn
+
+        return fsspec.asyn.get_loop()
+
+
+LOOP = _Loop()
+"""The ``fs`` of transports that read on fsspec's event loop without a filesystem."""
 
 
 class Transport:
@@ -142,11 +172,7 @@ class HttpTransport(Transport):
 
     def conditions(self, pin: Pin) -> dict[str, str]:
         """The conditional headers for ``pin``."""
-        condition = pin.if_match()
-        if condition is not None:
-            return {"If-Match": condition}
-        since = pin.if_unmodified_since()
-        return {"If-Unmodified-Since": since} if since is not None else {}
+        return conditions(pin)
 
     async def get(self, start: int, end: int, pin: Pin) -> Answer:
         """One conditional ranged GET (see the module)."""
@@ -163,6 +189,18 @@ class HttpTransport(Transport):
                 raise FileNotFoundError(redact_url(self.url))
             resp.raise_for_status()
             return await read_body(resp, self.url, limit)
+
+
+def conditions(pin: Pin) -> dict[str, str]:
+    """The conditional headers of an HTTP request for ``pin``.
+
+    ``If-Match`` the pinned etag, else ``If-Unmodified-Since`` the first answer's date.
+    """
+    condition = pin.if_match()
+    if condition is not None:
+        return {"If-Match": condition}
+    since = pin.if_unmodified_since()
+    return {"If-Unmodified-Since": since} if since is not None else {}
 
 
 async def read_body(resp: Any, url: str, limit: int | None) -> bytes:

@@ -52,7 +52,7 @@ from .clients import get
 from .redact import redact_text, redact_url
 from .redirects import DROPPED_ACROSS_ORIGINS
 from .stats import FileStat, comparable_etag
-from .transport import Transport
+from .transport import LOOP, Transport
 
 __all__ = [
     "CHOICES",
@@ -358,21 +358,6 @@ def store(config: _Config) -> Any:
     return get(key, lambda: _make_store(config))
 
 
-class _Loop:
-    """Where asynchronous reads run: fsspec's event loop of this process (made after a fork)."""
-
-    async_impl = True
-
-    @property
-    def loop(self) -> Any:
-        import fsspec.asyn
-
-        return fsspec.asyn.get_loop()
-
-
-_LOOP = _Loop()
-
-
 class ObstoreTransport(Transport):
     """Range reads through obstore (see the module): one request per call, pinned and checked.
 
@@ -388,7 +373,7 @@ class ObstoreTransport(Transport):
     parted = True  # a whole-file download may fetch parts concurrently (storage/parts.py)
 
     def __init__(self, url: str, config: _Config, timeout: float = 30.0) -> None:
-        super().__init__(url, _LOOP, config.path, timeout)
+        super().__init__(url, LOOP, config.path, timeout)
         self.config = config
         self.gcs = config.kind == "gcs"
         self._store: Any = None
