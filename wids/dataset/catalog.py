@@ -37,6 +37,7 @@ from ..samples import DuplicatePolicy
 from ..storage import FileStat, RetryPolicy, Source, Store, is_local, preload, redact_url
 from .description import Description
 from .exclusions import SIDECAR, ExcludeSpec, Kept, parse_exclude, resolve, warn_unknown
+from .handoff import Handoff, Ticket, read_handoff
 from .localcache import LocalCache
 from .localtables import parse_local_tables
 
@@ -65,7 +66,7 @@ PICKLED_BYTES = 32 << 10
 past the buffer, blocks until the child has unpickled it, after the child's torch import: the
 workers then start one after another. Measured on 8 remote shards (`tools/bench_startmethods.py`,
 tables of ~95 KB each): 16 MiB of tables gave 0.75x the samples/s of none under forkserver and
-spawn, the first batch 1.5x later; a worker that needs a table fetches it again instead."""
+spawn, the first batch 1.5x later. More go through a file (:mod:`wids.dataset.handoff`)."""
 
 
 def _is_shard_pattern(src: Any) -> bool:
@@ -137,6 +138,8 @@ class Catalog:
         self._members: dict[int, tuple[ShardMembers, int]] = {}
         self._scanned: set[int] = set()  # member tables that came from scanning (costly)
         self._first: list[int] = []  # tables loaded with the description (load)
+        self._handoff: Handoff | None = None  # the files this process wrote for its copies
+        self._ticket: Ticket | None = None  # where a copy finds its tables (not read yet)
         self._warned_duplicates = False
         self.reset_process()
 
@@ -166,31 +169,36 @@ class Catalog:
         self._lock = threading.RLock()
 
     def __getstate__(self) -> dict[str, Any]:
-        """A copy for another process: the loaded description and the first tables, bounded.
+        """A copy for another process: the loaded description and the tables held, bounded.
 
-        A DataLoader pickles the dataset for each worker it starts under forkserver or spawn:
-        a description of up to :data:`PICKLED_SHARDS` shards goes with it (the worker does
-        not read the index again), and the member tables loaded with it (:meth:`load`), up to
-        :data:`PICKLED_BYTES`. Tables scanned from shards go too (a pass over a shard each);
-        other tables reload from the index where needed.
+        A DataLoader pickles the dataset for each worker under forkserver or spawn: with it go
+        a description of up to :data:`PICKLED_SHARDS` shards (not read again) and the tables
+        held here, in the pickle up to :data:`PICKLED_BYTES`, else in a file (``hand_over``).
         """
+        self._take_handoff()  # a copy of a copy: the tables it has not read yet
         state = self.__dict__.copy()
-        del state["_verified"], state["_lock"]
-        loaded = self._loaded
-        keep = {i: m for i, m in self._members.items() if i in self._scanned}
-        if loaded is not None and loaded.indexed is not None:
-            if len(loaded.lengths) > PICKLED_SHARDS:
-                state["_loaded"] = state["_ready"] = None  # reopens faster than it pickles
-                keep = {}
-            else:
-                room = PICKLED_BYTES
-                for i in self._first[:PICKLED_TABLES]:
-                    got = self._members.get(i)
-                    if got is not None and got[0].nbytes <= room:
-                        keep[i] = got
-                        room -= got[0].nbytes
-        state["_members"] = keep
+        del state["_verified"], state["_lock"], state["_handoff"]
+        indexed = self._loaded is not None and self._loaded.indexed is not None
+        if indexed and len(self._loaded.lengths) > PICKLED_SHARDS:  # type: ignore[union-attr]
+            state.update(_loaded=None, _ready=None, _members={})  # reopens faster than it pickles
+            return state
+        if self._handoff is None or self._handoff.pid != os.getpid():  # a fork writes its own
+            self._handoff = Handoff(self, PICKLED_BYTES)
+        first = self._first[:PICKLED_TABLES] if indexed else []
+        state["_members"], state["_ticket"] = self._handoff.hand_over(
+            self._members, self._scanned, first
+        )
         return state
+
+    def _take_handoff(self) -> None:
+        """Read the tables of the handoff file, once (a bad file: they are fetched instead)."""
+        if self._ticket is None:
+            return
+        with self._lock:
+            ticket, self._ticket = self._ticket, None  # read once, whatever it holds
+            for i, (members, scanned) in ((ticket and read_handoff(ticket)) or {}).items():
+                if i not in self._members:
+                    self._keep_members(i, members, scanned=scanned)
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -453,6 +461,10 @@ class Catalog:
         got = self._members.get(shard)
         if got is not None:
             return got
+        self._take_handoff()
+        got = self._members.get(shard)
+        if got is not None:
+            return got
         loaded = self.load()
         info = loaded.infos[shard]
         try:  # outside the lock: tables of several shards may be fetched at once (prefetch)
@@ -497,6 +509,7 @@ class Catalog:
         (a batch's read fetches a single one itself). Errors are left for :meth:`members`
         to raise.
         """
+        self._take_handoff()  # the tables handed to this copy come first
         if not self.remote_tables:
             return
         todo = sorted({s for s in shards if s not in self._members})
