@@ -574,7 +574,8 @@ whole = read_whole(store.source(url), limit=size)
 print(json.dumps({
     "got": [g.hex() for g in got],
     "whole": whole == open(sys.argv[3], "rb").read(),
-    "imported": sorted(m for m in ("aiohttp", "fsspec.implementations.http") if m in sys.modules),
+    "imported": sorted(m for m in ("aiohttp", "fsspec.implementations.http", "yarl")
+                       if m in sys.modules),
 }))
 """
 
@@ -608,3 +609,37 @@ def test_a_process_reading_ranges_and_whole_files_never_imports_aiohttp(http_ser
     assert found["got"] == [DATA[s:e].hex() for s, e in spans]
     assert found["whole"]
     assert found["imported"] == []
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8080/a/b-c_d.tar",
+        "HTTP://Example.COM/x",
+        "https://example.com",
+        "https://h:443/x/",
+        "http://h/a//b",
+        "http://h/a.b/c~d",
+        "http://h:080/x",  # the rest through yarl
+        "http://h/a/../b",
+        "http://h/a b/%41%2f?q=1&r=a+b",
+        "http://bücher.example/ä",
+        "http://h./x",
+    ],
+)
+def test_the_plain_client_requests_what_aiohttp_would(url):
+    """The request target and server of a URL are yarl's (what fsspec and aiohttp send)."""
+    import yarl
+
+    from wids.storage.http1 import Http1Pools, PlainTransport
+
+    plain = PlainTransport.of(url, {}, RetryPolicy(), Http1Pools())
+    assert plain is not None and plain.pool is not None
+    want = yarl.URL(url)
+    tls = want.scheme == "https"
+    assert (plain.pool.host, plain.pool.port, plain.pool.tls is not None) == (
+        want.raw_host,
+        want.port,
+        tls,
+    )
+    assert plain.target == want.raw_path_qs

@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import re
 import select
 import socket
 import ssl
@@ -555,10 +556,14 @@ class Http1Pools:
             return None
         if url.user is not None or url.password is not None:  # aiohttp sends them as auth
             return None
+        tls = url.scheme == "https"
+        return self.pool_at(str(url.raw_host), int(url.port or (443 if tls else 80)), tls)
+
+    def pool_at(self, host: str, port: int, tls: bool) -> Http1Pool:
+        """The pool for ``host:port`` (a host name or IPv4 address), made on first use."""
         if self._pid != os.getpid():
             self._pid, self._pools = os.getpid(), {}
-        tls = url.scheme == "https"
-        key = (str(url.raw_host), int(url.port or (443 if tls else 80)), tls)
+        key = (host, port, tls)
         found = self._pools.get(key)
         if found is None:
             found = self._pools[key] = Http1Pool(*key)
@@ -600,9 +605,15 @@ class PlainTransport(Transport):
         """The plain transport of ``url``, or ``None`` where its requests are not plain GETs."""
         if not plain_options(url, {k: v for k, v in options.items() if k != "transport"}):
             return None
+        simple = _SIMPLE_URL.fullmatch(url)
+        if simple is not None and "/." not in url and int(simple["port"] or 0) <= 65535:
+            scheme, host, port, path = simple.group("scheme", "host", "port", "path")
+            tls = scheme.lower() == "https"
+            pool = pools.pool_at(host.lower(), int(port or (443 if tls else 80)), tls)
+            return cls(url, options, policy, pool, path or "/")
         target = _yarl().URL(url)  # what fsspec's HTTP filesystem requests (encode_url)
-        pool = pools.pool(target)
-        return None if pool is None else cls(url, options, policy, pool, target.raw_path_qs)
+        found = pools.pool(target)
+        return None if found is None else cls(url, options, policy, found, target.raw_path_qs)
 
     def __init__(
         self,
@@ -729,6 +740,15 @@ class PlainTransport(Transport):
         span, total = _span(got.get("content-range"))
         return Answer(answer.body, total, etag, mtime, span, False, got.get("content-range", ""))
 
+
+_SIMPLE_URL = re.compile(
+    r"(?P<scheme>[hH][tT][tT][pP][sS]?)://(?P<host>[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
+    r"(?::(?P<port>[1-9][0-9]{0,4}))?(?P<path>/[A-Za-z0-9._~/-]*)?",
+    re.ASCII,
+)
+"""A URL whose request target is its path as written (what yarl makes of it too): no query,
+no escapes, no dot segments, a plain host name or IPv4 address. Any other goes through yarl
+(imported then), as aiohttp and fsspec encode it."""
 
 _NO_LIMIT = 1 << 62
 """The body bound of a whole-file read without a limit (``read_whole(limit=None)``)."""
