@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["STEP", "Plan", "PlannedIndex", "planned_order", "plan_of"]
+__all__ = ["STEP", "Plan", "PlannedIndex", "first_plan", "planned_order", "plan_of"]
 
 STEP = 2048
 """A plan is made every ``STEP`` positions and covers ``2 * STEP`` of them: every index sees at
@@ -121,3 +121,17 @@ def planned_order(indices: Iterator[int], start: int) -> Iterator[int]:
         more = np.fromiter(itertools.islice(indices, STEP), dtype=np.int64)
         window = np.concatenate([window[STEP:], more]) if len(more) else window[STEP:]
         base += len(values)
+
+
+def first_plan(order: Iterator[int]) -> tuple[Plan | None, Iterator[int]]:
+    """The first plan of a :func:`planned_order` iteration, and the iteration, whole.
+
+    The sampler that owns the order tells its dataset, in the process that iterates it, the
+    window an iteration begins with (``ShardListDataset._plan_begins``): under a DataLoader that
+    is the main process, right after it started its workers.
+    """
+    first = next(order, None)
+    if first is None:
+        return None, iter(())
+    plan = first.plan if type(first) is PlannedIndex else None
+    return plan, itertools.chain((first,), order)

@@ -56,6 +56,12 @@ class BackgroundFetches:
             self._pending[url] = future
             return future
 
+    def wait(self) -> None:
+        """Wait for the jobs submitted so far (done, failed or cancelled)."""
+        with self._mutex:
+            pending = list(self._pending.values())
+        wait_futures(pending)
+
     def close(self) -> None:
         """Stop: cancel queued jobs, wait for those running."""
         with self._mutex:
@@ -246,6 +252,7 @@ class Promoter:
         source: Source,
         share: float,
         *,
+        wait: bool = True,
         shard_bytes: int,
         expected: Fingerprint | None = None,
         stats: IOStats | None = None,
@@ -253,7 +260,9 @@ class Promoter:
     ) -> bool:
         """A plan says ``share`` of the shard's samples come soon: promote it now if enough.
 
-        Arguments as for :meth:`requested`.
+        ``wait``: this process's reads of the shard wait for the download (they come next);
+        without, they go on by range until it is done (a warm-up: others read it first).
+        Other arguments as for :meth:`requested`.
 
         Returns:
             Whether the shard is being promoted (now or already).
@@ -261,14 +270,15 @@ class Promoter:
         url = source.url
         with self._mutex:
             if url in self._futures:
-                if share >= self.plan_share:
+                if wait and share >= self.plan_share:
                     self._planned.add(url)
                 return True
             if url in self._deferred:
                 return True
             if url in self._failed or share < self.plan_share:
                 return False
-            self._planned.add(url)
+            if wait:
+                self._planned.add(url)
             if self._start(source, shard_bytes, expected, stats, verify):
                 return True
             if url in self._deferred:  # fetched whole later: not by range meanwhile

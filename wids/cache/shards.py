@@ -7,7 +7,7 @@ API (what ``ShardListDataset`` and the ``wids cache`` command use)::
         shard.path, shard.size, shard.read_range(start, end)     # os.pread on the cached file
     cache.open_with(url, download, expected=...)                # core: download(dest) -> any
     cache.open_cached(url, expected=...) -> CachedShard | None  # only if cached now
-    cache.prefetch(source, expected=..., ...) -> Future         # background fetch
+    cache.prefetch(source, expected=..., ...) -> Future         # background (wait_fetches())
     cache.contains(url); cache.entries(); cache.total_bytes()
     cache.evict_to(max_bytes); cache.clean(older_than=None, max_bytes=None); cache.remove(url)
 
@@ -20,12 +20,11 @@ file's size, inode, mtime and ctime as recorded, and the expected version: size,
 ``Last-Modified``, md5, when known), opens its file and releases the lock: the returned
 :class:`CachedShard` reads that descriptor, which stays valid when the entry is evicted
 (unlinked). If the check fails it waits for this process's download slot (one at a time)
-holding no lock, then upgrades to exclusive (a quarter second at a time, then checking
-again: another process may be fetching it), checks again, removes temporary
-files left by killed downloads of this entry, makes room in the budget, downloads into
-``tmp/`` (a copy that fails its check is fetched again within the retry policy), verifies
-size, etag and md5, and records and publishes it under the budget's lock.
-Eviction: :mod:`wids.cache.budget`.
+holding no lock, then upgrades to exclusive (a quarter second at a time, then checking again:
+another process may be fetching it), checks again, removes temporary files left by killed
+downloads of this entry, makes room in the budget, downloads into ``tmp/`` (a copy that fails
+its check is fetched again within the retry policy), verifies size, etag and md5, and records
+and publishes it under the budget's lock. Eviction: :mod:`wids.cache.budget`.
 """
 
 from __future__ import annotations
@@ -579,6 +578,10 @@ class ShardCache:
         """
         self._prepare()
         self._readers.hold()
+
+    def wait_fetches(self) -> None:
+        """Wait for the background fetches (:meth:`prefetch`) started so far."""
+        self._background.wait()
 
     def close(self) -> None:
         """Stop background fetches (waiting for those running) and drop this reader mark."""

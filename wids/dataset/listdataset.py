@@ -26,7 +26,7 @@ import numpy as np
 
 from ..decode import Decoder, interpret_transformations
 from ..index import check_url_map
-from ..plan import plan_of
+from ..plan import Plan, plan_of
 from ..samples import DUPLICATE_POLICIES, DuplicatePolicy
 from ..storage import ReadLimits, RetryPolicy, Store, forks, is_local, named_by
 from .catalog import MAX_SAMPLE_BYTES, Catalog, display_url
@@ -543,6 +543,19 @@ class ShardListDataset(_DatasetBase[T_co]):
         """
         loaded = self._catalog.load()
         return not is_local(loaded.infos[0].url) or not is_local(loaded.infos[-1].url)
+
+    def _plan_begins(self, plan: Plan) -> None:
+        """An iteration of a wids sampler over this dataset begins in this process with ``plan``.
+
+        The sampler says so at the first index asked of it: under a DataLoader, in the main
+        process right after the workers were started. With a cache (``access="auto"`` or
+        ``"shard"``) the shards the plan's window reads most of are fetched into it in the
+        background (``ReaderPool.warm``): the downloads overlap the workers' start (their
+        torch import under forkserver and spawn), and the workers read those shards from the
+        cache. Which samples a batch holds never depends on it.
+        """
+        self._check_process()
+        self._pool.warm(plan)
 
     def get_stats(self) -> tuple[int, int]:
         """``(accesses, misses)`` of shard look-ups in this process, as the reference."""

@@ -22,6 +22,7 @@ never pickled, dropped after a fork, stopped by :meth:`ReaderPool.close`.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -56,9 +57,15 @@ if TYPE_CHECKING:
 
 Located = Sequence[tuple[int, int, int]]
 
-__all__ = ["ACCESS_MODES", "ReaderPool"]
+__all__ = ["ACCESS_MODES", "WARM_SHARDS", "ReaderPool"]
+
+log = logging.getLogger(__name__)
 
 ACCESS_MODES = ("auto", "range", "shard")
+
+WARM_SHARDS = 8
+"""At most this many shards are fetched by a warm-up (``ReaderPool.warm``): the first ones an
+iteration reads, while a DataLoader's workers start; the workers' own plans fetch the rest."""
 
 
 class ReaderPool:
@@ -107,6 +114,7 @@ class ReaderPool:
         self._lock = threading.RLock()
         self._swaps = [threading.Lock() for _ in range(16)]  # range -> cached reader, by shard
         self._promoter: Promoter | None = None
+        self._reading = False  # marked a reader of the cache (get_promoter)
         self._lookahead: Lookahead | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -119,6 +127,7 @@ class ReaderPool:
             "_lock",
             "_swaps",
             "_promoter",
+            "_reading",
             "_lookahead",
         ):
             del state[k]
@@ -486,13 +495,20 @@ class ReaderPool:
 
     # -- promotion (access="auto") ------------------------------------------------------------
 
-    def get_promoter(self) -> Promoter:
-        """This process's promoter (``access="auto"`` with a cache), started on first use."""
+    def get_promoter(self, *, reading: bool = True) -> Promoter:
+        """This process's promoter (``access="auto"`` with a cache), started on first use.
+
+        ``reading``: this process reads through it, and is marked a reader of the cache (its
+        budget's share per reader counts it); a warm-up alone (:meth:`warm`) does not count.
+        """
         with self._lock:
             if self._promoter is None:
                 from ..cache import Promoter
 
-                self._promoter = Promoter(self.local.reading_cache(), self.promote_share)
+                self._promoter = Promoter(self.local.shard_cache(), self.promote_share)
+            if reading and not self._reading:
+                self.local.reading_cache()  # marks this process a reader
+                self._reading = True
             return self._promoter
 
     def requested(self, shard: int, reader: ShardReader, nbytes: int) -> None:
@@ -504,8 +520,11 @@ class ReaderPool:
             return
         self.get_promoter().requested(source, nbytes, **self._whole_fetch(shard))
 
-    def planned(self, shard: int, share: float) -> bool:
+    def planned(self, shard: int, share: float, *, reading: bool = True) -> bool:
         """The plan reads ``share`` of the samples of ``shard`` soon: start its download early.
+
+        ``reading=False``: a warm-up (:meth:`warm`); this process is not counted a reader of
+        the cache for it, and its own reads of the shard do not wait for the download.
 
         Returns:
             Whether the shard is fetched whole (its reads will come from the cache): promoted
@@ -521,9 +540,54 @@ class ReaderPool:
         fetch = self._whole_fetch(shard)
         if self.access == "shard":  # read whole anyway: start the download before the first read
             del fetch["shard_bytes"]
-            local.reading_cache().prefetch(source, **fetch)
+            cache = local.reading_cache() if reading else local.shard_cache()
+            cache.prefetch(source, **fetch)
             return True
-        return self.get_promoter().planned(source, share, **fetch)
+        promoter = self.get_promoter(reading=reading)
+        return promoter.planned(source, share, wait=reading, **fetch)
+
+    def warm(self, plan: Plan) -> None:
+        """A sampler's iteration begins here with ``plan``: fetch its first shards into the cache.
+
+        The shards of which the plan's window reads at least half (in the order's order, at
+        most :data:`WARM_SHARDS`) are announced as by a read's lookahead, one after the other
+        from a daemon thread (loading their member tables may take requests; an interpreter
+        exiting meanwhile waits for the download under way, not for the rest): under a
+        DataLoader this is the main process, so the downloads run while the workers start.
+        Within the cache's rules (budget, this process's share of it); without a cache, with
+        ``access="range"`` or offline, nothing happens.
+        """
+        local = self.local
+        if local.cache_dir is None or local.offline or self.access == "range":
+            return
+        threading.Thread(target=self._warm, args=(plan,), name="wids-warm", daemon=True).start()
+
+    def _warm(self, plan: Plan) -> None:
+        try:
+            catalog = self.catalog
+            lengths = catalog.counts().lengths
+            counts: dict[int, int] = {}
+            for i in plan.ahead(plan.start, len(plan.order)).tolist():
+                shard = catalog.locate(i)[1]
+                counts[shard] = counts.get(shard, 0) + 1
+            started = 0
+            for shard, n in counts.items():  # first read first, one after another: a process
+                if started >= WARM_SHARDS:  # that exits waits for one download, not all
+                    break
+                if 2 * n >= lengths[shard] and self.planned(
+                    shard, n / int(lengths[shard]), reading=False
+                ):
+                    started += 1
+                    self._wait_fetches()
+        except Exception as error:  # the reads fetch what they need themselves
+            log.debug("warm-up of the cache stopped: %s", error)
+
+    def _wait_fetches(self) -> None:
+        """Wait for this process's downloads into the cache started so far."""
+        if self._promoter is not None:
+            self._promoter.wait_all()
+        else:
+            self.local.shard_cache().wait_fetches()
 
     def _whole_fetch(self, shard: int) -> dict[str, Any]:
         """What a download of the whole shard is checked against: size, fingerprint, headers."""

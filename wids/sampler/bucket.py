@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import SamplerStateError
-from ..plan import planned_order
+from ..plan import first_plan, planned_order
 from .chunked import _shard_lengths
 from .chunks import _boundaries, _cuts_crc
 from .resplit import refuse_resplit
@@ -429,7 +429,9 @@ class BucketBatchSampler:
         if reader is not None and reader._reads_plans():
             # each index carries what follows it; positions count samples, batches are full
             flat = itertools.chain.from_iterable(_rows(batches))
-            order = planned_order(flat, start * self.batch_size)
+            plan, order = first_plan(planned_order(flat, start * self.batch_size))
+            if plan is not None:  # the first window: after a DataLoader's workers start
+                reader._plan_begins(plan)
             for _ in range(len(batches)):
                 batch = list(itertools.islice(order, self.batch_size))
                 self._position += 1

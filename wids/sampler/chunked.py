@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 from ..errors import SamplerStateError
-from ..plan import planned_order
+from ..plan import first_plan, planned_order
 from .chunks import (
     _BIG,
     Range,
@@ -352,11 +352,16 @@ class ChunkedSampler:
         else:
             order = itertools.islice(self._indices(), start, None)
         reader = self._reader
-        if reader is not None and reader._reads_plans():
-            order = planned_order(order, start)  # each index carries what follows it
-        return self._generate(order)
+        if reader is None or not reader._reads_plans():
+            return self._generate(order, None)
+        # each index carries what follows it; the first window goes to the dataset here too
+        return self._generate(planned_order(order, start), reader)
 
-    def _generate(self, order: Iterator[int]) -> Iterator[int]:
+    def _generate(self, order: Iterator[int], reader: Any) -> Iterator[int]:
+        if reader is not None:  # at the first index asked for: after a DataLoader's workers start
+            plan, order = first_plan(order)
+            if plan is not None:
+                reader._plan_begins(plan)
         for index in order:
             self._position += 1
             yield index
