@@ -89,3 +89,34 @@ def test_a_remote_json_index_is_read_with_one_request(http_server, tmp_path: Pat
         odd = open_index(http_server.put(tmp_path / cls.__name__, f"registry/{cls.__name__}.json"))
         assert isinstance(odd, cls) and odd.name == "y"
         odd.close()
+
+
+def test_a_dataset_over_a_json_index_loads_without_the_other_backends(http_server, tmp_path):
+    """``len(ds)`` in the DataLoader's main process imports what loading needs only: on the
+    old code the registry imported the SQLite reader and writer (sqlite3) and the shard-table
+    writer, and the description the columns module, ~10 ms of a dataset's first load."""
+    import os
+    import subprocess
+    import sys
+
+    from wids import build_index
+    from wids.synth import write_dataset
+
+    paths = write_dataset(str(tmp_path), shards=2, samples_per_shard=5, real_images=False)
+    build_index(paths, str(tmp_path / "idx.json"))
+    for root, _, files in os.walk(tmp_path):
+        for name in files:
+            path = os.path.join(root, name)
+            http_server.put(path, "lazyreg/" + os.path.relpath(path, tmp_path))
+    script = (
+        "import sys\n"
+        "from wids import ShardListDataset\n"
+        f"ds = ShardListDataset({http_server.url('lazyreg/idx.json')!r}, transformations=[])\n"
+        "assert len(ds) == 10 and ds[7]['__key__']\n"
+        "print(sorted(m for m in ('sqlite3', 'wids.index.sqlitereader', 'wids.index.sqlitewriter',"
+        " 'wids.index.tablewriter', 'wids.index.columns') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]"

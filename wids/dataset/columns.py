@@ -23,9 +23,9 @@ from ..index.columns import (
     ShardColumn,
     decode_columns,
     merge_type,
-    remote_sidecars,
     shard_extras,
 )
+from ..index.jsonreader import remote_sidecars
 
 __all__ = ["Column", "dataset_column", "raw_column", "where_excluded", "where_in_index"]
 

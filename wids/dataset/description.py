@@ -207,7 +207,7 @@ class Description:
 
 def _remote_sidecars(reader: Any) -> bool:
     """Whether ``shard_extra(i)`` may read a remote file per shard (a remote JSON index)."""
-    from ..index.columns import remote_sidecars
+    from ..index.jsonreader import remote_sidecars  # (not index.columns: loading needs none)
 
     return remote_sidecars(reader)
 

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import ColumnError, IndexFormatError
-from .columns import ShardColumn, decode_columns, merge_type, remote_sidecars, shard_extras
+from .columns import ShardColumn, decode_columns, merge_type, shard_extras
+from .jsonreader import remote_sidecars
 
 __all__ = ["BINS", "column_summaries"]
 

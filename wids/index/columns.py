@@ -58,7 +58,6 @@ __all__ = [
     "encode_columns",
     "merge_type",
     "parse_specs",
-    "remote_sidecars",
     "shard_extras",
     "values_column",
 ]
@@ -424,14 +423,6 @@ def json_value(data: bytes | bytearray | memoryview, path: str, where: str) -> A
     if isinstance(doc, (dict, list)):
         raise ColumnError(f"{where}: json:{path} is an {type(doc).__name__}, not a value")
     return doc
-
-
-def remote_sidecars(reader: Any) -> bool:
-    """Whether ``reader.shard_extra(i)`` may read a remote file per shard (a remote JSON index)."""
-    from ..storage import is_remote
-    from .jsonreader import JsonIndex
-
-    return isinstance(reader, JsonIndex) and isinstance(reader.url, str) and is_remote(reader.url)
 
 
 def shard_extras(

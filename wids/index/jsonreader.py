@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IndexFormatError, UntrustedLocationError
-from ..storage import Store, redact_url
+from ..storage import Store, is_remote, redact_url
 from .jsonformat import (
     COLUMNS_IN_SIDECAR,
     COLUMNS_KEY,
@@ -31,7 +31,7 @@ from .urls import UrlMap, check_remote_ref, check_url_map, resolve_url, url_dir
 if TYPE_CHECKING:
     from ..compress import SeekPoints
 
-__all__ = ["JsonIndex"]
+__all__ = ["JsonIndex", "remote_sidecars"]
 
 logger = logging.getLogger(__name__)
 
@@ -328,3 +328,8 @@ def _file_name(url: Any) -> str | None:
     if not isinstance(url, str):
         return None
     return url.split("?", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+
+
+def remote_sidecars(reader: Any) -> bool:
+    """Whether ``reader.shard_extra(i)`` may read a remote file per shard (a remote JSON index)."""
+    return isinstance(reader, JsonIndex) and isinstance(reader.url, str) and is_remote(reader.url)

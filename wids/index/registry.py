@@ -13,21 +13,23 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..storage import Store, is_remote, local_path, named_by
 from .jsonreader import JsonIndex
 from .jsonwriter import JsonIndexWriter
 from .model import IndexReader, IndexWriter
 from .spec import read_bytes
-from .sqlitereader import SqliteIndex
-from .sqlitewriter import SqliteIndexWriter
 from .tableformat import MAGIC as TABLE_MAGIC
 from .tableformat import TABLE_SUFFIXES
 from .tablereader import TableIndex
-from .tablewriter import TableIndexWriter
+
+if TYPE_CHECKING:  # imported where used: a dataset opening a JSON index needs neither (sqlite3)
+    from .sqlitewriter import SqliteIndexWriter
+    from .tablewriter import TableIndexWriter
 
 __all__ = [
     "INDEX_SUFFIXES",
@@ -45,13 +47,13 @@ SQLITE_MAGIC = b"SQLite format 3\x00"
 SQLITE_SUFFIXES = (".sqlite", ".sqlite3", ".db")
 """File name endings that select the SQLite backend; ``.json`` selects JSON."""
 
-_Writer = type[JsonIndexWriter] | type[SqliteIndexWriter] | type[TableIndexWriter]
-_WRITERS: tuple[tuple[tuple[str, ...], _Writer], ...] = (
-    ((".json",), JsonIndexWriter),
-    (SQLITE_SUFFIXES, SqliteIndexWriter),
-    (TABLE_SUFFIXES, TableIndexWriter),
+_Writer = type[JsonIndexWriter] | type["SqliteIndexWriter"] | type["TableIndexWriter"]
+_WRITERS: tuple[tuple[tuple[str, ...], str, str], ...] = (  # suffixes, module, class
+    ((".json",), "jsonwriter", "JsonIndexWriter"),
+    (SQLITE_SUFFIXES, "sqlitewriter", "SqliteIndexWriter"),
+    (TABLE_SUFFIXES, "tablewriter", "TableIndexWriter"),
 )
-INDEX_SUFFIXES: tuple[str, ...] = tuple(s for suffixes, _ in _WRITERS for s in suffixes)
+INDEX_SUFFIXES: tuple[str, ...] = tuple(s for suffixes, _, _ in _WRITERS for s in suffixes)
 """Every file name ending that selects an index backend."""
 
 
@@ -67,9 +69,10 @@ def writer_for(path: str | os.PathLike[str]) -> _Writer:
         ValueError: The ending selects no backend.
     """
     name = _name(path)
-    for suffixes, cls in _WRITERS:
+    for suffixes, module, cls in _WRITERS:
         if name.endswith(suffixes):
-            return cls
+            found: _Writer = getattr(importlib.import_module(f".{module}", __package__), cls)
+            return found
     raise ValueError(f"{path}: name the index one of {', '.join(INDEX_SUFFIXES)}")
 
 
@@ -153,6 +156,8 @@ def open_index(
     if is_remote(url) and _name(url).endswith(".json"):
         data = read_bytes(url, store)  # a JSON reader reads it whole anyway: one round trip
         if data[:16] == SQLITE_MAGIC:
+            from .sqlitereader import SqliteIndex
+
             return SqliteIndex(url, store, **kwargs)
         if data[: len(TABLE_MAGIC)] == TABLE_MAGIC:
             return TableIndex(url, store, **kwargs)
@@ -165,6 +170,8 @@ def open_index(
     finally:
         src.close()
     if head == SQLITE_MAGIC:
+        from .sqlitereader import SqliteIndex
+
         return SqliteIndex(url, store, **kwargs)
     if head[: len(TABLE_MAGIC)] == TABLE_MAGIC:
         return TableIndex(url, store, **kwargs)
