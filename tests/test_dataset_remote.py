@@ -357,33 +357,52 @@ def test_first_read_of_a_replaced_shard_is_refused(proxied, local, change):
 
 
 _PRELOAD = """
-import sys
+import json, sys
 from wids import ShardListDataset
-ds = ShardListDataset(sys.argv[1], transformations=[])
-before = "aiohttp" in sys.modules
+ds = ShardListDataset(sys.argv[1], transformations=[], storage_options=json.loads(sys.argv[2]))
+seen = ["aiohttp" in sys.modules]
 len(ds)  # what a DataLoader's main process does before forking its workers
-print(before, "aiohttp" in sys.modules)
+seen.append("aiohttp" in sys.modules)
+ds[3], ds.__getitems__([1, 2, 30, 31])  # what its workers do
+seen.append("aiohttp" in sys.modules)
+print(*seen)
 """
 
 
-def test_loading_a_remote_dataset_imports_its_client_before_workers_fork(proxied):
+@pytest.mark.parametrize(
+    ("options", "imported"),
+    [
+        ({}, ["False", "False", "False"]),  # the plain client's: no aiohttp anywhere
+        ({"headers": {"X-Client": "wids"}}, ["False", "True", "True"]),  # before workers fork
+    ],
+)
+def test_loading_a_remote_dataset_imports_only_the_client_it_reads_with(proxied, options, imported):
+    """aiohttp is imported when the main process loads the dataset if its reads need it
+    (forked workers inherit it), and nowhere if they go on the plain client (storage/http1)."""
+    import json
     import subprocess
     import sys
 
-    server, proxy, options, names, index = proxied
+    server, proxy, _, names, index = proxied
     if server.protocol != "http":
         pytest.skip("s3fs imports botocore at import already")
-    proxy.reset_counts()
     out = subprocess.run(
-        [sys.executable, "-c", _PRELOAD, index],
+        [sys.executable, "-c", _PRELOAD, index, json.dumps(options)],
         capture_output=True,
         text=True,
         timeout=120,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["False", "True"]  # imported, so forked workers inherit it
-    assert proxy.requests == 0  # and nothing connected
+    assert out.stdout.split() == imported
+
+
+def test_loading_a_remote_dataset_connects_nowhere(proxied):
+    server, proxy, options, names, index = proxied
+    proxy.reset_counts()
+    ds = ShardListDataset(index, transformations=[], storage_options=options)
+    len(ds)
+    assert proxy.requests == 0  # a local index: nothing connected before the first read
 
 
 def test_one_connection_per_process_for_many_reads(proxied, local):

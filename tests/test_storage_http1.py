@@ -565,15 +565,17 @@ def test_a_single_read_trickled_a_byte_at_a_time_ends_within_its_timeout():
 _NO_AIOHTTP = r"""
 import json, sys
 from wids.storage import Store, read_ranges, read_whole
+from wids.storage.parts import download
 
 url, size = sys.argv[1], int(sys.argv[2])
 store = Store()
 src = store.source(url, size=size)
 got = [src.read_range(100, 5000), *read_ranges([(src, s, s + 700) for s in range(0, 9000, 900)])]
 whole = read_whole(store.source(url), limit=size)
+download(store.source(url), sys.argv[4], None, size, part_size=4096)  # as a promotion does
 print(json.dumps({
     "got": [g.hex() for g in got],
-    "whole": whole == open(sys.argv[3], "rb").read(),
+    "whole": whole == open(sys.argv[3], "rb").read() == open(sys.argv[4], "rb").read(),
     "imported": sorted(m for m in ("aiohttp", "fsspec.implementations.http", "yarl")
                        if m in sys.modules),
 }))
@@ -581,7 +583,8 @@ print(json.dumps({
 
 
 def test_a_process_reading_ranges_and_whole_files_never_imports_aiohttp(http_server, tmp_path):
-    """Plain ``http://`` reads (one range, a batch, a small whole file) need no aiohttp.
+    """Plain ``http://`` reads (one range, a batch, a small whole file, a parted download of
+    a whole file) need no aiohttp.
 
     Importing aiohttp costs a fresh DataLoader worker (forkserver, spawn) ~0.3 s and two TLS
     contexts before its first sample, for a client it does not use.
@@ -597,7 +600,7 @@ def test_a_process_reading_ranges_and_whole_files_never_imports_aiohttp(http_ser
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ, "PYTHONPATH": repo}
     run = subprocess.run(
-        [sys.executable, "-c", _NO_AIOHTTP, url, "20000", str(local)],
+        [sys.executable, "-c", _NO_AIOHTTP, url, "20000", str(local), str(tmp_path / "copy")],
         capture_output=True,
         text=True,
         env=env,

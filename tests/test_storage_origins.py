@@ -463,7 +463,7 @@ def test_the_hand_written_http_client_is_never_given_credentials() -> None:
     It is chosen only for URLs without ``user:password@`` and options without headers, auth,
     cookies or anything but the client's timeout.
     """
-    from wids.storage.http1 import plain_options
+    from wids.storage.backends import plain_options
 
     assert plain_options("http://127.0.0.1:9/a.tar", {"client_kwargs": {"timeout": 5}})
     for url, options in (

@@ -19,6 +19,12 @@ pytestmark = pytest.mark.servers
 
 FAST = RetryPolicy(attempts=2, max_time=30.0, backoff=0.01, max_backoff=0.02, timeout=30.0)
 KB = 1 << 10
+CLIENTS = {
+    "plain": None,  # the plain client's blocking connections, parts in threads (http1.py)
+    "aiohttp": {"headers": {"X-Client": "wids"}},  # options that need aiohttp: its event loop
+}
+"""The two ways a plain ``http://`` download goes, by its storage options."""
+by_client = pytest.mark.parametrize("client", sorted(CLIENTS))
 
 
 def test_part_spans_cover_the_file_in_bounded_parts():
@@ -31,14 +37,16 @@ def test_part_spans_cover_the_file_in_bounded_parts():
     assert part_spans(10, part_size=4) == [(0, 4), (4, 8), (8, 10)]
 
 
-@pytest.mark.parametrize("server", ["http_server", "s3_server"])
-def test_parted_download_equals_the_file(request, server, tmp_path):
+@pytest.mark.parametrize(
+    ("server", "client"), [("http_server", "plain"), ("http_server", "aiohttp"), ("s3_server", "")]
+)
+def test_parted_download_equals_the_file(request, server, client, tmp_path):
     """Every part lands at its offset; no stat when the size is known; one request a part."""
     srv = request.getfixturevalue(server)
     data = os.urandom(300 * KB + 7)
     url = srv.put_bytes(data, f"parts/{server}.bin")
     stats = IOStats()
-    src = Store(srv.storage_options, FAST).source(url)
+    src = Store(CLIENTS.get(client) or srv.storage_options, FAST).source(url)
     if server == "http_server":
         srv.reset_counts()
     st = download(src, str(tmp_path / "copy"), stats, len(data), part_size=64 * KB, connections=3)
@@ -49,12 +57,13 @@ def test_parted_download_equals_the_file(request, server, tmp_path):
         assert srv.request_count(f"parts/{server}.bin") == 5
 
 
-def test_parts_are_concurrent(http_server, tmp_path):
+@by_client
+def test_parts_are_concurrent(http_server, client, tmp_path):
     """Up to ``connections`` parts are in flight at once (counted by a latency proxy)."""
     data = os.urandom(256 * KB)
     http_server.put_bytes(data, "parts/concurrent.bin")
     with LatencyProxy(http_server.base, delay=0.2, mbps=0) as proxy:
-        src = Store(None, FAST).source(proxy.url("parts/concurrent.bin"))
+        src = Store(CLIENTS[client], FAST).source(proxy.url("parts/concurrent.bin"))
         download(src, str(tmp_path / "copy"), None, len(data), part_size=32 * KB, connections=4)
         counts = proxy.settled()
     assert (tmp_path / "copy").read_bytes() == data
@@ -62,7 +71,8 @@ def test_parts_are_concurrent(http_server, tmp_path):
     assert counts["in_flight_peak"] == 4
 
 
-def test_a_file_changed_midway_is_refused_and_not_cached(http_server, tmp_path):
+@by_client
+def test_a_file_changed_midway_is_refused_and_not_cached(http_server, client, tmp_path):
     """Parts after a replacement carry If-Match the first answer's etag: a typed error, and
     the cache keeps neither an entry nor a temporary file."""
     name = "parts/changing.bin"
@@ -72,7 +82,7 @@ def test_a_file_changed_midway_is_refused_and_not_cached(http_server, tmp_path):
     cache = ShardCache(tmp_path / "cache")
     with LatencyProxy(http_server.base, delay=0.05, mbps=0) as proxy:
         url = proxy.url(name)
-        src = Store(None, FAST).source(url)
+        src = Store(CLIENTS[client], FAST).source(url)
 
         def replace_after_the_first_parts() -> None:
             deadline = time.monotonic() + 30
@@ -112,7 +122,8 @@ def test_answers_without_etag_are_tied_by_their_date_and_fetched_once(http_serve
     assert http_server.counts() == (4, len(data))  # 4 parts, each byte once
 
 
-def test_a_file_without_etag_changed_midway_is_refused(http_server, tmp_path):
+@by_client
+def test_a_file_without_etag_changed_midway_is_refused(http_server, client, tmp_path):
     """Without an etag, an answer with another ``Last-Modified`` than the first is a changed
     file: a typed error, never parts of two versions."""
     name = "parts/plain-changing.bin"
@@ -120,7 +131,7 @@ def test_a_file_without_etag_changed_midway_is_refused(http_server, tmp_path):
     http_server.put_bytes(data, name)
     path = http_server.path(name)
     with LatencyProxy(http_server.base, delay=0.05, mbps=0) as proxy:
-        src = Store(None, FAST).source(proxy.url(f"noetag/{name}"))
+        src = Store(CLIENTS[client], FAST).source(proxy.url(f"noetag/{name}"))
 
         def replace_after_the_first_parts() -> None:
             deadline = time.monotonic() + 30
@@ -183,8 +194,9 @@ def test_read_whole_is_one_request(request, server, tmp_path):
     assert read_bytes(str(local)) == data
 
 
+@by_client
 def test_downloads_of_a_process_share_its_connections_first_come_first_served(
-    http_server, tmp_path
+    http_server, client, tmp_path
 ):
     """Two downloads at once: at most ``CONNECTIONS`` parts in flight for both, and the one
     started first gets its parts first, so it is complete first (a reader of shards one after
@@ -196,7 +208,7 @@ def test_downloads_of_a_process_share_its_connections_first_come_first_served(
         http_server.put_bytes(d, f"parts/shared-{k}.bin")
     done: list[int] = []
     with LatencyProxy(http_server.base, delay=0.2, mbps=0) as proxy:
-        store = Store(None, FAST)
+        store = Store(CLIENTS[client], FAST)
 
         def fetch(k: int) -> None:
             src = store.source(proxy.url(f"parts/shared-{k}.bin"))
@@ -223,7 +235,8 @@ class _Interrupted(Exception):
     pass
 
 
-def test_an_interrupted_download_never_writes_into_another_file(http_server, tmp_path):
+@by_client
+def test_an_interrupted_download_never_writes_into_another_file(http_server, client, tmp_path):
     """A caller interrupted while parts are in flight (a signal, ``KeyboardInterrupt``) stops
     waiting; the parts still arriving are written through the download's own descriptor, never
     through a descriptor number the caller's process has reused for another file."""
@@ -236,7 +249,7 @@ def test_an_interrupted_download_never_writes_into_another_file(http_server, tmp
         raise _Interrupted
 
     with LatencyProxy(http_server.base, delay=0.4, mbps=0) as proxy:
-        src = Store(None, FAST).source(proxy.url("parts/interrupted.bin"))
+        src = Store(CLIENTS[client], FAST).source(proxy.url("parts/interrupted.bin"))
         assert src.read_range(0, 10) == data[:10]  # the client is set up: parts go out at once
         old = signal.signal(signal.SIGALRM, interrupt)
         signal.setitimer(signal.ITIMER_REAL, 0.2)  # while the parts wait for their answers
@@ -254,21 +267,29 @@ def test_an_interrupted_download_never_writes_into_another_file(http_server, tmp
     assert not (tmp_path / "copy").exists()
 
 
+@by_client
 def test_a_download_interrupted_before_its_parts_start_never_writes_a_new_file_at_its_path(
-    http_server, tmp_path
+    http_server, client, tmp_path
 ):
     """The parts write through the descriptor the caller opened, not by ``dest``'s path: a
-    caller interrupted before the download's coroutine ran, that removes ``dest`` and creates
-    a new file there at once, keeps that file as it wrote it."""
+    caller interrupted before the download's parts ran (the event loop, or every thread of
+    the process's parts, busy), that removes ``dest`` and creates a new file there at once,
+    keeps that file as it wrote it."""
     import signal
+
+    from wids.storage.parts import CONNECTIONS, _part_threads
 
     data = os.urandom(4 * 64 * KB)
     url = http_server.put_bytes(data, "parts/interrupted-early.bin")
-    src = Store(None, FAST).source(url)
+    src = Store(CLIENTS[client], FAST).source(url)
     assert src.read_range(0, 10) == data[:10]  # the client is set up
-    fs, _ = src._filesystem()
     release = threading.Event()
-    fs.loop.call_soon_threadsafe(release.wait, 30)  # the loop runs nothing until released
+    if client == "aiohttp":
+        fs, _ = src._filesystem()
+        fs.loop.call_soon_threadsafe(release.wait, 30)  # the loop runs nothing until released
+        busy = []
+    else:  # every part thread waits until released
+        busy = [_part_threads().submit(release.wait, 30) for _ in range(CONNECTIONS)]
 
     def interrupt(*_: object) -> None:
         raise _Interrupted
@@ -284,6 +305,10 @@ def test_a_download_interrupted_before_its_parts_start_never_writes_a_new_file_a
         signal.signal(signal.SIGALRM, old)
         dest.write_bytes(b"mine")  # the caller starts over at the same path
         release.set()
-    assert src.read_range(0, 10) == data[:10]  # the loop ran the download's coroutine first
+    if client == "aiohttp":
+        assert src.read_range(0, 10) == data[:10]  # the loop ran the download's coroutine first
+    else:
+        assert all(f.result(30) for f in busy)  # released: the download's runners came next
+        _part_threads().submit(time.sleep, 0).result(30)
     time.sleep(0.2)  # and any part it fetched
     assert dest.read_bytes() == b"mine"

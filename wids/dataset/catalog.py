@@ -34,7 +34,7 @@ from ..index import (
     with_repair_hint,
 )
 from ..samples import DuplicatePolicy
-from ..storage import FileStat, RetryPolicy, Source, Store, is_local, preload, redact_url
+from ..storage import FileStat, RetryPolicy, Source, Store, is_local, redact_url
 from .description import Description
 from .exclusions import SIDECAR, ExcludeSpec, Kept, parse_exclude, resolve, warn_unknown
 from .handoff import Handoff, Ticket, read_handoff
@@ -308,7 +308,7 @@ class Catalog:
             with self._lock:
                 if self._loaded is None:
                     self._loaded = self._load_description()
-                    preload(self._loaded.infos[0].url)  # before DataLoader workers fork
+                    self.store.preload(self._loaded.infos[0].url)  # before workers fork
                     if not self.remote_tables and self.duplicates == "error":  # else: a warning
                         parse_local_tables(self._loaded, self._keep_members)  # before forks
                     elif len(self._loaded.lengths) <= PICKLED_TABLES:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import importlib
+import urllib.parse
 from collections.abc import Mapping
 from datetime import datetime
 from email.utils import parsedate_to_datetime
@@ -32,6 +33,7 @@ __all__ = [
     "file_stat",
     "is_http",
     "is_s3",
+    "plain_options",
     "preload",
     "request_timeout",
     "url_to_fs",
@@ -97,6 +99,22 @@ def request_timeout(url: str, options: Mapping[str, Any], policy: RetryPolicy) -
     if "timeout" in (options.get("client_kwargs") or {}):
         return None
     return _aiohttp().ClientTimeout(total=None, sock_connect=policy.timeout, sock_read=None)
+
+
+def plain_options(url: str, options: Any) -> bool:
+    """Whether fsspec would send ``url``'s range requests as plain GETs with these options.
+
+    That is: ``http://`` or ``https://`` without credentials in the URL, and no option but the
+    client's timeout (no headers, auth, proxies, TLS settings). Such URLs are read by the
+    plain client (:mod:`wids.storage.http1`).
+    """
+    if not url.lower().startswith(("http://", "https://")) or "::" in url:
+        return False
+    parts = urllib.parse.urlsplit(url)
+    if parts.username is not None or parts.password is not None:
+        return False
+    extra = set(options) - {"client_kwargs"}
+    return not extra and set(options.get("client_kwargs") or {}) <= {"timeout"}
 
 
 def _aiohttp() -> Any:
@@ -171,19 +189,25 @@ def is_s3(fs: Any) -> bool:
     return "s3" in protocols and hasattr(fs, "get_s3") and hasattr(fs, "split_path")
 
 
-def preload(url: str) -> None:
+def preload(url: str, options: Mapping[str, Any] | None = None) -> None:
     """Import the fsspec backend of ``url`` (and aiohttp for HTTP) now, not at the first read.
 
     A dataset calls this when it loads its shard list (``len(ds)``, in the DataLoader's main
     process): DataLoader workers forked afterwards inherit the imported modules instead of
     each paying for them (~200 ms for aiohttp and its TLS contexts) on their first sample.
     Nothing is connected or opened. An unknown protocol or a missing package is left for the
-    first read to report.
+    first read to report. A plain ``http(s)://`` URL under ``options`` (its storage options)
+    that :func:`plain_options` allows imports only fsspec's event loop (batches run on it):
+    its reads and downloads go on the plain client (:mod:`wids.storage.http1`), which needs
+    no aiohttp.
     """
     if "::" in url or "://" not in url:
         return
     protocol = url.split("://", 1)[0].lower()
     if protocol == "file":
+        return
+    if plain_options(url, {k: v for k, v in (options or {}).items() if k != "transport"}):
+        importlib.import_module("fsspec.asyn")  # the event loop of batches, nothing more
         return
     try:
         import fsspec

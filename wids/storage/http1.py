@@ -41,11 +41,11 @@ import socket
 import ssl
 import threading
 import time
-import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 from .answer import Answer, Pin, ignores_range, too_large
+from .backends import plain_options
 from .redact import redact_url
 from .retry import RetryPolicy
 from .transport import LOOP, Transport, _date, _span, conditions
@@ -57,7 +57,6 @@ __all__ = [
     "HttpStatusError",
     "PlainTransport",
     "Unsupported",
-    "plain_options",
 ]
 
 _HEAD_LIMIT = 64 * 1024
@@ -771,18 +770,3 @@ def _headers(start: int, end: int, asked: dict[str, str]) -> str:
     for name, value in asked.items():
         headers += f"{name}: {value}\r\n"
     return headers
-
-
-def plain_options(url: str, options: Any) -> bool:
-    """Whether fsspec would send ``url``'s range requests as plain GETs with these options.
-
-    That is: ``http://`` or ``https://`` without credentials in the URL, and no option but the
-    client's timeout (no headers, auth, proxies, TLS settings).
-    """
-    if not url.lower().startswith(("http://", "https://")) or "::" in url:
-        return False
-    parts = urllib.parse.urlsplit(url)
-    if parts.username is not None or parts.password is not None:
-        return False
-    extra = set(options) - {"client_kwargs"}
-    return not extra and set(options.get("client_kwargs") or {}) <= {"timeout"}

@@ -35,7 +35,7 @@ from typing import Any, BinaryIO
 
 from . import forks
 from .answer import Check, Pin, check_answer, check_range, checked
-from .backends import is_http, request_timeout, with_defaults
+from .backends import is_http, preload, request_timeout, with_defaults
 from .clients import filesystem
 from .http1 import Http1Pools
 from .limits import ReadLimits
@@ -166,6 +166,13 @@ class Store:
     def options_for(self, url: str) -> Mapping[str, Any]:
         """The options ``url`` is opened with (credentials only for their origins)."""
         return self._scope.options_for(url)
+
+    def preload(self, url: str) -> None:
+        """Import what reading ``url`` under this store needs, before workers fork.
+
+        See :func:`~wids.storage.backends.preload`: nothing is connected or opened.
+        """
+        preload(url, self.options_for(url))
 
     def secrets(self) -> list[str]:
         """The secret values of the storage options, to mask in messages."""
