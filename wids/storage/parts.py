@@ -37,8 +37,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import queue
 import threading
-from concurrent.futures import ThreadPoolExecutor, wait
+from collections.abc import Callable
+from concurrent.futures import Future, wait
 from functools import partial
 from typing import Any, Protocol
 
@@ -230,17 +232,49 @@ def _threaded(transport: Transport) -> bool:
     return isinstance(transport, PlainTransport) and transport.pool is not None
 
 
-def _part_threads() -> ThreadPoolExecutor:
+def _part_threads() -> _Threads:
     """This process's :data:`CONNECTIONS` threads for plain parts (made on first use).
 
     Shared by every download of the process, first come first served (a queue): each
     thread keeps its own kept-alive connection to a server between downloads.
     """
-    pid = os.getpid()
-    return process_client(
-        (pid, "parts-threads"),
-        lambda: ThreadPoolExecutor(CONNECTIONS, thread_name_prefix="wids-parts"),
-    )
+    return process_client((os.getpid(), "parts-threads"), lambda: _Threads(CONNECTIONS))
+
+
+class _Threads:
+    """At most ``size`` daemon threads running submitted calls in order (a FIFO queue).
+
+    Daemon threads, unlike a ``ThreadPoolExecutor``'s: a process exiting while a download
+    is queued (a warm-up's, a promotion's) does not wait for it, as it never waited for the
+    event loop's parts (fsspec's loop thread is a daemon too).
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size, self._started = size, 0
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]]
+        self._queue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run ``fn(*args)`` in a thread when one is free; its future."""
+        future: Future[Any] = Future()
+        self._queue.put((future, fn, args))
+        with self._lock:
+            if self._started < self._size:
+                self._started += 1
+                name = f"wids-parts-{self._started}"
+                threading.Thread(target=self._run, name=name, daemon=True).start()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            future, fn, args = self._queue.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - the submitter's to see
+                future.set_exception(exc)
 
 
 class _Parts:
