@@ -20,8 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from ..storage import DescriptorPool
 from .tables import HEADER, MemberTable
 
@@ -61,15 +59,18 @@ class LocalShard(MemberTable):
             samples returned but for the ``failed`` ones; the pool adds them to its counts
             (one slot increment a read instead of two of the pool's dict).
         failed: Reads that raised.
-        names: When every sample has the same one to three fields in the same order (the
-            usual shard): their names, in order; else ``()``.
+        checked: One byte a sample: its members' tar headers were checked in bytes read
+            through :attr:`descriptor` (the file this process opened, checked on first touch
+            and holds open), so a read of it again checks none. Cleared when the descriptor is
+            replaced (the pool dropped it: the path may name another file now). Bytes the
+            reader reads instead are checked every time.
     """
 
     __slots__ = (
+        "checked",
         "descriptor",
         "descriptors",
         "failed",
-        "names",
         "path",
         "reader",
         "reads",
@@ -91,23 +92,28 @@ class LocalShard(MemberTable):
         # dataset before every read: no getpid() here
         self.descriptors = reader.descriptors
         self.descriptor = DescriptorPool.GONE  # opened by the first read
-        self.names = _uniform_names(members)
+        self.checked = bytearray(len(members))  # samples whose headers this descriptor gave
         self.stats = stats
         self.reads = self.failed = 0
 
-    def pread(self, start: int, end: int) -> bytes:
-        """Exactly the bytes ``[start, end)`` of the shard: one ``pread`` (the reader's if not)."""
+    def pread(self, start: int, end: int) -> tuple[bytes, bytearray | None]:
+        """Exactly the bytes ``[start, end)`` of the shard: one ``pread`` (the reader's if not).
+
+        Returns:
+            The bytes, and the samples whose headers were checked in bytes of the same open
+            file (:attr:`checked`), or ``None`` when they come from the reader.
+        """
         n = end - start
         try:
             data = self.descriptor.pread(n, start)
         except OSError:
             data = b""
         if len(data) != n:
-            return self.reread(start, end)
+            return self.reread(start, end), None
         stats = self.stats
         stats.requests += 1
         stats.bytes_read += n
-        return data
+        return data, self.checked
 
     def reread(self, start: int, end: int) -> bytes:
         """``[start, end)`` by the reader: after a short read, or when the descriptor is gone.
@@ -120,7 +126,13 @@ class LocalShard(MemberTable):
                 self.descriptor = self.descriptors.descriptor(self.path)
             except OSError:
                 pass
+            # another descriptor, maybe of another file at the path: every header again
+            self.checked = bytearray(len(self.checked))
         return self.reader.read_span(start, end, self.stats)
+
+    def before(self, start: int, end: int) -> bytes:
+        """Bytes ``[start, end)`` of the shard (the records before a sample's first member)."""
+        return self.pread(start, end)[0]
 
     def read(self, index: int, j: int) -> dict[str, Any]:
         """Sample ``j`` of the shard (global index ``index``), as the dataset returns it raw.
@@ -139,9 +151,12 @@ class LocalShard(MemberTable):
         else:
             first = self.ss[j]
             end = self.ss[j + 1]
-        start = off[first] - HEADER  # from the first member's tar header: all are checked
-        if start < 0:  # the check names the member that leaves no room for it
-            start = 0
+        # the table was validated as it loaded (ShardMembers: offsets from 512 on, in tar
+        # order): the read from the first member's header holds every member's header; a
+        # sample checked in bytes of this descriptor already is read without it
+        checked: bytearray | None = self.checked
+        done = self.checked[j]
+        start = off[first] if done else off[first] - HEADER
         n = off[end - 1] + size[end - 1] - start
         try:
             buf = self.descriptor.pread(n, start)
@@ -151,36 +166,69 @@ class LocalShard(MemberTable):
             stats = self.stats
             stats.requests += 1
             stats.bytes_read += n
-        else:
+        else:  # the reader's bytes: checked, not marked
+            start = off[first] - HEADER
             try:
-                buf = self.reread(start, start + n)
+                buf = self.reread(start, off[end - 1] + size[end - 1])
             except BaseException:
                 self.failed += 1
                 raise
-        # every member's tar header: header_fits's tests inlined (a call a member is ~10% of a
-        # read); the first that does not pass them goes to the exact check, which raises
-        # (or passes the members: a writer's other rendering of a header)
-        ko, raws, fid = self.ko, self.raws, self.fid
-        kb = self.blob[ko[j] : ko[j + 1]]
-        for m in range(first, end):
-            h = off[m] - start - 512
-            s = size[m]
-            name0 = kb + raws[fid[m]]
-            if not (
-                0 <= h
-                and h + 512 + s <= n
-                and len(name0) <= 100
-                and buf[h : h + len(name0)] == name0
-                and buf[h + 124 : h + 136] == b"%011o\0" % s
-                and buf[h + 156] in (0, 48)
-                and not buf[h + 345]
-            ):
+            done, checked = 0, None
+        ko = self.ko
+        if not done:
+            # every member's tar header, once per sample and descriptor (the bytes of a file
+            # held open): header_fits's tests inlined (a call a member is ~10% of a read); a
+            # member that does not pass them sends the sample to the exact check, which
+            # raises (or passes it: a writer's other rendering of a header, a long name)
+            kb = self.blob[ko[j] : ko[j + 1]]
+            k = len(names)
+            if not self.short:
+                fits = False
+            elif k:  # unrolled: every sample has these fields (~15% of the check's time)
+                r = self.raws_of_names
+                fits = (
+                    buf.startswith(kb + r[0])
+                    and buf[124:136] == b"%011o\0" % size[first]
+                    and buf[156] in (0, 48)
+                    and not buf[345]
+                )
+                if fits and k > 1:
+                    h = off[first + 1] - start - HEADER
+                    fits = (
+                        buf.startswith(kb + r[1], h)
+                        and buf[h + 124 : h + 136] == b"%011o\0" % size[first + 1]
+                        and buf[h + 156] in (0, 48)
+                        and not buf[h + 345]
+                    )
+                    if fits and k > 2:
+                        h = off[first + 2] - start - HEADER
+                        fits = (
+                            buf.startswith(kb + r[2], h)
+                            and buf[h + 124 : h + 136] == b"%011o\0" % size[first + 2]
+                            and buf[h + 156] in (0, 48)
+                            and not buf[h + 345]
+                        )
+            else:
+                raws, fid = self.raws, self.fid
+                fits = True
+                for m in range(first, end):
+                    h = off[m] - start - HEADER
+                    if not (
+                        buf.startswith(kb + raws[fid[m]], h)
+                        and buf[h + 124 : h + 136] == b"%011o\0" % size[m]
+                        and buf[h + 156] in (0, 48)
+                        and not buf[h + 345]
+                    ):
+                        fits = False
+                        break
+            if not fits:
                 try:
                     self.check(j, first, end, buf, start)
                 except BaseException:
                     self.failed += 1
                     raise
-                break
+            if checked is not None:
+                checked[j] = 1
         text = self.text
         if text is not None:
             key = text[ko[j] : ko[j + 1]]
@@ -223,23 +271,6 @@ class LocalShard(MemberTable):
         return sample
 
 
-def _uniform_names(members: ShardMembers) -> tuple[str, ...]:
-    """The fields of every sample, in order, if all samples have the same 1-3; else ``()``.
-
-    Sample ``j``'s members are then ``k * j .. k * j + k - 1`` (``k`` the count).
-    """
-    starts, fid = members.sample_start, members.member_field
-    k = int(starts[1]) if len(starts) > 1 else 0
-    if not 1 <= k <= 3 or len(fid) != k * (len(starts) - 1):
-        return ()
-    if not (np.array_equal(np.diff(starts), np.full(len(starts) - 1, k))):
-        return ()
-    if not bool(np.all(fid.reshape(-1, k) == fid[:k])):
-        return ()
-    names = tuple(members.fields[f] for f in fid[:k].tolist())
-    return names if len(set(names)) == k else ()  # a field twice: the loop keeps the last
-
-
 def read_local_batch(shards: dict[int, LocalShard], located: Located) -> list[dict[str, Any]]:
     """The samples ``(global index, shard, index in shard)`` of local shards, in order.
 
@@ -270,8 +301,12 @@ def read_local_batch(shards: dict[int, LocalShard], located: Located) -> list[di
             end = max(end, spans[m][2])
             m += 1
         ls = shards[shard]
-        buf = ls.pread(start, end)
+        buf, checked = ls.pread(start, end)
         for _, _, _, pos, i, j in spans[k:m]:
-            out[pos] = ls.sample(j, i, buf, start)
+            if checked is None:
+                out[pos] = ls.sample(j, i, buf, start)
+            else:
+                out[pos] = ls.sample(j, i, buf, start, bool(checked[j]))
+                checked[j] = 1
         k = m
     return out

@@ -67,6 +67,7 @@ from .header import (
     MAX_NAME,
     header_fits,
     header_mismatch,
+    record_name,
 )
 from .hop import header_stride, iter_members_hopping
 from .member import TarMember
@@ -85,6 +86,7 @@ __all__ = [
     "iter_members_fetch",
     "iter_members_hopping",
     "iter_members_stream",
+    "record_name",
     "scan_local",
     "scan_local_headers",
     "scan_local_rows",

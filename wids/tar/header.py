@@ -25,6 +25,7 @@ __all__ = [
     "MAX_NAME",
     "header_fits",
     "header_mismatch",
+    "record_name",
 ]
 
 BLOCK = 512
@@ -436,6 +437,55 @@ def header_mismatch(h: bytes, name: str, size: int) -> str | None:
             shown = got.decode("utf-8", "backslashreplace")
             return f"the header names {shown!r} where the index says {name!r}"
     return None
+
+
+_NO_DATA = frozenset("123456")  # links, devices, directories, FIFOs: no data blocks
+
+
+def record_name(gap: bytes) -> str | None:
+    """The name that extension records in ``gap`` give the member whose header follows it.
+
+    A member's name longer than 100 bytes is not in its header (writers put different
+    approximations of it there): it is in a GNU ``L`` or pax ``x`` ``path`` record before the
+    header. ``gap`` is the archive's bytes from a header boundary (where the previous member's
+    data and padding end) up to that member's header, exclusive: the records, and any other
+    entries (directories) between the two members. They are walked as a tar reader walks
+    them, bounded by ``len(gap)``.
+
+    Args:
+        gap: The bytes between the previous member and the member's header.
+
+    Returns:
+        The name the records give the member (the first ``L`` or ``path``, as tarfile; else
+        a pax ``g`` record's ``path`` in ``gap``), or ``None`` when no record there names it
+        (its header's own name stands, or a ``g`` record before ``gap``).
+
+    Raises:
+        TarFormatError: ``gap`` is not a sequence of whole headers and records ending where
+            the member's header begins.
+    """
+    ext = _Ext()
+    off, n = 0, len(gap)
+
+    def read(size: int, at: int) -> bytes:
+        return gap[at : at + size]
+
+    while off < n:
+        h = gap[off : off + BLOCK]
+        if len(h) < BLOCK or h == _ZERO:
+            raise TarFormatError("no header where the walk from the previous member got to")
+        _check(h, off, None, ext)
+        t = h[156]
+        if t in _EXT_TYPES:
+            off = _extension(t, h, off, read, gap, 0, None, None, ext)
+        else:  # another entry: it takes the pending records itself
+            _, data, size, typ, _ = _member(h, off, off, None, ext)
+            off = data if typ in _NO_DATA else data + ((size + 511) & ~511)
+    if off != n:
+        raise TarFormatError("the last record before the header runs past it")
+    if ext.name is not None:
+        return ext.name
+    return None if ext.gpath is None else ext.gpath.rstrip("/")
 
 
 def _compressed(head: bytes, shard: str | None) -> None:
