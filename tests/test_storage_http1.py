@@ -573,7 +573,9 @@ src = store.source(url, size=size)
 got = [src.read_range(100, 5000), *read_ranges([(src, s, s + 700) for s in range(0, 9000, 900)])]
 whole = read_whole(store.source(url), limit=size)
 download(store.source(url), sys.argv[4], None, size, part_size=4096)  # as a promotion does
+stat = store.source(url).info()  # a HEAD
 print(json.dumps({
+    "stat": [stat.size, stat.etag, stat.mtime],
     "got": [g.hex() for g in got],
     "whole": whole == open(sys.argv[3], "rb").read() == open(sys.argv[4], "rb").read(),
     "imported": sorted(m for m in ("aiohttp", "fsspec.implementations.http", "yarl")
@@ -584,7 +586,7 @@ print(json.dumps({
 
 def test_a_process_reading_ranges_and_whole_files_never_imports_aiohttp(http_server, tmp_path):
     """Plain ``http://`` reads (one range, a batch, a small whole file, a parted download of
-    a whole file) need no aiohttp.
+    a whole file, a stat) need no aiohttp; the stat says what aiohttp's says.
 
     Importing aiohttp costs a fresh DataLoader worker (forkserver, spawn) ~0.3 s and two TLS
     contexts before its first sample, for a client it does not use.
@@ -612,6 +614,9 @@ def test_a_process_reading_ranges_and_whole_files_never_imports_aiohttp(http_ser
     assert found["got"] == [DATA[s:e].hex() for s, e in spans]
     assert found["whole"]
     assert found["imported"] == []
+    stat = Store({"headers": {"X-Client": "aiohttp"}}).source(url).info()  # fsspec's HEAD
+    assert found["stat"] == [stat.size, stat.etag, stat.mtime]
+    assert stat.size == 20_000 and stat.etag and stat.mtime
 
 
 @pytest.mark.parametrize(
@@ -646,3 +651,23 @@ def test_the_plain_client_requests_what_aiohttp_would(url):
         tls,
     )
     assert plain.target == want.raw_path_qs
+
+
+@pytest.mark.parametrize("name", ["forbidden/lazy.bin", "missing/lazy.bin", "noetag/lazy.bin"])
+def test_a_stat_fails_or_answers_as_aiohttp_s(http_server, name):
+    """A plain HEAD: a 404 is not found, any other failure is left to fsspec's rules, and an
+    answer without an etag says the date (nginx: 403 on ``/forbidden/``)."""
+    http_server.put_bytes(DATA[:1000], "lazy.bin")
+    policy = RetryPolicy(attempts=2, backoff=0.01, timeout=10.0)
+    found = []
+    for options in (None, {"headers": {"X-Client": "aiohttp"}}):
+        src = Store(options, policy).source(http_server.url(name))
+        try:
+            stat = src.info()
+        except Exception as e:  # noqa: BLE001 - compared below
+            found.append(type(e))
+        else:
+            found.append((stat.size, stat.etag, stat.mtime))
+    assert found[0] == found[1]
+    if name.startswith("noetag"):
+        assert found[0][:2] == (1000, None) and found[0][2]  # type: ignore[index]

@@ -45,9 +45,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from .answer import Answer, Pin, ignores_range, too_large
-from .backends import plain_options
+from .backends import file_stat, plain_options
 from .redact import redact_url
 from .retry import RetryPolicy
+from .stats import FileStat
 from .transport import LOOP, Transport, _date, _span, conditions
 
 __all__ = [
@@ -144,10 +145,10 @@ _SKIP = -1
 """The body length of an error answer whose body is longer than asked for: not read."""
 
 
-def _request(target: str, host_header: str, headers: str) -> bytes:
-    """A GET request's bytes; ``headers`` are CRLF-ended ``Name: value`` lines."""
+def _request(target: str, host_header: str, headers: str, method: str = "GET") -> bytes:
+    """A GET (or HEAD) request's bytes; ``headers`` are CRLF-ended ``Name: value`` lines."""
     return (
-        f"GET {target} HTTP/1.1\r\nHost: {host_header}\r\n"
+        f"{method} {target} HTTP/1.1\r\nHost: {host_header}\r\n"
         f"Accept-Encoding: identity\r\n{headers}\r\n"
     ).encode("latin-1")
 
@@ -213,8 +214,13 @@ class _SyncConn:
             sock.settimeout(left)
             self.timeout = left
 
-    def exchange(self, request: bytes, limit: int, timeout: float) -> tuple[_Answer, bool]:
+    def exchange(
+        self, request: bytes, limit: int, timeout: float, bodiless: bool = False
+    ) -> tuple[_Answer, bool]:
         """Send ``request``; its whole answer, and whether the connection may be reused.
+
+        ``bodiless``: the answer has no body whatever its head says (a HEAD request's); a
+        redirect is :class:`Unsupported`.
 
         ``timeout`` is the request's (its store's): a connection made for another store's
         request keeps the timeout it was made with otherwise. It bounds the whole exchange,
@@ -258,6 +264,10 @@ class _SyncConn:
         if end < 0:
             raise ConnectionResetError(errno.ECONNRESET, "connection closed mid-answer")
         head = _parse_head(buf[:end])
+        if bodiless:
+            if 300 <= head[0] < 400:
+                raise Unsupported(f"HTTP {head[0]}")
+            return _Answer(head[0], head[2], b""), not head[3] and len(buf) == end + 4
         length = _body_length(head, limit)
         if length == _SKIP:
             return _Answer(head[0], head[2], b""), False
@@ -369,7 +379,9 @@ class Http1Pool:
         # each thread's blocking connection (get_sync): this process's, shared by its stores
         self._sync = blocking_connections(host, port, tls)
 
-    def get_sync(self, target: str, headers: str, limit: int, timeout: float) -> _Answer:
+    def get_sync(
+        self, target: str, headers: str, limit: int, timeout: float, method: str = "GET"
+    ) -> _Answer:
         """:meth:`get` in the calling thread, on its own kept-alive blocking connection.
 
         One sample read by ``ds[i]`` then costs no hop into the event loop's thread and back
@@ -381,7 +393,7 @@ class Http1Pool:
             ConnectionResetError, TimeoutError: The connection failed, stalled or closed.
         """
         sync = self._sync
-        request = _request(target, self.host_header, headers)
+        request = _request(target, self.host_header, headers, method)
         for attempt in (0, 1):
             conn: _SyncConn | None = getattr(sync.local, "conn", None)
             if conn is not None and conn.spoke():  # closed, or bytes nobody asked for: never
@@ -394,7 +406,7 @@ class Http1Pool:
                 with sync.lock:
                     sync.conns.append(conn)
             try:
-                answer, reusable = conn.exchange(request, limit, timeout)
+                answer, reusable = conn.exchange(request, limit, timeout, method == "HEAD")
             except _Silent:
                 self._drop(conn)
                 if reused:  # closed by the server while idle: a new connection, once
@@ -642,9 +654,31 @@ class PlainTransport(Transport):
                     http = self._http = fsspec_transport(self.url, self.options, self.policy)
         return http
 
-    def stat_sync(self) -> Any:
-        """A stat, as aiohttp's transport makes it."""
-        return self.http.stat_sync()
+    def stat_sync(self) -> FileStat:
+        """A stat: one plain HEAD (what fsspec's HTTP filesystem sends), read as fsspec reads it.
+
+        The size from ``Content-Length``, the version from ``ETag`` and ``Last-Modified``. A
+        404 is :class:`FileNotFoundError`; any other answer but a success with a plain length
+        (a redirect, a server refusing HEAD, an error) is left to fsspec, whose rules (a GET
+        after a failed HEAD, its errors) then decide, as before this client made stats.
+        """
+        pool = self.pool
+        if pool is not None:
+            try:
+                answer = pool.get_sync(self.target, "", 0, self.timeout, "HEAD")
+            except Unsupported:  # a redirect: aiohttp from now on
+                self.pool = None
+            else:
+                status, got = answer.status, answer.headers
+                if status == 404:
+                    raise FileNotFoundError(redact_url(self.url))
+                length = got.get("content-length", "")
+                encoded = got.get("content-encoding", "identity").lower() != "identity"
+                if 200 <= status < 300 and _number(length, 18) and not encoded:
+                    info = {"ETag": got.get("etag"), "Last-Modified": got.get("last-modified")}
+                    return file_stat(info, int(length))
+        stat: FileStat = self.http.stat_sync()
+        return stat
 
     async def prepare(self) -> None:
         """Nothing to make: connections open on first use."""
