@@ -219,3 +219,45 @@ def test_scanned_tables_are_handed_over_too(remote, http_server):
         3,
     ]
     _check(remote, _read_all(ds, "spawn"))
+
+
+@pytest.fixture(scope="module")
+def many(http_server, tmp_path_factory):
+    """An index of more shards than are loaded with its description (``PICKLED_TABLES``)."""
+    src = tmp_path_factory.mktemp("handoff-many")
+    paths = write_dataset(str(src), shards=40, samples_per_shard=40, real_images=False, jpg_bytes=8)
+    build_index(paths, str(src / "many.json"), name="many")
+    for root, _, files in os.walk(src):
+        for name in files:
+            path = os.path.join(root, name)
+            http_server.put(path, "handoff-many/" + os.path.relpath(path, src))
+    sidecars = [f"handoff-many/many.members/{n}" for n in os.listdir(src / "many.members")]
+    assert len(sidecars) == 40
+    return {
+        "index": http_server.url("handoff-many/many.json"),
+        "sidecars": sidecars,
+        "oracle": dataset_samples(paths),
+    }
+
+
+def test_tables_loaded_later_go_too_and_the_file_is_rewritten(many, http_server):
+    ds = ShardListDataset(many["index"], access="range", transformations=[])
+    assert len(ds) == 40 * 40 and not ds._catalog._members  # too many shards to load them all
+    for shard in range(12):
+        ds[shard * 40]
+    first = _ticket(ds)
+    assert first is not None and _ticket(ds) == first
+    copy = pickle.loads(pickle.dumps(ds))
+    http_server.reset_counts()
+    assert [strip_meta(copy[k * 40 + 1]) for k in range(12)] == [
+        many["oracle"][k * 40 + 1] for k in range(12)
+    ]
+    assert _sidecar_requests(http_server, many) == 0
+    assert http_server.request_count() == 12  # one range read per sample
+    ds[12 * 40]  # one more table: the next copy gets a new file, the old one is gone
+    second = _ticket(ds)
+    assert second is not None and second != first
+    assert not os.path.exists(first.path) and os.path.exists(second.path)
+    later = pickle.loads(pickle.dumps(ds))
+    later._catalog.prefetch_members([12])
+    assert sorted(later._catalog._members) == list(range(13))

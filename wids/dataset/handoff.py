@@ -22,6 +22,7 @@ import logging
 import os
 import pickle
 import tempfile
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -60,16 +61,14 @@ Held = dict[int, tuple[ShardMembers, int]]
 def handed_tables(held: Held, scanned: set[int], first: list[int]) -> Tables:
     """The tables a catalog's copy gets: scanned ones, then ``first``, then the others.
 
-    Tables read from the index (not scanned) go only when ``first`` is not empty (the index's
-    description goes with the copy), at most :data:`HANDOFF_TABLES`; all of them within
-    :data:`HANDOFF_BYTES`.
+    Scanned tables (a pass over a shard each) within :data:`HANDOFF_BYTES`; the others (read
+    from the index) too, at most :data:`HANDOFF_TABLES` of them.
     """
     shards = list(held)  # a snapshot: other threads may add tables meanwhile
+    firsts = set(first)
     order = [i for i in shards if i in scanned]
-    if first:
-        firsts = set(first)
-        order += [i for i in first if i in held]
-        order += [i for i in shards if i not in firsts and i not in scanned]
+    order += [i for i in first if i in held and i not in scanned]
+    order += [i for i in shards if i not in firsts and i not in scanned]
     tables: Tables = {}
     room, count = HANDOFF_BYTES, HANDOFF_TABLES
     for i in order:
@@ -108,6 +107,7 @@ class Handoff:
         self._shards: frozenset[int] | None = None
         self._ticket: Ticket | None = None
         self._owner = weakref.ref(owner)
+        self._lock = threading.Lock()  # two threads pickling the dataset at once
 
     def hand_over(
         self, held: Held, scanned: set[int], first: list[int]
@@ -117,8 +117,7 @@ class Handoff:
         Args:
             held: The catalog's tables.
             scanned: Which of them came from scanning their shard.
-            first: The tables loaded with the description, in order (empty: the description
-                does not go with the copy, nor tables from the index).
+            first: The tables loaded with the description, in order (they go first).
 
         Returns:
             The tables for the pickle, and the ticket of the file holding the others (``None``
@@ -144,6 +143,10 @@ class Handoff:
 
         Returns ``None`` when the file cannot be written (the caller pickles what it can).
         """
+        with self._lock:
+            return self._ticket_for(tables)
+
+    def _ticket_for(self, tables: Tables) -> Ticket | None:
         shards = frozenset(tables)
         if shards == self._shards and self._ticket is not None:
             return self._ticket
@@ -174,8 +177,13 @@ class Handoff:
         path = os.path.join(self._dir, f"tables-{len(self._paths) + 1}-{os.urandom(4).hex()}")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         self._paths.append(path)  # from here the finalizer removes it, written or not
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(payload)
+        except OSError:
+            self._paths.remove(path)
+            _unlink(path)
+            raise
         return path
 
 
