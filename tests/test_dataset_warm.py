@@ -10,6 +10,8 @@ forkserver and spawn; samples checked against ``tarfile``.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -72,6 +74,13 @@ def test_iterating_the_sampler_fetches_the_first_shards_into_the_cache(remote, t
     # the window covers the whole epoch here: every shard is read whole, first ones first
     assert _wait_cached(tmp_path, remote["urls"])
     assert ds.stats.samples == 0
+    # fetching for others does not make it a reader: the budget's shares per reader would
+    # count it (with 2 workers on a budget of 2 shards each, their promotions stopped)
+    count = "import sys, wids.cache as c; print(c.ShardCache(sys.argv[1]).marked_readers())"
+    out = subprocess.run(
+        [sys.executable, "-c", count, str(tmp_path)], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "0"
     ds.close()
 
 

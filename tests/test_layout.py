@@ -31,6 +31,8 @@ KNOWN_CYCLES: set[frozenset[str]] = set()
 ONE_CONCEPT: dict[str, str] = {
     "wids.storage.http1": "one HTTP/1.1 client: the request and answer rules its blocking and"
     " asyncio connections share, their pools, and the transport that hands them wids' reads",
+    "wids.cache.shards": "one shard cache: its open/fetch protocol across processes, background"
+    " fetches and the budget's shares per reader they follow",
     "wids.dataset.pool": "one typed per-process reader: its open readers, access mode, cache"
     " use (promotion, the warm-up of an iteration's first shards) and the one plan of a batch's"
     " reads, used by direct reads and the lookahead alike",

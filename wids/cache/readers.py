@@ -42,17 +42,18 @@ class ReaderMarks:
         self._mutex = threading.Lock()
         self._drop: weakref.finalize[[int, str, int], ReaderMarks] | None = None
 
-    def count(self) -> int:
-        """Readers active now, this process included (its mark is made on first use)."""
+    def count(self, *, mark: bool = True) -> int:
+        """Readers active now: this process too if it holds a mark, made now with ``mark``."""
         with self._mutex:
-            self._hold()
-            when, n = self._count
-            if time.monotonic() - when < _RECOUNT:
-                return n
-            pids = {_pid_of(name) for name in self._names() if self._live(name)}
-            n = len(pids | {str(os.getpid())})
-            self._count = (time.monotonic(), n)
-            return n
+            if mark:
+                self._hold()
+            mine = int(self._fd is not None and self._pid == os.getpid())
+            when, others = self._count
+            if time.monotonic() - when >= _RECOUNT:
+                pids = {_pid_of(name) for name in self._names() if self._live(name)}
+                others = len(pids - {str(os.getpid())})
+                self._count = (time.monotonic(), others)
+            return others + mine
 
     def hold(self) -> None:
         """Make this process's mark now (counting makes it too)."""

@@ -112,6 +112,9 @@ class ShardCache:
         # readers known to come whatever the marks say yet (a DataLoader's workers: each is
         # a process of its own, and its siblings may not have marked themselves yet)
         self.min_readers = 1
+        # counting readers marks this process one (it reads through the cache); a process that
+        # only fetches ahead for others (a DataLoader's main process warming it) is not counted
+        self.reader = True
         self.refetches = Refetches()  # this object's downloads of a shard again, too soon
         self.files = EntryFiles(self.cache_dir)
 
@@ -568,7 +571,16 @@ class ShardCache:
             CacheDirError: The directory is not one wids may use (see :mod:`wids.cache.layout`).
         """
         self._prepare()
-        return max(self.min_readers, self._readers.count())
+        return max(self.min_readers, self._readers.count(mark=self.reader))
+
+    def marked_readers(self) -> int:
+        """Processes marked readers of this cache directory now (:meth:`mark_reader`), or 0.
+
+        Raises:
+            CacheDirError: The directory is not one wids may use (see :mod:`wids.cache.layout`).
+        """
+        self._prepare()
+        return self._readers.count(mark=False)
 
     def mark_reader(self) -> None:
         """Mark this process a reader now, before it counts (so others count it early).

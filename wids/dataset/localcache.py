@@ -83,6 +83,7 @@ class LocalCache:
             cache = ShardCache(
                 self.cache_dir, max_bytes=self.cache_size, keep=self.keep, offline=self.offline
             )
+            cache.reader = False  # until this process reads through it (reading_cache)
             self._cache, self._pid = cache, os.getpid()
         return cache
 
@@ -96,6 +97,7 @@ class LocalCache:
 
         cache = self.shard_cache()
         cache.min_readers = max(cache.min_readers, loader_workers())
+        cache.reader = True
         cache.mark_reader()
         return cache
 

@@ -463,15 +463,11 @@ class ReaderPool:
                     source, expected=expected, stats=catalog.store.stats, verify=verify
                 )
                 return CachedReader(shard)
-            # promoted earlier
+            # fetched earlier (promoted, or warmed by the process that iterates the sampler):
+            # the cache opens only a copy that is the index's version (size, etag or
+            # Last-Modified, md5), so the first touch needs no stat of the remote file
             cached = local.shard_cache().open_cached(info.url, expected=expected)
             if cached is not None:
-                try:
-                    if check:
-                        catalog.check_fingerprint(info, data_end)
-                except BaseException:
-                    cached.close()
-                    raise
                 return CachedReader(cached)
         if not source.is_local and local.ranges.ignores(info.url):  # seen by without_range
             return whole_reader(catalog, source, info, table, check)
@@ -552,8 +548,9 @@ class ReaderPool:
         The shards of which the plan's window reads at least half (in the order's order, at
         most :data:`WARM_SHARDS`) are announced as by a read's lookahead, one after the other
         from a daemon thread (loading their member tables may take requests; an interpreter
-        exiting meanwhile waits for the download under way, not for the rest): under a
-        DataLoader this is the main process, so the downloads run while the workers start.
+        exiting meanwhile waits for the download under way, not for the rest), until a process
+        marks itself a reader of the cache: under a DataLoader this is the main process, so the
+        downloads fill the time the workers take to start, and their reads take over.
         Within the cache's rules (budget, this process's share of it); without a cache, with
         ``access="range"`` or offline, nothing happens.
         """
@@ -570,9 +567,11 @@ class ReaderPool:
             for i in plan.ahead(plan.start, len(plan.order)).tolist():
                 shard = catalog.locate(i)[1]
                 counts[shard] = counts.get(shard, 0) + 1
-            started = 0
+            started, cache = 0, self.local.shard_cache()
             for shard, n in counts.items():  # first read first, one after another: a process
-                if started >= WARM_SHARDS:  # that exits waits for one download, not all
+                # that exits waits for one download, not all; once a process reads through the
+                # cache (a worker started, or this one), the readers' own plans go on
+                if started >= WARM_SHARDS or cache.marked_readers():
                     break
                 if 2 * n >= lengths[shard] and self.planned(
                     shard, n / int(lengths[shard]), reading=False
