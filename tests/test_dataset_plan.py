@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import time
 
 import pytest
+from latencyproxy import ProxyProcess
 from tar_oracle import dataset_samples, strip_meta
 
 from wids import ChunkedSampler, DistributedChunkedSampler, ShardListDataset, build_index
@@ -140,6 +142,48 @@ def test_out_of_order_loader_reads_ahead(remote, ctx):
     assert _hits(got) > 0
 
 
+def _uneven_workers(batch):
+    """Collate taking 0-40 ms by the batch: with ``in_order=False`` workers get uneven turns."""
+    time.sleep((int(batch[0]["__index__"]) * 7919 % 5) / 100)
+    return _batch_info(batch)
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+def test_out_of_order_loader_reads_no_batch_twice(remote, http_server, ctx):
+    """With ``in_order=False`` a batch goes to whichever worker has room. The old lookahead
+    read ahead the batches at its stride, another worker was given them and read them again
+    (here 1.1-1.3x the in-order loader's requests; 1.2x on the latency bench). Now a batch is
+    read ahead by the worker that claimed it and handed to the one given it: no more
+    requests than in order (within 5%: the first read of a shard in a process starts at a
+    header), the samples exactly the oracle's. Counted by a proxy adding 25 ms per answer."""
+    with ProxyProcess(http_server.base, delay=0.025, mbps=1000.0) as proxy:
+        ds = ShardListDataset(proxy.url("plan/train.json"), access="range", transformations=[])
+        sampler = ChunkedSampler(ds, chunksize=NSAMPLES, seed=11, num_workers=3, batch_size=4)
+
+        def run(in_order):
+            loader = DataLoader(
+                ds,
+                sampler=sampler,
+                batch_size=4,
+                num_workers=3,
+                multiprocessing_context=ctx,
+                collate_fn=_uneven_workers,
+                in_order=in_order,
+            )
+            proxy.settled()
+            proxy.reset_counts()
+            got = list(loader)
+            return got, proxy.settled()
+
+        ordered, baseline = run(True)
+        got, counts = run(False)
+    assert sorted(_check(remote, got)) == list(range(len(ds)))
+    assert sorted(_check(remote, ordered)) == list(range(len(ds)))
+    assert counts["requests"] <= 1.05 * baseline["requests"], (counts, baseline)
+    assert counts["bytes_out"] <= 1.05 * baseline["bytes_out"], (counts, baseline)
+    assert _hits(got) > 0
+
+
 @pytest.mark.parametrize("ctx", CONTEXTS)
 def test_a_second_sampler_over_the_same_dataset_keeps_its_own_plan(remote, ctx):
     ds = ShardListDataset(remote["index"], access="range", transformations=[])
@@ -214,9 +258,10 @@ def test_spawned_workers_do_not_read_the_index_again(remote, http_server):
     assert http_server.request_count() > 0  # the shards were read
 
 
-def test_the_lookahead_follows_the_stride_it_sees_and_backs_off_when_it_misses():
+def test_the_lookahead_reads_ahead_at_the_stride_it_sees():
     """Which batch a process gets next is the DataLoader's choice: the lookahead reads ahead at
-    the distance it saw between its own batches, and less far while that guess misses."""
+    the distance it saw between its own batches (a wrong guess costs no bytes: siblings claim
+    positions, tests/test_dataset_claims.py), always up to ``depth`` batches."""
     import numpy as np
 
     from wids.dataset.lookahead import Lookahead
@@ -225,20 +270,19 @@ def test_the_lookahead_follows_the_stride_it_sees_and_backs_off_when_it_misses()
     ahead = Lookahead(lambda batch: [], lambda shard, share: False, lambda i: 0, [4096], depth=4)
     plan = Plan(7, 0, np.arange(4096, dtype=np.int64)[::-1].copy())
     ahead.observe(plan, 0, 8)  # the first batch: the workers (here 1) take turns
-    assert ahead.stride == 8 and ahead.reach == 2
+    assert ahead.stride == 8
+    assert [p for p, _ in ahead.upcoming(ahead.depth)] == [8, 16, 24, 32]
     ahead.observe(plan, 32, 8)  # another worker took three batches meanwhile
-    assert ahead.stride == 32 and ahead.reach == 0
-    assert ahead.upcoming(ahead.reach) == []
-    for position in (64, 96, 128, 160):
-        ahead.observe(plan, position, 8)
-    assert ahead.reach == 4
-    assert [p for p, _ in ahead.upcoming(ahead.reach)] == [192, 224, 256, 288]
-    assert ahead.upcoming(1)[0][1] == plan.order[192:200].tolist()
-    ahead.observe(plan, 168, 8)  # off the stride: nothing read ahead until one comes at it
-    assert ahead.reach == 0
-    ahead.observe(plan, 176, 8)
-    assert ahead.reach == 1
+    assert ahead.stride == 32
+    assert [p for p, _ in ahead.upcoming(2)] == [64, 96]
+    assert ahead.upcoming(1)[0][1] == plan.order[64:72].tolist()
+    ahead.schedule()
+    assert sorted(p for _, p in ahead._jobs) == [64, 96, 128, 160]
+    ahead.observe(plan, 64, 8)  # its own prefetch (empty here: nothing remote)
+    ahead.schedule()
+    assert sorted(p for _, p in ahead._jobs) == [96, 128, 160, 192]
     other = Plan(8, 0, plan.order)  # the next iteration: its first batch again
     ahead.observe(other, 8, 8)
     assert ahead.stride == 8 and ahead.plan is other
+    assert not any(t == 7 for t, _ in ahead._jobs)  # the old iteration's are dropped
     ahead.close()

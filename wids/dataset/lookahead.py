@@ -7,16 +7,15 @@ DataLoader worker under any start method; persistent workers; ``in_order=False``
 ``StatefulDataLoader``). Nothing is predicted from a copy of the sampler.
 
 Which of the following batches this process will be given is the DataLoader's choice, made
-later. :class:`Lookahead` reads ahead the batches at the *stride* this process has seen: the
-distance in positions between the last two batches it was given in one iteration (before the
-second one, the batch size times the workers: the DataLoader's workers take turns). That is a
-guess about bandwidth, never about samples: a batch is read from prefetched bytes only where
-its blocks are identical (same shard, same byte range) to blocks prefetched for exactly its
-position in exactly its iteration; the rest is read directly, and prefetches of positions the
-process was not given are dropped. A wrong guess costs bytes (bounded by the window), never a
-wrong sample, and it stops reading ahead after a guess misses (the guesses go on: one batch
-further again, up to ``depth``, after each batch that comes at the stride), as happens with
-``in_order=False`` on a busy machine, where batches go to whichever worker has room.
+later (with ``in_order=False``: whichever worker has room). :class:`Lookahead` reads ahead the
+batches at the *stride* this process has seen (the distance in positions between the last two
+batches it was given in one iteration; before the second one, the batch size times the
+workers: the DataLoader's workers take turns). A wrong guess costs no bytes: among the
+DataLoader's workers, a batch is read ahead only by the one that *claimed* its position first,
+and the worker given it takes the bytes from that sibling (:mod:`.claims`); a position already
+read is claimed by its reader, so nobody reads it ahead later. A batch is read from
+prefetched bytes only where its blocks are identical (same shard, same byte range) to blocks
+prefetched for exactly its position in exactly its iteration; the rest is read directly.
 
 :class:`Lookahead` keeps a bounded window of batches in flight in background threads
 (``depth`` batches, ``max_bytes``, ``max_requests``): each is planned exactly as the read of
@@ -33,6 +32,7 @@ stops the threads.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -40,6 +40,7 @@ from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from ..storage import Window, read_ranges
+from .claims import Claims, shared
 from .readers import fetch_blocks
 
 if TYPE_CHECKING:
@@ -82,6 +83,8 @@ class Lookahead:
         max_requests: Requests in flight at most.
         horizon: Positions ahead that count for ``announce`` (at most the plan's window).
         stats: I/O counters the prefetches count into.
+        urls: The dataset's shards: they name it among the claims of sibling processes
+            (:mod:`.claims`).
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class Lookahead:
         max_requests: int = 32,
         horizon: int = 4096,
         stats: Any = None,
+        urls: Sequence[str] = (),
     ) -> None:
         self._prepare, self._announce, self._locate = prepare, announce, locate
         self._lengths = lengths
@@ -108,21 +112,28 @@ class Lookahead:
         self.plan: Plan | None = None
         self.position = self.size = self.stride = 0
         self.batches = 0  # batches observed
-        # batches read ahead now: one more after a batch at the stride (up to depth), none
-        # after one elsewhere; kept across iterations (it is the loader's dispatch)
-        self.reach = min(2, depth)
+        self.workers = 1  # the DataLoader's workers: this process and its siblings
+        # claims on positions and hand-offs between siblings (DataLoader workers), made on
+        # the first batch a worker of several is given
+        names = "\n".join([*urls, repr(list(lengths))]).encode()
+        self.key = hashlib.blake2b(names, digest_size=8).hexdigest()
+        self._claims: Claims | None = None
         self._jobs: dict[tuple[int, int], Future[Prefetched]] = {}  # (token, position) -> job
         self._held = 0  # bytes held or in flight
+        self._flying = 0  # prefetch requests out (a prefetch starts once its requests fit)
+        self._started: set[tuple[int, int]] = set()  # prefetches whose requests went out
+        self._waiting: set[tuple[int, int]] = set()  # prefetches waiting for room
         # the prefetches' requests take turns in one window (first come, first served): it
         # stays full while batches are queued, and the nearest batch's requests go first
         self._window = Window(max_requests)
         self._announced: set[int] = set()
         self._whole: set[int] = set()  # announced shards being fetched whole: not by range
         self._announcing: dict[int, Future[None]] = {}  # announcements not answered yet
-        # what it did, for tests and benchmarks: batches served with prefetched blocks, and
-        # the most bytes and requests held or in flight at once
+        # what it did, for tests and benchmarks: batches served with prefetched blocks (its
+        # own or a sibling's), and the most bytes and requests held or in flight at once
         self.hits = self.peak_bytes = 0
         self._mutex = threading.Lock()
+        self._room = threading.Condition(self._mutex)  # a prefetch's requests fit now
         self._closed = False
         self._executor: ThreadPoolExecutor | None = None
         # schedule_soon plans in its own thread: the batch that asked goes back meanwhile
@@ -132,7 +143,8 @@ class Lookahead:
     def observe(self, plan: Plan, position: int, size: int) -> Prefetched | None:
         """The batch at ``position`` of ``plan``'s iteration: its prefetched blocks, if any.
 
-        Learns the stride (the positions between this process's batches) from it.
+        Its own prefetch, else (a DataLoader worker of several) the sibling's that claimed
+        the position. Learns the stride (the positions between this process's batches).
         """
         self._wait_planning()  # one thread moves the position at a time
         last = self.plan
@@ -141,15 +153,13 @@ class Lookahead:
             with self._mutex:
                 self._announced.clear()
                 self._whole.clear()
+            self.workers = loader_workers()
+            if self.workers > 1 and self._claims is None and shared() and not self._closed:
+                self._claims = Claims(self.key)
         if not fresh and position > self.position:
-            # the guess was right: read further ahead; wrong: less far (none after a few)
-            if position == self.position + self.stride:
-                self.reach = min(self.depth, self.reach + 1)
-            else:
-                self.reach = 0
             self.stride = position - self.position
         else:  # a new iteration (or its start again): the DataLoader's workers take turns
-            self.stride = size * loader_workers()
+            self.stride = size * self.workers
         first = self.batches == 0 and self._small(plan.batch(position, size) or [])
         self.plan, self.position, self.size = plan, position, size
         self.batches += 1
@@ -159,16 +169,40 @@ class Lookahead:
         if fresh and not first:
             self._look_far(plan)
         key = (plan.token, position)
+        claims = self._claims
+        # a sibling may still be given a batch behind this one (the loader dispatches ahead)
+        behind = position - self.margin() if claims is not None else position
         with self._mutex:
             job = self._jobs.pop(key, None)
-            stale = [k for k in self._jobs if k[0] != plan.token or k[1] < position]
+            mine = job is not None  # claimed here
+            if mine and key not in self._started:  # not started: read it directly, now
+                job = None
+            # a sibling given a batch behind this one that is not read yet reads it itself
+            stale = [
+                k
+                for k in self._jobs
+                if k[0] != plan.token
+                or k[1] < behind
+                or (k[1] < position and k not in self._started)
+                or self._handed(k)
+            ]
             dropped = [self._jobs.pop(k) for k in stale]
+            self._started.intersection_update(self._jobs)
+            self._room.notify_all()  # the prefetches dropped stop waiting
         for f in dropped:
             self._discard(f)
+        if claims is not None:
+            claims.release_where(plan.token, behind)
+            if not mine:  # a sibling's prefetch, or a tombstone: nobody reads it ahead now
+                got = claims.take(plan.token, position)
+                self.hits += bool(got)
+                return got
         if job is None:
             return None
         try:
             got = job.result()
+            if claims is not None:
+                claims.taken(plan.token, position)
             self.hits += bool(got)
             return got
         except Exception as exc:  # read directly instead; that raises if it is for real
@@ -176,6 +210,15 @@ class Lookahead:
             return None
         finally:
             self._release(job)
+
+    def margin(self) -> int:
+        """Positions behind this process's a sibling may still be given (and take from it)."""
+        return 16 * self.workers * max(1, self.size)
+
+    def _handed(self, key: tuple[int, int]) -> bool:
+        """Whether the prefetch at ``key`` was handed to a sibling (under the mutex)."""
+        claims = self._claims
+        return claims is not None and claims.served(*key)
 
     def _small(self, batch: list[int]) -> bool:
         """Whether ``batch`` reads at most 1/20 of the samples of each of its shards."""
@@ -200,26 +243,39 @@ class Lookahead:
         return out
 
     def schedule(self, depth: int | None = None) -> None:
-        """Start prefetches for the next ``depth`` batches at the stride; announce shards ahead.
+        """Claim and start prefetches of up to ``depth`` batches ahead; announce shards ahead.
+
+        The batches at the stride, but those a sibling claimed (or read) already: after those,
+        further ones at the stride, up to ``4 * depth`` tried.
 
         Args:
-            depth: Batches to prefetch this time (default and at most :attr:`reach`: up to
-                :attr:`depth`, one more after each batch that came at the stride, none after
-                one that did not).
+            depth: Batches ahead of this one to hold read or in flight (default :attr:`depth`).
         """
-        depth = self.reach if depth is None else min(depth, self.reach)
+        depth = self.depth if depth is None else min(depth, self.depth)
         plan = self.plan
         if self._closed or plan is None:
             return
         if (self.batches - 1) % 8 == 0:  # from the first batch on, often enough
             self._look_far(plan)
-        for position, batch in self.upcoming(depth):
-            key = (plan.token, position)
+        token, claims = plan.token, self._claims
+        with self._mutex:
+            held = sum(1 for t, p in self._jobs if t == token and p > self.position)
+        want = depth - held
+        for position, batch in self.upcoming(4 * depth):
+            if want <= 0:
+                break
+            key = (token, position)
+            with self._mutex:
+                if key in self._jobs:
+                    continue
+            if claims is not None and not claims.claim(token, position):
+                continue  # a sibling's (read ahead or read): not read twice
             with self._mutex:
                 executor = self._threads()
-                if key in self._jobs or executor is None:
-                    continue
-                self._jobs[key] = executor.submit(self._fetch, batch)
+                if executor is None:
+                    break
+                self._jobs[key] = executor.submit(self._fetch, batch, key)
+            want -= 1
 
     def schedule_soon(self, depth: int | None = None) -> None:
         """:meth:`schedule` in a background thread; the next :meth:`observe` waits for it.
@@ -297,15 +353,48 @@ class Lookahead:
         if not whole:
             self._whole.discard(shard)
 
-    def _fetch(self, batch: list[int]) -> Prefetched:
-        """Plan and read the remote blocks of a predicted batch, within the window's bounds."""
+    def _fetch(self, batch: list[int], key: tuple[int, int]) -> Prefetched:
+        """Plan and read the remote blocks of a claimed batch, within the window's bounds.
+
+        A sibling given the batch takes them (:meth:`Claims.serve`): offered once read.
+        """
+        got: Prefetched | None = None
+        try:
+            got = self._read(batch, key)
+            return got
+        finally:
+            if self._claims is not None:
+                self._claims.serve(*key, got)
+
+    def _read(self, batch: list[int], key: tuple[int, int]) -> Prefetched:
+        """The batch's remote blocks, once its requests fit beside the prefetches in flight.
+
+        Until then it has not started: the process given the batch reads it itself instead
+        (this one, or a sibling: :meth:`Claims.take`), and it is not read here.
+        """
         if self._closed:
             return {}
         requests = [r for r in self._prepare(batch) if r[0].shard not in self._whole]
         nbytes = sum(b.end - b.start for b, _, _ in requests)
-        with self._mutex:
-            if not requests or (self._held and (self._held + nbytes > self.max_bytes)):
+        n = len(requests)
+        with self._room:
+            self._waiting.add(key)
+            try:  # the nearest batch first
+                while self._wanted(key) and (
+                    min(self._waiting) != key or self._flying > self.max_requests
+                ):
+                    self._room.wait()
+            finally:
+                self._waiting.discard(key)
+                self._room.notify_all()
+            if not requests or not self._wanted(key):
                 return {}
+            if self._held and self._held + nbytes > self.max_bytes:
+                return {}
+            if self._claims is not None and not self._claims.start(*key):
+                return {}  # the sibling given it reads it
+            self._started.add(key)
+            self._flying += n
             self._held += nbytes
             self.peak_bytes = max(self.peak_bytes, self._held)
         try:
@@ -319,7 +408,15 @@ class Lookahead:
             with self._mutex:
                 self._held -= nbytes
             raise
+        finally:
+            with self._room:
+                self._flying -= n
+                self._room.notify_all()
         return {b: d for (b, _, _), d in zip(requests, data, strict=True)}
+
+    def _wanted(self, key: tuple[int, int]) -> bool:
+        """Whether the prefetch at ``key`` may still start (under the mutex)."""
+        return not self._closed and key in self._jobs
 
     @property
     def window(self) -> Window:
@@ -350,7 +447,7 @@ class Lookahead:
             self._discard(f)
 
     def close(self) -> None:
-        """Stop: drop the window, cancel queued prefetches, wait for those running."""
+        """Stop: drop the window and claims, cancel queued prefetches, wait for those running."""
         with self._mutex:
             self._closed = True
             executor, self._executor = self._executor, None
@@ -360,6 +457,9 @@ class Lookahead:
         self._drop_all()
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
+        claims, self._claims = self._claims, None
+        if claims is not None:
+            claims.close()
 
 
 def fetch_prefetched(

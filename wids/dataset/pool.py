@@ -628,16 +628,14 @@ class ReaderPool:
                     out.append((b, src, checks[k] if checks else None))
             return out
 
-        def locate(i: int) -> int:
-            return catalog.locate(i)[1]
-
         lengths = [int(n) for n in catalog.counts().lengths]
         ahead = Lookahead(
             prepare,
             self.planned,
-            locate,
+            lambda i: catalog.locate(i)[1],
             lengths,
             stats=catalog.store.stats,
+            urls=[info.url for info in loaded.infos],  # names it among siblings' claims
             **self.lookahead_limits,
         )
         return ahead
