@@ -134,3 +134,33 @@ def test_a_file_replaced_under_a_dropped_descriptor_is_checked_again(tmp_path: P
         ds[1]
     assert ds[2][".cls"] == b"2"  # a sample the new file holds where the index says
     ds.close()
+
+
+def test_a_sample_read_again_without_its_header_is_the_same_for_every_layout(tmp_path: Path):
+    """One to four fields, fields changing between samples, long and non-ASCII keys: the
+    second read of each sample (no header read, nothing checked) gives the first's dict, by
+    ``ds[i]`` and in batches of adjacent samples."""
+    shards = {
+        "one": make_samples(4, fields=(".jpg",)),
+        "three": make_samples(4, fields=(".cls", ".jpg", ".json"), prefix="日本/"),
+        "four": make_samples(4, fields=(".cls", ".jpg", ".json", ".txt")),
+        "mixed": make_samples(2, fields=(".jpg", ".cls")) + make_samples(2, start=2),
+        "long": make_samples(4, fields=(".cls", ".txt"), prefix=LONG),
+    }
+    paths = [str(write_shard(tmp_path / f"{name}.tar", m)) for name, m in shards.items()]
+    index = str(tmp_path / "i.json")
+    build_index(paths, index)
+    ds = ShardListDataset(index, transformations=[])
+    n = len(ds)
+    first = [ds[i] for i in range(n)]
+    again = [ds[i] for i in range(n)]
+    batched = ds.__getitems__(list(range(n)))
+    assert [list(s.items()) for s in again] == [list(s.items()) for s in first]
+    assert [list(s.items()) for s in batched] == [list(s.items()) for s in first]
+    fresh = ShardListDataset(index, transformations=[])  # batches first, then ds[i]
+    assert [list(s.items()) for s in fresh.__getitems__(list(range(n)))] == [
+        list(s.items()) for s in first
+    ]
+    assert [list(fresh[i].items()) for i in range(n)] == [list(s.items()) for s in first]
+    ds.close()
+    fresh.close()
