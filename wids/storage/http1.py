@@ -11,14 +11,18 @@ in the calling thread (``ds[i]``) takes the same exchange on a blocking socket o
 ``http.client``, whose header parsing alone costs what the whole exchange costs here
 (``python tools/bench_reqcpu.py ds``).
 
-It is used only where it does what fsspec's HTTP filesystem would (:class:`PlainTransport`
-over :class:`~wids.storage.transport.HttpTransport`): ``http://`` and ``https://`` URLs (TLS
+It is used only where it does what fsspec's HTTP filesystem would (:class:`PlainTransport`,
+in place of :class:`~wids.storage.transport.HttpTransport`): ``http://`` and ``https://`` URLs (TLS
 verified as aiohttp's default: ``ssl.create_default_context()``, the host name checked), no
 storage options that change requests (headers, auth, client settings other than the timeout).
 Over TLS too it earns its place: ``ds[i]`` reads 3-10x aiohttp's samples/s on loopback
 (``python tools/bench_reqcpu.py ds --tls``; batches: ``python tools/bench_reqcpu.py --tls``).
-A shard's first answer in a process comes this way too, so a process that only reads ranges
-of such shards opens no aiohttp connection for them.
+A shard's first answer in a process comes this way too, and so do a small whole file (an
+index, a member sidecar: one GET bounded by its limit), a stat (one HEAD) and the parts of a
+whole-shard download (:mod:`wids.storage.parts`, in threads): a process that reads such
+shards never imports aiohttp (0.3 s and two TLS contexts in a fresh DataLoader worker). It is
+imported, and fsspec's HTTP filesystem made, only where something needs them
+(:attr:`PlainTransport.http`: a stream, an answer this client does not handle).
 An answer it does not handle (a redirect, a body framed otherwise than by ``Content-Length`` or
 encoded, a length that is no plain number)
 raises :class:`Unsupported` before any byte is used: the caller turns to aiohttp for that file.
