@@ -164,3 +164,39 @@ def test_a_sample_read_again_without_its_header_is_the_same_for_every_layout(tmp
     assert [list(fresh[i].items()) for i in range(n)] == [list(s.items()) for s in first]
     ds.close()
     fresh.close()
+
+
+def _bytes_read(batch: list) -> int:  # a DataLoader's collate: runs in the worker
+    import torch.utils.data
+
+    info = torch.utils.data.get_worker_info()
+    assert info is not None
+    return int(info.dataset._catalog.store.stats.bytes_read)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_persistent_workers_keep_their_checks_from_one_epoch_to_the_next(
+    tmp_path: Path, context: str
+):
+    """A persistent worker's second epoch reads no member header: its samples were checked in
+    the files it holds open. (Before, every epoch read each sample's header again.)"""
+    torch = pytest.importorskip("torch")
+    _, index, _ = _local(tmp_path)
+    ds = ShardListDataset(index, transformations=[])
+    loader = torch.utils.data.DataLoader(
+        ds,
+        batch_size=2,
+        sampler=[0, 3, 1, 4, 2, 5],
+        num_workers=1,
+        persistent_workers=True,
+        collate_fn=_bytes_read,
+        multiprocessing_context=context,
+    )
+    ends = [list(loader)[-1] for _ in range(3)]
+    table = ShardListDataset(index, transformations=[])
+    table[0]
+    data = sum(b - a for a, b in map(table._pool.fast[0].span, range(6)))
+    assert ends[2] - ends[1] == ends[1] - ends[0] == data  # members' bytes alone
+    assert ends[0] >= data + 6 * 512  # the first epoch: with every sample's header
+    table.close()
+    ds.close()

@@ -109,26 +109,35 @@ class LocalShard(MemberTable):
         except OSError:
             data = b""
         if len(data) != n:
-            return self.reread(start, end), None
+            return self.reread(start, end)
         stats = self.stats
         stats.requests += 1
         stats.bytes_read += n
         return data, self.checked
 
-    def reread(self, start: int, end: int) -> bytes:
-        """``[start, end)`` by the reader: after a short read, or when the descriptor is gone.
+    def reread(self, start: int, end: int) -> tuple[bytes, bytearray | None]:
+        """``[start, end)`` after a short read, or when the descriptor is gone.
 
-        A descriptor the pool dropped (or the first read's) is taken again for the next reads;
-        the reader raises the right error (or reads the bytes after all).
+        A descriptor the pool dropped (or the first read's) is taken again, with a new
+        :attr:`checked` (maybe another file at the path now: every header again), and read;
+        otherwise the reader reads, and raises the right error (or reads the bytes after all).
+
+        Returns:
+            The bytes, and :attr:`checked` if they come from the descriptor (else ``None``).
         """
         if self.descriptor.dropped:
+            self.checked = bytearray(len(self.checked))
             try:
                 self.descriptor = self.descriptors.descriptor(self.path)
+                data = self.descriptor.pread(end - start, start)
             except OSError:
-                pass
-            # another descriptor, maybe of another file at the path: every header again
-            self.checked = bytearray(len(self.checked))
-        return self.reader.read_span(start, end, self.stats)
+                data = b""
+            if len(data) == end - start:
+                stats = self.stats
+                stats.requests += 1
+                stats.bytes_read += end - start
+                return data, self.checked
+        return self.reader.read_span(start, end, self.stats), None
 
     def before(self, start: int, end: int) -> bytes:
         """Bytes ``[start, end)`` of the shard (the records before a sample's first member)."""
@@ -166,14 +175,14 @@ class LocalShard(MemberTable):
             stats = self.stats
             stats.requests += 1
             stats.bytes_read += n
-        else:  # the reader's bytes: checked, not marked
+        else:  # a descriptor taken again (a new checked), or the reader's bytes (None)
             start = off[first] - HEADER
             try:
-                buf = self.reread(start, off[end - 1] + size[end - 1])
+                buf, checked = self.reread(start, off[end - 1] + size[end - 1])
             except BaseException:
                 self.failed += 1
                 raise
-            done, checked = 0, None
+            done = 0
         ko = self.ko
         if not done:
             # every member's tar header, once per sample and descriptor (the bytes of a file
