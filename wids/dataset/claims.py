@@ -86,15 +86,17 @@ def _same_user(sock: socket.socket) -> bool:
 
 
 class _Claim:
-    """One bound name: a claim (listening until served) or a tombstone (never listening)."""
+    """A claimed position: its listening socket, whether its reads are out, its bytes."""
 
-    __slots__ = ("frame", "served", "sock", "started")
+    __slots__ = ("blocks", "pending", "ready", "served", "sock", "started")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.started: socket.socket | None = None  # its reads are out (a second name)
-        self.frame: list[bytes] | None = None  # set once its bytes are read
-        self.served = False
+        self.ready = False  # its reads ended: ``blocks`` (empty if they failed)
+        self.blocks: Mapping[Block, bytes] | None = None
+        self.served = False  # a sibling asked (or this process took it): asked once
+        self.pending: socket.socket | None = None  # a sibling waiting for its bytes
 
 
 class Claims:
@@ -143,8 +145,11 @@ class Claims:
             return False
         sock.listen(4)
         sock.setblocking(False)
+        claim = _Claim(sock)
         with self._mutex:
-            self._claims[(token, position)] = _Claim(sock)
+            self._claims[(token, position)] = claim
+            # the server thread wakes only when a sibling asks (epoll sees it registered)
+            self._serving().register(sock, selectors.EVENT_READ, claim)
         return True
 
     def start(self, token: int, position: int) -> bool:
@@ -161,15 +166,17 @@ class Claims:
         return True
 
     def serve(self, token: int, position: int, blocks: Mapping[Block, bytes] | None) -> None:
-        """The claimed batch's bytes are read (``None``: failed): hand them to who asks."""
+        """The claimed batch's reads ended (``None``: failed): hand its bytes to who asks."""
         with self._mutex:
             claim = self._claims.get((token, position))
-            if claim is None or self._closed:
+            if claim is None or claim.ready:
                 return
-            claim.frame = encode(blocks) if blocks else []
-            selector = self._serving()
-            selector.register(claim.sock, selectors.EVENT_READ, claim)
-        self._poke()
+            claim.ready = True
+            conn, claim.pending = claim.pending, None
+            if conn is None:  # kept until a sibling asks (or this process takes it)
+                claim.blocks = None if claim.served else (blocks or {})
+                return
+        self._send(conn, blocks or {})
 
     def served(self, token: int, position: int) -> bool:
         """Whether the claimed batch was handed to a sibling."""
@@ -183,8 +190,7 @@ class Claims:
             claim = self._claims.get((token, position))
             if claim is not None:
                 claim.served = True
-                if claim.frame is not None:
-                    claim.frame = []
+                claim.blocks = None
 
     def release(self, token: int, position: int) -> None:
         """Give up a claim or tombstone (its name may be bound again)."""
@@ -193,9 +199,7 @@ class Claims:
             if claim is not None:
                 self._unregister(claim)
         if claim is not None:
-            claim.sock.close()
-            if claim.started is not None:
-                claim.started.close()
+            _close(claim)
 
     def release_where(self, token: int, before: int) -> None:
         """Release the names of other iterations, and of ``token``'s positions before ``before``."""
@@ -271,10 +275,10 @@ class Claims:
             sock.close()
         return True
 
-    # -- the server: one daemon thread, started by the first claim served ---------------------
+    # -- the server: one daemon thread, started by the first claim; it wakes when asked -------
 
     def _serving(self) -> selectors.BaseSelector:
-        """The selector of served claims (under the mutex), its thread started on first use."""
+        """The selector of claims (under the mutex), its thread started on first use."""
         if self._selector is None:
             self._selector = selectors.DefaultSelector()
             self._wake = socket.socketpair()
@@ -287,16 +291,8 @@ class Claims:
             self._thread.start()
         return self._selector
 
-    def _poke(self) -> None:
-        wake = self._wake
-        if wake is not None:
-            try:
-                wake[1].send(b"x")
-            except OSError:  # full (the thread is awake anyway) or closed
-                pass
-
     def _unregister(self, claim: _Claim) -> None:
-        if self._selector is not None and claim.frame is not None:
+        if self._selector is not None:
             try:
                 self._selector.unregister(claim.sock)
             except (KeyError, ValueError):
@@ -312,30 +308,43 @@ class Claims:
                 return
             for key, _ in events:
                 claim = key.data
-                if claim is None:
-                    try:
-                        wake[0].recv(4096)
-                    except OSError:
-                        pass
+                if claim is None:  # woken to stop
                     continue
                 self._answer(claim)
 
     def _answer(self, claim: _Claim) -> None:
+        """A sibling asks for a claimed batch: its bytes now, or once its reads end."""
         try:
             conn, _ = claim.sock.accept()
         except OSError:  # released meanwhile, or no connection after all
             return
-        with conn:
-            conn.setblocking(True)
-            conn.settimeout(self.timeout)
-            try:
-                if claim.served or not _same_user(conn) or claim.frame is None:
-                    return
+        conn.setblocking(True)
+        conn.settimeout(self.timeout)
+        try:
+            same = _same_user(conn)
+        except OSError:
+            same = False
+        with self._mutex:
+            if not same or claim.served:  # another user's, or asked already: nothing
+                blocks = None
+            elif not claim.ready:  # sent by serve() when the reads end
+                claim.served, claim.pending = True, conn
+                return
+            else:
                 claim.served = True
-                frame, claim.frame = claim.frame, []  # sent once: free it
-                for part in frame:
-                    conn.sendall(part)
-                self.sent += bool(frame)
+                blocks, claim.blocks = claim.blocks, None
+        if blocks is None:
+            conn.close()
+        else:
+            self._send(conn, blocks)
+
+    def _send(self, conn: socket.socket, blocks: Mapping[Block, bytes]) -> None:
+        with conn:
+            try:
+                if blocks:
+                    for part in encode(blocks):
+                        conn.sendall(part)
+                    self.sent += 1
             except OSError as exc:
                 log.debug("hand-off failed: %s", exc)
 
@@ -348,9 +357,7 @@ class Claims:
             selector, self._selector = self._selector, None
             wake, self._wake = self._wake, None
         for claim in claims:
-            claim.sock.close()
-            if claim.started is not None:
-                claim.started.close()
+            _close(claim)
         for sock in tombstones:
             sock.close()
         if wake is not None:
@@ -366,3 +373,10 @@ class Claims:
         if wake is not None:
             wake[0].close()
             wake[1].close()
+
+
+def _close(claim: _Claim) -> None:
+    claim.sock.close()
+    for sock in (claim.started, claim.pending):
+        if sock is not None:
+            sock.close()
