@@ -148,7 +148,7 @@ def _uneven_workers(batch):
     return _batch_info(batch)
 
 
-@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+@pytest.mark.parametrize("ctx", CONTEXTS)
 def test_out_of_order_loader_reads_no_batch_twice(remote, http_server, ctx):
     """With ``in_order=False`` a batch goes to whichever worker has room. The old lookahead
     read ahead the batches at its stride, another worker was given them and read them again

@@ -11,6 +11,9 @@ makes that cost nothing but a local copy:
 - the process that gets the batch asks for it (:meth:`Claims.take`): its own prefetch, else
   the sibling that claimed it sends the bytes over the socket once they are read; unclaimed,
   it binds the name itself (a *tombstone*), so no sibling reads ahead a batch already read;
+- a claim's reads start when the claimer's window has room for them (its own batches go
+  first): it then binds a second name. The process given a batch whose reads have not started
+  binds that name itself and reads the batch at once; the claimer then does not read it;
 - names are released by the process that bound them when its iteration has moved on, and by
   the kernel when the process ends: nothing is left behind, on disk or in shared memory.
 
@@ -118,9 +121,7 @@ class Claims:
         self._wake: tuple[socket.socket, socket.socket] | None = None
         self._thread: threading.Thread | None = None
         self._closed = False
-        self.sent = self.received = 0
-
-    # batches handed over, for tests and benchmarks
+        self.sent = self.received = 0  # batches handed over, for tests and benchmarks
 
     def _name(self, token: int, position: int, tag: str = "") -> bytes:
         return f"\0wids-ahead-{self.key}-{token:x}-{position}{tag}".encode()
