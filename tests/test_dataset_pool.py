@@ -89,9 +89,10 @@ def test_close_stops_every_thread_the_dataset_started(http_server, local, tmp_pa
     urls = [http_server.put(p, f"pool/{os.path.basename(p)}") for p in local["paths"]]
     index = str(tmp_path / "remote.json")
     build_index(urls, index)
-    # fsspec's event loop thread is started once per process by the first remote read: not
-    # the dataset's, so it is running before the count.
-    warm = ShardListDataset(index, transformations=[], access="range")
+    # fsspec's event loop thread and the plain client's download threads (storage/parts.py)
+    # are started once per process by the first remote read and download: not the dataset's,
+    # so they are running before the count.
+    warm = ShardListDataset(index, transformations=[], access="shard", cache_dir=tmp_path / "w")
     warm[0]
     warm.close()
     before = set(threading.enumerate())

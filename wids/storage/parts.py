@@ -254,11 +254,18 @@ class _Threads:
         self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]]
         self._queue = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._idle = threading.Semaphore(0)  # threads done with their call, not yet given one
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
-        """Run ``fn(*args)`` in a thread when one is free; its future."""
+        """Run ``fn(*args)`` in a thread when one is free; its future.
+
+        A thread is started only when none is idle (at most ``size``): downloads one after
+        another reuse the same threads, and their kept-alive connections.
+        """
         future: Future[Any] = Future()
         self._queue.put((future, fn, args))
+        if self._idle.acquire(blocking=False):
+            return future
         with self._lock:
             if self._started < self._size:
                 self._started += 1
@@ -270,11 +277,16 @@ class _Threads:
         while True:
             future, fn, args = self._queue.get()
             if not future.set_running_or_notify_cancel():
+                self._idle.release()
                 continue
             try:
-                future.set_result(fn(*args))
+                result = fn(*args)
             except BaseException as exc:  # noqa: BLE001 - the submitter's to see
+                self._idle.release()  # idle before its submitter hears: a next call reuses it
                 future.set_exception(exc)
+            else:
+                self._idle.release()
+                future.set_result(result)
 
 
 class _Parts:
