@@ -69,7 +69,8 @@ def test_iterating_the_sampler_fetches_the_first_shards_into_the_cache(remote, t
     (on the old code nothing reached the cache before a read)."""
     ds = ShardListDataset(remote["index"], cache_dir=tmp_path, transformations=[])
     sampler = ChunkedSampler(ds, chunksize=NSAMPLES, seed=1)
-    first = next(iter(sampler))
+    iteration = iter(sampler)
+    first = next(iteration)
     assert 0 <= first < NS * NSAMPLES
     # the window covers the whole epoch here: every shard is read whole, first ones first
     assert _wait_cached(tmp_path, remote["urls"])
@@ -81,6 +82,18 @@ def test_iterating_the_sampler_fetches_the_first_shards_into_the_cache(remote, t
         [sys.executable, "-c", count, str(tmp_path)], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "0"
+    ds.close()
+
+
+def test_a_dropped_or_finished_iteration_warms_nothing_more(remote, tmp_path):
+    """The warm-up belongs to its iteration: one dropped at once fetches at most the shard
+    it had started; one read to its end (here, with every shard read by range) leaves no
+    download running after it."""
+    ds = ShardListDataset(remote["index"], cache_dir=tmp_path, transformations=[])
+    sampler = ChunkedSampler(ds, chunksize=NSAMPLES, seed=1)
+    next(iter(sampler))  # the iterator is dropped here
+    time.sleep(1.0)
+    assert len(ShardCache(str(tmp_path)).entries()) <= 1
     ds.close()
 
 

@@ -557,6 +557,11 @@ class ShardListDataset(_DatasetBase[T_co]):
         self._check_process()
         self._pool.warm(plan)
 
+    def _plan_ends(self, plan: Plan) -> None:
+        """That iteration ended (or was dropped) in this process: its warm-up, if any, stops."""
+        self._check_process()
+        self._pool.cool(plan)
+
     def get_stats(self) -> tuple[int, int]:
         """``(accesses, misses)`` of shard look-ups in this process, as the reference."""
         counts = self._pool.totals()

@@ -115,6 +115,7 @@ class ReaderPool:
         self._swaps = [threading.Lock() for _ in range(16)]  # range -> cached reader, by shard
         self._promoter: Promoter | None = None
         self._reading = False  # marked a reader of the cache (get_promoter)
+        self._warming: int | None = None  # the plan token of the warm-up under way (warm)
         self._lookahead: Lookahead | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -128,6 +129,7 @@ class ReaderPool:
             "_swaps",
             "_promoter",
             "_reading",
+            "_warming",
             "_lookahead",
         ):
             del state[k]
@@ -170,6 +172,7 @@ class ReaderPool:
 
         The pool stays usable: readers reopen (and promotion restarts) when needed.
         """
+        self._warming = None  # a warm-up still waiting starts nothing
         lookahead, self._lookahead = self._lookahead, None
         if lookahead is not None:
             lookahead.close()  # first: its threads use the readers
@@ -549,15 +552,27 @@ class ReaderPool:
         most :data:`WARM_SHARDS`) are announced as by a read's lookahead, one after the other
         from a daemon thread (loading their member tables may take requests; an interpreter
         exiting meanwhile waits for the download under way, not for the rest), until a process
-        marks itself a reader of the cache: under a DataLoader this is the main process, so the
-        downloads fill the time the workers take to start, and their reads take over.
+        marks itself a reader of the cache, the iteration ends or is dropped (:meth:`cool`) or
+        the pool closes: under a DataLoader this is the main process, so the downloads fill the
+        time the workers take to start, and their reads take over.
         Within the cache's rules (budget, this process's share of it); without a cache, with
         ``access="range"`` or offline, nothing happens.
         """
         local = self.local
-        if local.cache_dir is None or local.offline or self.access == "range":
-            return
-        threading.Thread(target=self._warm, args=(plan,), name="wids-warm", daemon=True).start()
+        if local.cache_dir is None or local.offline or self.access == "range" or self._reading:
+            return  # this process reads: its own batches' plans fetch what they need
+        self._warming = plan.token
+        thread = threading.Thread(target=self._warm, args=(plan,), name="wids-warm", daemon=True)
+        thread.start()
+
+    def cool(self, plan: Plan) -> None:
+        """The iteration ``plan`` belongs to ended here: its warm-up starts nothing more."""
+        if self._warming == plan.token:
+            self._warming = None
+
+    def _stop_warming(self, plan: Plan, cache: Any) -> bool:
+        """Whether a warm-up ends: its iteration ended, the pool closed, or anyone reads."""
+        return self._warming != plan.token or self._reading or bool(cache.marked_readers())
 
     def _warm(self, plan: Plan) -> None:
         try:
@@ -571,7 +586,7 @@ class ReaderPool:
             for shard, n in counts.items():  # first read first, one after another: a process
                 # that exits waits for one download, not all; once a process reads through the
                 # cache (a worker started, or this one), the readers' own plans go on
-                if started >= WARM_SHARDS or cache.marked_readers():
+                if started >= WARM_SHARDS or self._stop_warming(plan, cache):
                     break
                 if 2 * n >= lengths[shard] and self.planned(
                     shard, n / int(lengths[shard]), reading=False

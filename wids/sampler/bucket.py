@@ -432,10 +432,14 @@ class BucketBatchSampler:
             plan, order = first_plan(planned_order(flat, start * self.batch_size))
             if plan is not None:  # the first window: after a DataLoader's workers start
                 reader._plan_begins(plan)
-            for _ in range(len(batches)):
-                batch = list(itertools.islice(order, self.batch_size))
-                self._position += 1
-                yield batch
+            try:
+                for _ in range(len(batches)):
+                    batch = list(itertools.islice(order, self.batch_size))
+                    self._position += 1
+                    yield batch
+            finally:  # the iteration ended or was dropped: a warm-up for it stops
+                if plan is not None:
+                    reader._plan_ends(plan)
         else:
             for batch in _rows(batches):
                 self._position += 1

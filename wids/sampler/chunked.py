@@ -358,13 +358,18 @@ class ChunkedSampler:
         return self._generate(planned_order(order, start), reader)
 
     def _generate(self, order: Iterator[int], reader: Any) -> Iterator[int]:
+        plan = None
         if reader is not None:  # at the first index asked for: after a DataLoader's workers start
             plan, order = first_plan(order)
             if plan is not None:
                 reader._plan_begins(plan)
-        for index in order:
-            self._position += 1
-            yield index
+        try:
+            for index in order:
+                self._position += 1
+                yield index
+        finally:  # the iteration ended or was dropped: a warm-up for it stops
+            if plan is not None:
+                reader._plan_ends(plan)
         resumed, self._resumed = self._resumed, None  # that epoch is complete
         if resumed is not None:
             self._position = self._length
