@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
 
 Located = Sequence[tuple[int, int, int]]
 
-__all__ = ["ACCESS_MODES", "WARM_SHARDS", "ReaderPool"]
+__all__ = ["ACCESS_MODES", "WARM_GRACE", "WARM_SHARDS", "ReaderPool"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,12 @@ ACCESS_MODES = ("auto", "range", "shard")
 WARM_SHARDS = 8
 """At most this many shards are fetched by a warm-up (``ReaderPool.warm``): the first ones an
 iteration reads, while a DataLoader's workers start; the workers' own plans fetch the rest."""
+WARM_GRACE = 0.3
+"""Seconds a warm-up first waits for readers: forked DataLoader workers read (and mark
+themselves readers) within this, and fetch for themselves; a main process downloading beside
+them slowed them (the natural sampler's order under fork: 0.67-0.86x the samples/s, three runs
+of ``tools/bench_startmethods.py --contexts '' --offpath fork``). Forkserver and spawn workers
+import torch first, a second or more: the warm-up fills that."""
 
 
 class ReaderPool:
@@ -583,6 +590,9 @@ class ReaderPool:
                 shard = catalog.locate(i)[1]
                 counts[shard] = counts.get(shard, 0) + 1
             started, cache = 0, self.local.shard_cache()
+            deadline = time.monotonic() + WARM_GRACE
+            while time.monotonic() < deadline and not self._stop_warming(plan, cache):
+                time.sleep(0.02)
             for shard, n in counts.items():  # first read first, one after another: a process
                 # that exits waits for one download, not all; once a process reads through the
                 # cache (a worker started, or this one), the readers' own plans go on
