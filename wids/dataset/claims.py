@@ -301,7 +301,8 @@ class Claims:
 
     def _serve_forever(self) -> None:
         selector, wake = self._selector, self._wake
-        assert selector is not None and wake is not None
+        if selector is None or wake is None:  # closed before this thread ran: nothing to serve
+            return
         while not self._closed:
             try:
                 events = selector.select()
