@@ -212,11 +212,21 @@ def main(argv: list[str] | None = None) -> int:
         if server is None:
             print("      cache: not used, local shards are read in place")
         else:
+            requests = served[0] - before[0] if served and before else None
+            if requests is not None and requests <= len(cached):  # no range request at all
+                how = (
+                    "each shard was fetched whole once in the background, ahead of its batches, "
+                    "and read from local disk"
+                )
+            else:
+                how = (
+                    "each shard's first batch came by range requests (nearby samples merged "
+                    "into one), then the whole shard was fetched once in the background and the "
+                    "rest read from local disk"
+                )
             print(
                 f"      cache: {len(cached)} of {args.shards} shards now in {cache_dir.name}/ "
-                f"({_mb(sum(e.size for e in cached))}): each shard's first batch came by range "
-                "requests (nearby samples merged into one), then the whole shard was fetched once "
-                "in the background and the rest read from local disk"
+                f"({_mb(sum(e.size for e in cached))}): {how}"
             )
 
         print(f"[5/5] wids show {os.path.basename(index)} --grid {args.grid} -n 16")
