@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["STEP", "Plan", "PlannedIndex", "first_plan", "planned_order", "plan_of"]
+__all__ = ["STEP", "Plan", "PlannedIndex", "first_plan", "planned_order", "plan_of", "shard_shares"]
 
 STEP = 2048
 """A plan is made every ``STEP`` positions and covers ``2 * STEP`` of them: every index sees at
@@ -135,3 +135,24 @@ def first_plan(order: Iterator[int]) -> tuple[Plan | None, Iterator[int]]:
         return None, iter(())
     plan = first.plan if type(first) is PlannedIndex else None
     return plan, itertools.chain((first,), order)
+
+
+def shard_shares(
+    plan: Plan,
+    position: int,
+    count: int,
+    shard_of: Callable[[int], int],
+    lengths: Sequence[int],
+    least: float,
+) -> dict[int, float]:
+    """The shards ``count`` positions of ``plan`` from ``position`` read a large part of.
+
+    Returns:
+        Shard -> the share of its samples read there, for shares of at least ``least``, in
+        the order the shards are first read.
+    """
+    counts: dict[int, int] = {}
+    for i in plan.ahead(position, count).tolist():
+        shard = shard_of(i)
+        counts[shard] = counts.get(shard, 0) + 1
+    return {s: n / lengths[s] for s, n in counts.items() if n >= least * lengths[s]}

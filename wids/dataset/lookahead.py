@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from ..plan import shard_shares
 from ..storage import Window, read_ranges
 from .claims import Claims, shared
 from .readers import fetch_blocks
@@ -313,12 +314,11 @@ class Lookahead:
 
     def _look_far(self, plan: Plan) -> None:
         """Announce shards of which the plan's next ``horizon`` positions read a large share."""
-        counts: dict[int, int] = {}
-        for i in plan.ahead(self.position, self.horizon).tolist():
-            shard = self._locate(i)
-            counts[shard] = counts.get(shard, 0) + 1
-        for shard, n in counts.items():
-            if shard in self._announced or n < self.announce_share * self._lengths[shard]:
+        shares = shard_shares(
+            plan, self.position, self.horizon, self._locate, self._lengths, self.announce_share
+        )
+        for shard, share in shares.items():
+            if shard in self._announced:
                 continue
             self._announced.add(shard)
             with self._mutex:
@@ -326,9 +326,7 @@ class Lookahead:
                 if executor is None:
                     return
                 self._whole.add(shard)  # until the pool says it is not fetched whole
-                self._announcing[shard] = executor.submit(
-                    self._announce_one, shard, n / self._lengths[shard]
-                )
+                self._announcing[shard] = executor.submit(self._announce_one, shard, share)
 
     def settle(self, shards: Iterable[int]) -> None:
         """Wait for the announcements of ``shards`` still being made.

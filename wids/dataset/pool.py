@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RangeNotSupportedError
+from ..plan import shard_shares
 from ..storage import DescriptorPool, is_local, strip_credentials
 from .catalog import Catalog
 from .compressed import compressed_reader
@@ -584,23 +585,20 @@ class ReaderPool:
     def _warm(self, plan: Plan) -> None:
         try:
             catalog = self.catalog
-            lengths = catalog.counts().lengths
-            counts: dict[int, int] = {}
-            for i in plan.ahead(plan.start, len(plan.order)).tolist():
-                shard = catalog.locate(i)[1]
-                counts[shard] = counts.get(shard, 0) + 1
+            lengths = [int(n) for n in catalog.counts().lengths]
+            shares = shard_shares(
+                plan, plan.start, len(plan.order), lambda i: catalog.locate(i)[1], lengths, 0.5
+            )
             started, cache = 0, self.local.shard_cache()
             deadline = time.monotonic() + WARM_GRACE
             while time.monotonic() < deadline and not self._stop_warming(plan, cache):
                 time.sleep(0.02)
-            for shard, n in counts.items():  # first read first, one after another: a process
-                # that exits waits for one download, not all; once a process reads through the
-                # cache (a worker started, or this one), the readers' own plans go on
+            for shard, share in shares.items():  # first read first, one after another: a
+                # process that exits waits for one download, not all; once a process reads
+                # through the cache (a worker started, or this one), the readers' plans go on
                 if started >= WARM_SHARDS or self._stop_warming(plan, cache):
                     break
-                if 2 * n >= lengths[shard] and self.planned(
-                    shard, n / int(lengths[shard]), reading=False
-                ):
+                if self.planned(shard, share, reading=False):
                     started += 1
                     self._wait_fetches()
         except Exception as error:  # the reads fetch what they need themselves
