@@ -1,19 +1,22 @@
 """Redirects over HTTP(S): the headers of the storage options stay with their origin.
 
 aiohttp (under fsspec's HTTP filesystem) follows a redirect with the request's headers; it
-drops ``Authorization`` and its ``auth`` when the redirect leaves the origin, but keeps every
-other header, and a custom header may be an API key. The options a file is opened with are
-for that file's origin (:mod:`wids.storage.origins`), so on a hop to another origin
-:class:`KeepHeadersHome` removes every header the options set (and ``Authorization`` and
-``Cookie``) before the request is sent: the redirect is still followed (aiohttp's bound on
-hops), and the other origin gets none of them. A hop within the origin keeps them all.
+drops ``Authorization`` and a request's ``auth`` when the redirect leaves the origin, but keeps
+every other header (a custom header may be an API key), and a session's ``auth``
+(``client_kwargs={"auth": ...}``) is applied again to the request after the hop. The options a
+file is opened with are for that file's origin (:mod:`wids.storage.origins`), so on a hop to
+another origin :class:`KeepHeadersHome` removes every header the options set (and
+``Authorization`` and ``Cookie``) before the request is sent: the redirect is still followed
+(aiohttp's bound on hops), and the other origin gets none of them. A hop within the origin
+keeps them all.
 
-:func:`confine` adds it to the options of an ``http(s)://`` file whose options set headers or
-cookies, through aiohttp's public client middlewares (a session-level ``middlewares=`` of
-``client_kwargs``, which fsspec passes to ``aiohttp.ClientSession``). Its ``repr`` names the
-origin, so each origin gets a filesystem of its own (:func:`~wids.storage.clients.filesystem`
-keys them by their options). With an aiohttp older than 3.12 (no middlewares), such a file is
-read with ``allow_redirects=False``: a redirect then fails instead of carrying the headers.
+:func:`confine` adds it to the options of an ``http(s)://`` file whose options set headers,
+cookies or a session's auth, through aiohttp's public client middlewares (a session-level
+``middlewares=`` of ``client_kwargs``, which fsspec passes to ``aiohttp.ClientSession``). Its
+``repr`` names the origin, so each origin gets a filesystem of its own
+(:func:`~wids.storage.clients.filesystem` keys them by their options). With an aiohttp older
+than 3.12 (no middlewares), such a file is read with ``allow_redirects=False``: a redirect then
+fails instead of carrying the headers.
 
 obstore (reqwest) follows redirects with no setting to change: its HTTP transport takes only
 headers reqwest itself drops on a hop to another origin (:data:`DROPPED_ACROSS_ORIGINS`).
@@ -63,6 +66,8 @@ def _header_names(options: Mapping[str, Any]) -> set[str]:
             names.update(str(k).lower() for k in headers)
         if where.get("cookies"):
             names.add("cookie")
+        if where.get("auth") is not None:  # a session's auth: aiohttp sends it after any hop
+            names.add("authorization")
     return names
 
 
