@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import errno
 import time
+import traceback
+from pathlib import Path
 from typing import Any
 
 import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
+from hostileserver import HostileServer
+from tarfixtures import make_samples, write_shard
 
-from wids import IOStats, RetryPolicy
+from wids import IOStats, RetryPolicy, ShardListDataset, build_index
 from wids.errors import (
     PermanentRemoteError,
     RetriesExhaustedError,
@@ -154,3 +158,42 @@ def test_unknown_exceptions_propagate_unchanged(flaky: type[FlakyMemoryFileSyste
     finally:
         flaky.failure = ConnectionResetError(errno.ECONNRESET, "reset by test")
     assert flaky.calls == 1
+
+
+@pytest.mark.parametrize("access", ["range", "shard"])
+def test_a_redirect_loop_is_a_permanent_error_naming_the_shard_without_its_signature(
+    tmp_path: Path, access: str
+) -> None:
+    """A server redirecting to itself: a typed error, not aiohttp's, and no signature shown.
+
+    Before, ``ds[i]`` raised aiohttp's ``TooManyRedirects`` (no WidsError, no shard named) whose
+    text held the presigned URL's ``X-Amz-Signature``.
+    """
+    root = tmp_path / "www"
+    root.mkdir()
+    write_shard(root / "a.tar", make_samples(3, prefix="a", fields=(".txt",)))
+    honest = HostileServer(root)
+    looping = HostileServer(root, lambda path, status, headers: (302, _to(path)))
+    try:
+        built = tmp_path / "honest.json"
+        build_index([f"{honest.base}/a.tar"], str(built))
+        secret = "X-Amz-Signature=0123456789abcdef0123SECRET"
+        url = f"{looping.base}/a.tar?X-Amz-Credential=AKIA%2Fx&{secret}"
+        index = tmp_path / "i.json"
+        index.write_text(built.read_text().replace(f"{honest.base}/a.tar", url))
+        ds = ShardListDataset(
+            str(index), transformations=[], access=access, cache_dir=str(tmp_path / "c")
+        )
+        with pytest.raises(PermanentRemoteError, match="TooManyRedirects") as e:
+            ds[0]
+        assert e.value.shard is not None and e.value.shard.startswith(f"{looping.base}/a.tar")
+        assert "SECRET" not in "".join(traceback.format_exception(e.value))
+        assert len(looping.seen) <= 2 * 11  # one attempt (aiohttp's 10 hops), maybe a stat
+        ds.close()
+    finally:
+        honest.stop()
+        looping.stop()
+
+
+def _to(path: str) -> dict[str, str]:
+    return {"Location": path, "Content-Length": "0"}

@@ -135,6 +135,13 @@ _TRANSIENT_NAMES = frozenset(
     }
 )
 
+# Answers no retry changes, matched by name as above: aiohttp's redirect failures (a redirect
+# loop or too many hops, a redirect to an invalid or non-HTTP URL). Raised as they are, they
+# were no WidsError, named no shard, and showed the URL's query (a presigned signature).
+_PERMANENT_NAMES = frozenset(
+    {"TooManyRedirects", "InvalidUrlRedirectClientError", "NonHttpUrlRedirectClientError"}
+)
+
 
 # S3 error codes that arrive as 404 but mean a configuration problem, not a missing shard.
 _PERMANENT_CODES = frozenset({"NoSuchBucket"})
@@ -184,6 +191,8 @@ def classify(exc: BaseException) -> str:
     if isinstance(exc, PermissionError):
         return _PERMANENT
     names = {cls.__name__ for cls in type(exc).__mro__}
+    if names & _PERMANENT_NAMES:
+        return _PERMANENT
     if names & _TRANSIENT_NAMES:
         return _TRANSIENT
     if isinstance(exc, OSError):
