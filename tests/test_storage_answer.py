@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+from hostileserver import HostileServer
+from tarfixtures import make_samples, write_shard
+
+from wids import RetryPolicy, ShardListDataset, build_index
 from wids.errors import CorruptReadError, IndexMismatchError, PermanentRemoteError, ShortReadError
 from wids.storage import Answer, Pin, check_answer
 
@@ -58,3 +63,43 @@ def test_an_index_pin_names_the_index_until_an_answer_matched() -> None:
     check_answer(pin, Answer(bytes(10), 100, "v1", None, (0, 10)), 0, 10)
     with pytest.raises(IndexMismatchError, match="changed while it was read"):
         check_answer(pin, Answer(bytes(10), 100, "v2", None, (0, 10)), 0, 10)
+
+
+@pytest.mark.parametrize(
+    "content_range",
+    [
+        "bytes {a}-{b}/" + "9" * 5000,  # int() refuses past 4,300 digits: was a raw ValueError
+        "bytes {a}-{b}/abc",
+        "bytes +{a}-{b}/{n}",
+        "bytes {a}-{b}/-{n}",
+    ],
+    ids=["5000-digit total", "non-numeric total", "signed start", "negative total"],
+)
+def test_a_malformed_content_range_is_a_corrupt_read_naming_the_shard(
+    tmp_path: Path, content_range: str
+) -> None:
+    root = tmp_path / "www"
+    root.mkdir()
+    write_shard(root / "a.tar", make_samples(3, prefix="a", fields=(".txt",)))
+    size = (root / "a.tar").stat().st_size
+
+    def lie(path: str, status: int, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
+        if status == 206:
+            a, _, b = headers["Content-Range"][6:].partition("/")[0].partition("-")
+            headers["Content-Range"] = content_range.format(a=a, b=b, n=size)
+        return status, headers
+
+    honest, hostile = HostileServer(root), HostileServer(root, lie)
+    try:
+        build_index([f"{honest.base}/a.tar"], str(tmp_path / "honest.json"))
+        index = tmp_path / "i.json"
+        index.write_text((tmp_path / "honest.json").read_text().replace(honest.base, hostile.base))
+        ds = ShardListDataset(str(index), transformations=[], retry=RetryPolicy(attempts=2))
+        for read in (lambda: ds[0], lambda: ds.__getitems__([0, 1, 2])):
+            with pytest.raises(CorruptReadError, match="Content-Range") as e:
+                read()
+            assert e.value.shard == f"{hostile.base}/a.tar"
+        ds.close()
+    finally:
+        honest.stop()
+        hostile.stop()

@@ -88,17 +88,25 @@ def parse_content_range(value: str | None) -> tuple[tuple[int, int] | None, int 
         return None, None, True
     unit, _, rest = value.strip().partition(" ")
     span_text, _, total_text = rest.partition("/")
-    total_text = total_text.strip()
-    total = int(total_text) if total_text.isascii() and total_text.isdigit() else None
-    if unit != "bytes":
+    total = _decimal(total_text)
+    if unit != "bytes" or (total is None and total_text.strip() != "*"):
         return None, total, False
     if span_text.strip() == "*":
         return None, total, True
-    first, _, last = span_text.partition("-")
-    try:
-        return (int(first), int(last) + 1), total, True
-    except ValueError:
+    first, _, last = (_decimal(text) for text in span_text.partition("-"))
+    if first is None or last is None:
         return None, total, False
+    return (first, last + 1), total, True
+
+
+def _decimal(text: str) -> int | None:
+    """The plain decimal number ``text`` holds (at most 19 ASCII digits), else ``None``.
+
+    A server's number: ``int`` alone takes signs, ``_`` and other scripts' digits, and raises
+    ``ValueError`` past 4,300 digits (a hostile ``Content-Range`` then crashed the read).
+    """
+    text = text.strip()
+    return int(text) if 0 < len(text) <= 19 and text.isascii() and text.isdigit() else None
 
 
 class Pin:
