@@ -7,8 +7,10 @@ import json
 import os
 import pickle
 import shlex
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -19,10 +21,14 @@ from wids import (
     ChunkedSampler,
     DistributedChunkedSampler,
     ExclusionError,
+    IndexFormatError,
     OutputExistsError,
     ShardedSampler,
+    ShardInfo,
     ShardListDataset,
     build_index,
+    convert_index,
+    write_index,
 )
 from wids.cli import main
 from wids.subset import make_subset
@@ -290,3 +296,135 @@ def test_a_subset_of_a_subset_keeps_the_exclusion_recorded_beside_its_index(data
     make_subset(inner, more, shards=slice(1, 3), exclude=["000011"])
     got = _keys(ShardListDataset(str(more / "train.json"), transformations=[]))
     assert got == [k for k in keys[10:30] if k not in {"000011", "000015", "000025"}]
+
+
+# -- shard/key pairs against every backend: only the shards a name can match are looked at --
+
+BACKENDS = ("json", "sqlite", "widx")
+
+
+@pytest.fixture(scope="module")
+def named(tmp_path_factory) -> tuple[Path, dict[str, str], list[str]]:
+    """Shards part/s-0..3.tar and other/s-1.tar (two s-1.tar), indexed in every backend."""
+    d = tmp_path_factory.mktemp("named")
+    paths = []
+    for sub, k in [("part", 0), ("part", 1), ("other", 1), ("part", 2), ("part", 3)]:
+        (d / sub).mkdir(exist_ok=True)
+        start = PER * k + (100 if sub == "other" else 0)
+        members = make_samples(PER, start=start, fields=(".cls",))
+        paths.append(str(write_shard(d / sub / f"s-{k}.tar", members, format="gnu")))
+    build_index(paths, str(d / "i.json"), name="n")
+    indexes = {"json": str(d / "i.json")}
+    for backend in BACKENDS[1:]:
+        indexes[backend] = str(d / f"i.{backend}")
+        convert_index(indexes["json"], indexes[backend])
+    keys = [ShardListDataset(indexes["json"], transformations=[])[i]["__key__"] for i in range(50)]
+    return d, indexes, keys
+
+
+def _pairs(d: Path) -> list:
+    """Pairs that hit by each accepted name, repeat, and miss (shard or key)."""
+    return [
+        "part/s-0.tar/000001",  # a trailing part
+        "s-0.tar\t000002",  # the basename, tab form
+        (str(d / "part" / "s-2.tar"), "000021"),  # the path as the index resolves it
+        "./part/s-2.tar/000022",  # ./ and the os separator are normalised
+        ("part/s-3.tar", "000031"),
+        ("part/s-3.tar", "000031"),  # repeated
+        "s-3.tar/000031",  # the same sample by another name
+        "s-3.tar/000032",
+        "other/s-1.tar/000111",
+        "part/s-1.tar/000011",
+        "nope.tar/000001",  # no such shard
+        "art/s-0.tar/000003",  # not a trailing part at a '/'
+        "part/s-0.tar/999999",  # no such key
+        str(d / "part" / "s-0.tar") + "x/000004",
+        "000035",  # a bare key
+        4,  # a sample number
+    ]
+
+
+def _old_resolution(index: str, entries: list) -> tuple[list[int], int]:
+    """What a pass over every shard's record gives (resolve without ``among``)."""
+    from wids.dataset import parse_exclude, resolve
+    from wids.index import open_index
+
+    reader = open_index(index)
+    spec = parse_exclude(entries)
+    assert spec is not None
+    starts = np.concatenate([[0], np.cumsum([s.nsamples for s in reader.shards])])
+    excluded, unknown = resolve(spec, starts, lambda k: reader.shards[k].url, reader.members)
+    return excluded.tolist(), unknown
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pairs_resolve_as_a_pass_over_every_shard_did(named, backend):
+    d, indexes, keys = named
+    entries = _pairs(d)
+    want, unknown = _old_resolution(indexes[backend], entries)
+    gone = {"000001", "000002", "000021", "000022", "000031", "000032", "000111", "000011"}
+    assert sorted(keys.index(k) for k in gone | {"000035", keys[4]}) == want and unknown == 4
+    with pytest.warns(UserWarning, match=f"{unknown} of 15 entries name no sample"):
+        ds = ShardListDataset(indexes[backend], transformations=[], exclude=entries)
+        kept = _keys(ds)
+    assert sorted(keys.index(k) for k in set(keys) - set(kept)) == want
+    assert ds.lengths == [7, 9, 9, 8, 7]
+    with pytest.raises(ExclusionError, match="4 of 15 entries"):
+        len(ShardListDataset(indexes[backend], exclude=entries, exclude_strict=True))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_name_matching_two_shards_is_refused_in_every_backend(named, backend):
+    _, indexes, _ = named
+    for name in ("s-1.tar", "./s-1.tar"):
+        with pytest.raises(ExclusionError, match="names 2 shards"):
+            len(ShardListDataset(indexes[backend], exclude=[(name, "000011")]))
+
+
+def _many_shards(tmp_path: Path, backend: str, n: int, real: int) -> str:
+    """An index of ``n`` shards: ``real`` is a real tar; the others' records are unreadable.
+
+    Every other shard's URL holds a NUL byte (written into the file after it was published):
+    reading any of their records raises, so an exclusion that opens only reads the records
+    of the shards its names can match.
+    """
+    from wids.index import open_index
+
+    (tmp_path / "real").mkdir()
+    path = write_shard(tmp_path / "real" / f"s-{real:07d}.tar", make_samples(PER, fields=(".cls",)))
+    build_index([str(path)], str(tmp_path / "one.json"))
+    one = open_index(str(tmp_path / "one.json"))
+    out = tmp_path / f"many.{backend}"
+    with write_index(out, name="many") as writer:
+        for k in range(n):
+            if k == real:
+                info = one.shards[0]
+                writer.add(ShardInfo(f"real/s-{k:07d}.tar", PER, info.size), one.members(0))
+            else:
+                writer.add(ShardInfo(f"fake/s-{k:07d}.tar", PER), None)
+    if backend == "sqlite":
+        with closing(sqlite3.connect(out)) as db, db:
+            nul = "'fa' || char(0) || substr(url, 4)"  # fake/ -> fa<NUL>e/
+            db.execute(f"UPDATE shards SET url = {nul} WHERE url LIKE 'fake/%' AND id > 0")
+    else:
+        data = out.read_bytes()
+        head = data.index(b"fake/s-0000001.tar")  # shard 0 stays readable: opening reads it
+        out.write_bytes(data[:head] + data[head:].replace(b"fake/", b"fa\x00e/"))
+    return str(out)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "widx"])
+def test_pairs_over_many_shards_read_only_the_named_shards_records(tmp_path, backend):
+    from wids.index import open_index
+
+    n, real = 10_000, 5_000
+    index = _many_shards(tmp_path, backend, n, real)
+    with pytest.raises(IndexFormatError, match="shard 1|shards row 1"):
+        open_index(index).shard(1)  # every other record is unreadable ...
+    # ... yet the exclusion resolves: a pass over every record would have raised at shard 1
+    ds = ShardListDataset(index, transformations=[], exclude=[f"s-{real:07d}.tar/000003"])
+    assert len(ds) == n * PER - 1
+    got = [ds[real * PER + j]["__key__"] for j in range(PER - 1)]
+    assert got == [f"{j:06d}" for j in range(PER) if j != 3]
+    with pytest.raises(IndexFormatError, match="shard 4|shards row 4"):  # a named one is read
+        len(ShardListDataset(index, exclude=["s-0000004.tar/000003"]))

@@ -13,6 +13,13 @@ of the same run) and reads one kept sample of the real shard:
 - ``lookup us``: ``ds._catalog.locate(i)`` per call over 10^5 random kept indices (the index
   -> shard mapping every read does; with exclusions one more ``searchsorted``).
 
+The ``pairs`` rows exclude ``--pairs`` samples of the real shard as ``shard/key`` pairs
+(``s-0500000.tar/00000000`` ...: the shard by its basename), in the ``.widx`` and in each index
+of ``--formats`` (converted from the same description): what costs there is finding the shard
+a name means among 10^6 (and scanning the real shard, which has no member table in these
+indexes). A JSON index is converted and opened in the same way, but opening it builds one
+record per shard whatever the exclusion (see the benchmarks page's index formats).
+
 The numbers are given as a numpy array and as a Python list (made before the clock starts:
 they are the caller's). Goal (issue 23): 10^6 exclusions over 10^10 samples open in < 1 s
 and add < 100 MB beyond the run without exclusions.
@@ -49,6 +56,9 @@ def child_open(index: str, total: int, n: int, form: str, real: int, per: int) -
     rng = np.random.default_rng(0)
     numbers = np.unique(rng.integers(0, total, size=n, dtype=np.int64)) if n else None
     given: Any = numbers if form == "array" or numbers is None else numbers.tolist()
+    if form == "pairs":  # the first n keys of the real shard, named by its basename
+        numbers = real * per + np.arange(min(n, per), dtype=np.int64)
+        given = [f"s-{real:07d}.tar/{j:08d}" for j in range(min(n, per))]
     raw = real * per + per // 2  # a sample of the one real shard, kept or not
     near = set() if numbers is None else set(numbers[abs(numbers - raw) < per // 2].tolist())
     while raw in near:
@@ -84,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=1_000_000, help="shards in the description")
     p.add_argument("--samples", type=int, default=10_000, help="samples per shard")
     p.add_argument("--exclude", type=int, default=1_000_000, help="sample numbers excluded")
+    p.add_argument("--pairs", type=int, default=1000, help="shard/key pairs excluded (0: none)")
+    p.add_argument(
+        "--formats",
+        default="",
+        help="other index formats for the pairs row, comma-separated: sqlite,json",
+    )
     p.add_argument("--dir", help="work directory (default: a temporary one, removed)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON too")
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
@@ -118,17 +134,27 @@ def run(root: Path, args: argparse.Namespace) -> int:
         f"{args.shards} shards x {args.samples} samples = {total} samples; "
         f"shard table converted in {conv['convert_s']:.1f} s"
     )
+    others = [f for f in args.formats.split(",") if f]
+    for fmt in others:
+        conv = run_child(["convert", str(desc), str(root / f"index.{fmt}")])
+        print(f"converted to {fmt} in {conv['convert_s']:.1f} s")
     rows: dict[str, dict[str, Any]] = {}
     cases = [("none", 0, "array"), ("array", args.exclude, "array"), ("list", args.exclude, "list")]
-    print(f"{'exclude':>16s} {'open s':>7s} {'rss+ MB':>8s} {'peak+ MB':>8s} {'lookup us':>9s}")
+    if args.pairs:
+        cases.append(("pairs", args.pairs, "pairs"))
+        cases += [(f"pairs-{fmt}", args.pairs, "pairs") for fmt in others]
+    print(f"{'exclude':>20s} {'open s':>7s} {'rss+ MB':>8s} {'peak+ MB':>8s} {'lookup us':>9s}")
     for name, n, form in cases:
-        got = _child([str(index), str(total), str(n), form, str(real), str(args.samples)])
+        fmt = name.partition("-")[2] or "widx"
+        where = str(root / f"index.{fmt}")
+        got = _child([where, str(total), str(n), form, str(real), str(args.samples)])
         if got["key"] != got["expected_key"] or got["samples"] != total - got["excluded"]:
             raise SystemExit(f"wrong sample or length with {name}: {got}")
         rows[name] = got
         label = "none" if not n else f"{got['excluded']} ({form})"
+        label += f" {fmt}" if form == "pairs" else ""
         print(
-            f"{label:>16s} {got['open_s']:7.3f} {got['rss_added'] / 1e6:8.1f} "
+            f"{label:>20s} {got['open_s']:7.3f} {got['rss_added'] / 1e6:8.1f} "
             f"{got['hwm_added'] / 1e6:8.1f} {got['lookup_us']:9.2f}"
         )
     base = rows["none"]
@@ -138,6 +164,12 @@ def run(root: Path, args: argparse.Namespace) -> int:
             f"goals ({name}): open {r['open_s']:.3f} s (< 1 s), "
             f"+{(r['rss_added'] - base['rss_added']) / 1e6:.1f} MB RSS over no exclusion "
             f"(< 100 MB), lookup {r['lookup_us'] / base['lookup_us']:.2f}x"
+        )
+    for name in (n for n, _, form in cases if form == "pairs"):
+        r = rows[name]
+        print(
+            f"{name}: open {r['open_s']:.3f} s, {r['open_s'] / base['open_s']:.2f}x no exclusion, "
+            f"+{(r['rss_added'] - base['rss_added']) / 1e6:.1f} MB RSS over it"
         )
     if args.json:
         print(json.dumps(rows))

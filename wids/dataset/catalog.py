@@ -36,7 +36,7 @@ from ..index import (
 from ..samples import DuplicatePolicy
 from ..storage import FileStat, RetryPolicy, Source, Store, is_local, redact_url
 from .description import Description
-from .exclusions import SIDECAR, ExcludeSpec, Kept, parse_exclude, resolve, warn_unknown
+from .exclusions import SIDECAR, ExcludeSpec, Kept, parse_exclude, resolve_described, warn_unknown
 from .handoff import Handoff, Ticket, read_handoff
 from .localcache import LocalCache
 from .localtables import parse_local_tables
@@ -282,10 +282,7 @@ class Catalog:
         if spec is None:
             self._excluded = True
             return
-        infos = loaded.infos
-        excluded, unknown = resolve(
-            spec, loaded.starts, lambda k: infos[k].url, lambda k: self.members(k)[0]
-        )
+        excluded, unknown = resolve_described(spec, loaded, lambda k: self.members(k)[0])
         warn_unknown(unknown, spec, stacklevel=7)  # len(ds)'s caller
         if len(excluded):
             self._kept = Kept(

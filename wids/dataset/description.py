@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -140,6 +140,8 @@ class Description:
         self.indexed = indexed
         self.extra: Callable[[int], dict[str, Any]] | None = None  # the index's shard_extra
         self.extra_remote = False  # each shard's extra is a request (a remote JSON index)
+        # the index's shards_ending (a URL column or a query, no record per shard), if any
+        self.shards_ending: Callable[[Collection[str]], np.ndarray | None] | None = None
         self._shard_dicts: list[dict[str, Any]] | None = None
 
     @classmethod
@@ -176,6 +178,8 @@ class Description:
         else:
             made = cls.of_infos(list(reader.shards), comps, name, reader.members)
         made.extra = reader.shard_extra  # read only by ds.column (wids.dataset.columns)
+        find = getattr(reader, "shards_ending", None)
+        made.shards_ending = find if callable(find) else None  # read by exclusions' pairs
         made.extra_remote = _remote_sidecars(reader)
         return made
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..errors import ExclusionError
 from ..index import ShardMembers
-from .description import DatasetComponent
+from .description import DatasetComponent, Description
 
 __all__ = [
     "EXCLUDE_HEADER",
@@ -44,9 +44,11 @@ __all__ = [
     "ExcludeSpec",
     "Kept",
     "index_exclusion",
+    "pair_parts",
     "parse_exclude",
     "read_exclude_file",
     "resolve",
+    "resolve_described",
 ]
 
 SIDECAR = ".exclude"
@@ -184,20 +186,38 @@ def parse_exclude(value: Any, *, strict: bool = False) -> ExcludeSpec | None:
 
 
 def _shards_named(
-    names: Iterable[str], url: Callable[[int], str], nshards: int
+    names: Iterable[str], url: Callable[[int], str], among: Iterable[int]
 ) -> dict[str, list[int]]:
-    """Each name's shards: the URL itself, or a URL ending in ``/NAME`` (one pass over URLs)."""
+    """Each name's shards: the URL itself, or a URL ending in ``/NAME``.
+
+    Args:
+        names: Shard names as given (normalised here).
+        url: Shard ``k``'s URL.
+        among: The shards to look at, in order: all, or a superset of those whose URL has a
+            name's last part as its own (:func:`pair_parts`, the index's ``shards_ending``).
+    """
     wanted = {_name(n) for n in names}
     by_base: dict[str, list[str]] = {}
     for name in wanted:
         by_base.setdefault(name.rsplit("/", 1)[-1], []).append(name)
     found: dict[str, list[int]] = {name: [] for name in wanted}
-    for k in range(nshards):
+    for k in among:
         u = url(k)
         for name in by_base.get(u.rsplit("/", 1)[-1], ()):
             if u == name or u.endswith("/" + name):
                 found[name].append(k)
     return found
+
+
+def pair_parts(spec: ExcludeSpec) -> set[str]:
+    """The last parts of the shard names of ``spec``'s pairs (what an index looks up).
+
+    A shard a pair names has the name's last part as its URL's last part. A name ending in
+    ``/`` has none: only a URL ending in ``/`` can match it, and the index keeps those as
+    candidates always.
+    """
+    parts = (_name(n).rsplit("/", 1)[-1] for n in spec.pairs)
+    return {part for part in parts if part}
 
 
 def _name(n: str) -> str:
@@ -214,15 +234,18 @@ def resolve(
     table: Callable[[int], ShardMembers],
     *,
     shards: Sequence[int] | None = None,
+    among: np.ndarray | Sequence[int] | None = None,
 ) -> tuple[np.ndarray, int]:
     """The excluded global sample numbers (sorted int64) and the count of unknown entries.
 
     Args:
         spec: What to exclude.
         starts: ``N + 1`` cumulative sample counts from 0.
-        url: Shard ``k``'s URL (asked once per shard, only for pairs).
+        url: Shard ``k``'s URL (asked once per shard of ``among``, only for pairs).
         table: Shard ``k``'s member table (read for the shards keys must be looked up in).
         shards: Look bare keys up in these shards only (default: all).
+        among: Sorted shards that may be the ones pairs name (the index's ``shards_ending``
+            of :func:`pair_parts`); default: all, one URL each.
 
     Raises:
         ExclusionError: ``spec.strict`` and an entry names no sample, or a shard name matches
@@ -233,7 +256,9 @@ def resolve(
     inside = (nums >= 0) & (nums < total)
     unknown = int(len(nums) - np.count_nonzero(inside)) + spec.beyond
     parts = [nums[inside]]
-    named = _shards_named(spec.pairs, url, len(starts) - 1) if spec.pairs else {}
+    nshards = len(starts) - 1
+    looked = range(nshards) if among is None else np.asarray(among, dtype=np.int64).tolist()
+    named = _shards_named(spec.pairs, url, looked) if spec.pairs else {}
     for shard, keys in spec.pairs.items():
         hits = named[_name(shard)]
         if len(hits) > 1:
@@ -261,6 +286,20 @@ def resolve(
     return excluded, unknown
 
 
+def resolve_described(
+    spec: ExcludeSpec, loaded: Description, table: Callable[[int], ShardMembers]
+) -> tuple[np.ndarray, int]:
+    """:func:`resolve` against a dataset's description.
+
+    Pairs look only at the shards whose URL may end in their names, as the index finds them
+    (``shards_ending``: a shard table's URL column or an SQLite query, no record per shard);
+    with any other index, at every shard's record.
+    """
+    infos, find = loaded.infos, loaded.shards_ending
+    among = find(pair_parts(spec)) if spec.pairs and find is not None else None
+    return resolve(spec, loaded.starts, lambda k: infos[k].url, table, among=among)
+
+
 def index_exclusion(index: Any, reader: Any) -> np.ndarray | None:
     """The samples a local index's exclusion file (``P.exclude``) leaves out, or ``None``.
 
@@ -274,7 +313,7 @@ def index_exclusion(index: Any, reader: Any) -> np.ndarray | None:
     Raises:
         ExclusionError: An entry names no sample, or the index has no member tables.
     """
-    from ..index import shard_getter, shard_sample_counts
+    from ..index import shard_getter, shard_sample_counts, shards_ending
     from ..storage import is_local
 
     if not isinstance(index, (str, os.PathLike)):
@@ -296,7 +335,8 @@ def index_exclusion(index: Any, reader: Any) -> np.ndarray | None:
             raise ExclusionError(f"{path + SIDECAR}: the index records no member tables")
         return got  # type: ignore[no-any-return]
 
-    excluded, _ = resolve(beside, starts, lambda k: str(get(k).url), table)
+    among = shards_ending(reader, pair_parts(beside)) if beside.pairs else None
+    excluded, _ = resolve(beside, starts, lambda k: str(get(k).url), table, among=among)
     return excluded
 
 

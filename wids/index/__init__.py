@@ -17,6 +17,7 @@ if TYPE_CHECKING:
         shard_bytes,
         shard_getter,
         shard_sample_counts,
+        shards_ending,
     )
     from .build import BuildReport, build_index
     from .contents import ContentMemo, file_md5, index_digests_dir, mismatch_error, settle
@@ -95,6 +96,7 @@ _LAZY = {
     "shard_bytes": "access",
     "shard_getter": "access",
     "shard_sample_counts": "access",
+    "shards_ending": "access",
     "sidecar_name": "jsonformat",
     "unchanged": "fingerprint",
     "unpipe_url": "urls",
@@ -150,6 +152,7 @@ __all__ = [
     "shard_bytes",
     "shard_getter",
     "shard_sample_counts",
+    "shards_ending",
     "sidecar_name",
     "unchanged",
     "unpipe_url",

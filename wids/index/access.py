@@ -9,7 +9,7 @@ Python object per shard of a large index unless they need every shard's record.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from typing import Any
 
 import numpy as np
@@ -23,6 +23,7 @@ __all__ = [
     "shard_bytes",
     "shard_getter",
     "shard_sample_counts",
+    "shards_ending",
 ]
 
 
@@ -69,3 +70,15 @@ def count_without_members(reader: IndexReader) -> int | None:
     """How many shards have no member table, if the reader knows without loading the tables."""
     count: Any = getattr(reader, "shards_without_members", None)
     return int(count()) if callable(count) else None
+
+
+def shards_ending(reader: IndexReader, names: Collection[str]) -> np.ndarray | None:
+    """The shards whose URL may have one of ``names`` (no ``/``) as its last part.
+
+    Returns:
+        Sorted shard numbers, a superset of those that do, found without a record per shard
+        (a shard table's URL column, an SQLite query); ``None`` when the reader cannot tell
+        without every shard's record (then look at every one).
+    """
+    find: Any = getattr(reader, "shards_ending", None)
+    return find(names) if callable(find) else None

@@ -33,7 +33,7 @@ import sqlite3
 import tempfile
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -41,6 +41,7 @@ import numpy as np
 
 from ..errors import IndexFormatError, NotAnIndexError, UntrustedLocationError
 from ..storage import Store, redact_url
+from .lastpart import renames, sql_candidates
 from .members import ShardMembers
 from .model import MAX_NSAMPLES, Component, ShardInfo
 from .recognise import HEAD_BYTES, is_index_head
@@ -355,6 +356,24 @@ class SqliteIndex:
         """How many shards were recorded without a member table (one query)."""
         self._load()
         return int(self._query("SELECT count(*) FROM shards WHERE has_members = 0")[0][0])
+
+    def shards_ending(self, names: Collection[str]) -> np.ndarray | None:
+        """The shards whose URL, resolved, may have one of ``names`` as its last part.
+
+        One query per distinct length of the names, without a record per shard
+        (:mod:`wids.index.lastpart`).
+
+        Args:
+            names: Last parts of URLs (no ``/``).
+
+        Returns:
+            Sorted shard numbers, a superset of those whose URL has such a last part; ``None``
+            when only every shard's record can tell (a ``url_map`` prefix not ending in ``/``).
+        """
+        if renames(self.url_map):
+            return None
+        self._load()
+        return sql_candidates(self._query, names)
 
     # -- the reader protocol ----------------------------------------------------------------
 

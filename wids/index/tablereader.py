@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import math
 import mmap
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
 
 from ..errors import IndexFormatError, NotAnIndexError, UntrustedLocationError
 from ..storage import Store, redact_url
+from .lastpart import blob_candidates, renames
 from .members import ShardMembers
 from .model import MAX_NSAMPLES, MAX_SHARD_SIZE, Component, ShardInfo, max_samples
 from .tableformat import (
@@ -300,6 +301,23 @@ class TableIndex:
     def url_blob(self) -> np.ndarray:
         """The shards' URLs as stored (relative or absolute), concatenated (uint8, read-only)."""
         return self._load()["cols"]["url_blob"]  # type: ignore[no-any-return]
+
+    def shards_ending(self, names: Collection[str]) -> np.ndarray | None:
+        """The shards whose URL, resolved, may have one of ``names`` as its last part.
+
+        From the URL column, without a record per shard (:mod:`wids.index.lastpart`).
+
+        Args:
+            names: Last parts of URLs (no ``/``).
+
+        Returns:
+            Sorted shard numbers, a superset of those whose URL has such a last part; ``None``
+            when only every shard's record can tell (a ``url_map`` prefix not ending in ``/``).
+        """
+        if renames(self.url_map):
+            return None
+        cols = self._load()["cols"]
+        return blob_candidates(cols["url_blob"], cols["url_off"], names)
 
     # -- the reader protocol --------------------------------------------------------------------
 

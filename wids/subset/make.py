@@ -36,7 +36,7 @@ from ..errors import (
     IndexMismatchError,
     OutputExistsError,
 )
-from ..index import IndexReader, ShardInfo, shard_getter, shard_sample_counts
+from ..index import IndexReader, ShardInfo, shard_getter, shard_sample_counts, shards_ending
 from ..storage import Store, named_by, redact_url
 from .destination import Plan, Run, check_destination, local_names, plan_paths
 
@@ -338,7 +338,7 @@ def _excluded_lines(
         return []
     import warnings
 
-    from ..dataset import parse_exclude, resolve
+    from ..dataset import pair_parts, parse_exclude, resolve
 
     spec = parse_exclude(exclude, strict=strict)
     if spec is None:
@@ -358,7 +358,10 @@ def _excluded_lines(
             )
         return got
 
-    excluded, unknown = resolve(spec, starts, lambda k: str(get(k).url), table, shards=chosen)
+    among = shards_ending(idx, pair_parts(spec)) if spec.pairs else None  # not every shard
+    excluded, unknown = resolve(
+        spec, starts, lambda k: str(get(k).url), table, shards=chosen, among=among
+    )
     shard_of = np.searchsorted(starts[1:], excluded, side="right")
     lines = []
     for g, k in zip(excluded.tolist(), shard_of.tolist(), strict=True):
