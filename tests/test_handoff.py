@@ -111,6 +111,22 @@ def test_the_file_is_private_written_once_and_checked(remote):
     assert sorted(copy._catalog._members) == list(range(NS))
 
 
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+def test_a_copy_of_the_dataset_goes_to_forkserver_workers(remote, how):
+    """A dataset copied with ``copy.deepcopy`` or pickling (as frameworks do) and handed to a
+    forkserver DataLoader: on the old code pickling the copy raised ``KeyError: '_handoff'``
+    in the catalog's ``__getstate__`` (the copy had no handoff of its own)."""
+    import copy as copying
+
+    ds = _dataset(remote["index"])
+    if how == "deepcopy":
+        other = copying.deepcopy(ds)
+    else:
+        other = pickle.loads(pickle.dumps(ds))
+    _check(remote, _read_all(other, "forkserver"))
+    assert strip_meta(ds[7]) == remote["oracle"][7]  # the original still reads beside it
+
+
 def _spoil(path, how):
     if how == "missing":
         os.unlink(path)

@@ -202,6 +202,7 @@ class Catalog:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._handoff = None  # the files a copy writes for its own copies are its own
         self.reset_process()
 
     @property
