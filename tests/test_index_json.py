@@ -12,14 +12,17 @@ from pathlib import Path
 
 import pytest
 from indexcontract import IndexContract
+from tarfixtures import make_samples, write_shard
 
 from wids import (
     Component,
     JsonIndex,
     JsonIndexWriter,
     ShardInfo,
+    ShardListDataset,
     ShardMembers,
     SqliteIndex,
+    build_index,
     convert_index,
     open_index,
 )
@@ -239,3 +242,30 @@ class TestJsonIndex(IndexContract):
             f"{best_cpu:.3f} s CPU, {best_wall:.3f} s wall"
         )
         assert best_cpu < 1.0
+
+
+def test_a_members_directory_wids_did_not_make_keeps_every_file(tmp_path: Path) -> None:
+    """Stale sidecars are removed only from a members directory wids made.
+
+    A ``train.members/`` that existed before any index named it (someone else's) keeps its
+    files, even those named like sidecars; before, building ``train.json`` beside it deleted
+    them. A rebuild of wids's own index still removes the sidecars it no longer references.
+    """
+    shards = []
+    for name in ("a", "b"):
+        write_shard(tmp_path / f"{name}.tar", make_samples(2, prefix=name, fields=(".txt",)))
+        shards.append(str(tmp_path / f"{name}.tar"))
+    theirs = tmp_path / "train.members"
+    theirs.mkdir()
+    files = {"0123456789abcdef01234567-a.tar.json": b'{"mine": 1}', "notes.txt": b"mine"}
+    for name, data in files.items():
+        (theirs / name).write_bytes(data)
+    out = str(tmp_path / "train.json")
+    build_index(shards, out)
+    assert {n: (theirs / n).read_bytes() for n in files} == files
+    assert len(ShardListDataset(out)) == 4
+
+    mine = tmp_path / "mine.json"
+    build_index(shards, str(mine))
+    build_index(shards[:1], str(mine))  # b's sidecar is stale now: removed
+    assert [n.endswith("-a.tar.json") for n in os.listdir(tmp_path / "mine.members")] == [True]

@@ -47,25 +47,43 @@ def test_an_existing_index_even_a_damaged_one_may_be_rewritten(tmp_path: Path) -
         check_output(str(path), [])
 
 
-@pytest.mark.parametrize("suffix", [".json", ".sqlite"])
-def test_a_remote_index_is_published_whole_with_its_sidecars(suffix: str) -> None:
-    fs = fsspec.filesystem("memory")
-    root = f"/wids-out-{uuid.uuid4().hex[:8]}"
-    fs.pipe(f"{root}/train.members/0123456789abcdef-gone.tar.json", b"{}")  # an old sidecar
-    url = f"memory://{root}/train{suffix}"
+def _publish(url: str, suffix: str, shard: str) -> None:
     table = ShardMembers.from_samples([("k", [(".x", 512, 3)])])
     with index_destination(url) as path:
         assert not path.startswith("memory:") and path.endswith(f"train{suffix}")
         writer = JsonIndexWriter(path) if suffix == ".json" else SqliteIndexWriter(path)
         with writer:
-            writer.add(ShardInfo("a.tar", 1, size=2048), table)
+            writer.add(ShardInfo(shard, 1, size=2048), table)
+
+
+@pytest.mark.parametrize("suffix", [".json", ".sqlite"])
+def test_a_remote_index_is_published_whole_with_its_sidecars(suffix: str) -> None:
+    fs = fsspec.filesystem("memory")
+    root = f"/wids-out-{uuid.uuid4().hex[:8]}"
+    url = f"memory://{root}/train{suffix}"
+    _publish(url, suffix, "gone.tar")  # its sidecar is stale once the next version is out
+    fs.pipe(f"{root}/train.members/0123456789abcdef-old.tar.json", b"{}")  # an older wids's
+    _publish(url, suffix, "a.tar")
     listed = sorted(p.rsplit("/", 1)[-1] for p in fs.find(root))
     if suffix == ".json":
         doc = json.loads(fs.cat(f"{root}/train.json"))
         sidecar = doc["shardlist"][0]["members"].rsplit("/", 1)[-1]
-        assert listed == sorted([sidecar, "train.json"])  # the stale sidecar is gone
+        assert listed == sorted([sidecar, "train.json"])  # the stale sidecars are gone
     else:
-        assert listed == ["0123456789abcdef-gone.tar.json", "train.sqlite"]  # not its sidecars
+        assert listed == ["0123456789abcdef-old.tar.json", "train.sqlite"]  # not its sidecars
+
+
+def test_a_members_directory_no_index_names_keeps_every_file() -> None:
+    """A ``train.members/`` that no wids index beside it names is not wids's: nothing removed.
+
+    Before, publishing ``train.json`` there removed every file named like a sidecar.
+    """
+    fs = fsspec.filesystem("memory")
+    root = f"/wids-out-{uuid.uuid4().hex[:8]}"
+    theirs = f"{root}/train.members/0123456789abcdef01234567-theirs.tar.json"
+    fs.pipe(theirs, b'{"theirs": 1}')
+    _publish(f"memory://{root}/train.json", ".json", "a.tar")
+    assert fs.cat(theirs) == b'{"theirs": 1}'
 
 
 # -- only files that are recognisably an index are replaced (issue 21, item 3) ---------------

@@ -27,6 +27,7 @@ from .jsonformat import (
 )
 from .members import ShardMembers
 from .model import BaseIndexWriter, ShardInfo, check_entry
+from .recognise import HEAD_BYTES, named_members_dir
 from .spec import KIND
 
 __all__ = ["JsonIndexWriter", "render_sidecar"]
@@ -92,6 +93,23 @@ def _json_ints(values: np.ndarray) -> str:
     return "[" + text[keep].tobytes()[:-1].decode("ascii") + "]"
 
 
+def _owns(path: str, directory: str) -> bool:
+    """Whether the members ``directory`` is wids's: none yet, or the index at ``path`` names it.
+
+    Sidecars no longer referenced are removed only from such a directory; a directory of that
+    name made by someone else (no index beside it, or one that does not name it) keeps every
+    file, whatever its name.
+    """
+    if not os.path.lexists(directory):
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+    except OSError:
+        return False
+    return named_members_dir(head) == os.path.basename(directory)
+
+
 def _render_list(entries: list[dict[str, Any]], indent: str) -> str:
     if not entries:
         return "[]"
@@ -118,6 +136,7 @@ class JsonIndexWriter(BaseIndexWriter):
     def __init__(self, path: str | os.PathLike[str], *, name: str | None = None) -> None:
         super().__init__(path, name=name)
         self.members_dir = members_dir(self.path)
+        self._owns_members_dir = _owns(self.path, self.members_dir)
         self._main: list[dict[str, Any]] = []
         self._datasets: list[dict[str, Any]] = []
         self._current = self._main
@@ -251,6 +270,8 @@ class JsonIndexWriter(BaseIndexWriter):
         return "".join(parts)
 
     def _remove_stale(self) -> None:
+        if not self._owns_members_dir:  # a directory someone else made: nothing is removed
+            return
         try:
             names = os.listdir(self.members_dir)
         except FileNotFoundError:

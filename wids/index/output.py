@@ -31,7 +31,7 @@ from ..storage import (
     same_place,
 )
 from .jsonformat import SIDECAR_NAME, members_dir
-from .recognise import is_index_head
+from .recognise import is_index_head, named_members_dir
 from .registry import SQLITE_SUFFIXES, is_sqlite_name, is_table_name, writer_for
 from .tableformat import TABLE_SUFFIXES
 
@@ -113,10 +113,12 @@ def index_destination(
     """
     single_file = is_sqlite_name(output) or is_table_name(output)
     sidecars = None if single_file else members_dir
+    stale = None  # what a stale sidecar's name looks like, in a members directory of ours
+    if sidecars is not None and is_remote(output):
+        named = named_members_dir(read_head(output, store))
+        stale = SIDECAR_NAME if named == members_dir(output).rsplit("/", 1)[-1] else None
     with (
         writing(redact_url(output)),  # a full disk, a read-only directory: which output, where
-        destination(
-            output, store, sidecar_dir=sidecars, sidecar_name=SIDECAR_NAME, placed=placed
-        ) as path,
+        destination(output, store, sidecar_dir=sidecars, sidecar_name=stale, placed=placed) as path,
     ):
         yield path

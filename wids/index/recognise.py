@@ -20,7 +20,14 @@ from __future__ import annotations
 
 import json
 
-__all__ = ["HEAD_BYTES", "SQLITE_FORMAT", "SQLITE_MAGIC", "TABLE_MAGIC", "is_index_head"]
+__all__ = [
+    "HEAD_BYTES",
+    "SQLITE_FORMAT",
+    "SQLITE_MAGIC",
+    "TABLE_MAGIC",
+    "is_index_head",
+    "named_members_dir",
+]
 
 HEAD_BYTES = 65536
 """How many bytes of a file are looked at."""
@@ -48,6 +55,25 @@ def is_index_head(head: bytes, kind: str) -> bool:
     if kind == "sqlite":
         return head.startswith(SQLITE_MAGIC) and SQLITE_FORMAT in head
     return _json_is_index(head)
+
+
+def named_members_dir(head: bytes | None) -> str | None:
+    """The members directory a wids JSON index (its first bytes) names as its own, if any.
+
+    ``wids_index.members_dir``, which wids writes before the shard list: the directory wids
+    made beside that index, whose stale sidecars a rebuild may remove. ``None`` for anything
+    else (no file, another kind of file, a reference index, an index of an older wids).
+    """
+    if not head:
+        return None
+    keys = _top_level(
+        head[:HEAD_BYTES].decode("utf-8", errors="replace").lstrip("\ufeff" + _WHITESPACE)
+    )
+    meta = keys.get("wids_index")
+    if not (isinstance(meta, dict) and meta.get("format") == _JSON_FORMAT):
+        return None
+    named = meta.get("members_dir")
+    return named if isinstance(named, str) else None
 
 
 def _json_is_index(head: bytes) -> bool:
