@@ -253,6 +253,7 @@ def test_bench_exclude_runs_tiny(tmp_path):
     bench = Path(__file__).resolve().parent.parent / "tools" / "bench_exclude.py"
     env = {**os.environ, "PYTHONPATH": str(bench.parent.parent)}
     argv = [sys.executable, str(bench), "--shards", "40", "--samples", "50", "--exclude", "300"]
+    argv += ["--formats", "sqlite,json"]  # and 1000 pairs: 25 of the real shard's samples
     r = subprocess.run(
         [*argv, "--dir", str(tmp_path), "--json"],
         capture_output=True,
@@ -268,6 +269,8 @@ def test_bench_exclude_runs_tiny(tmp_path):
     assert rows["array"]["samples"] == 2000 - rows["array"]["excluded"] > 2000 - 300
     assert rows["list"]["samples"] == rows["array"]["samples"]
     assert "goals (array)" in r.stdout
+    for fmt in ("", "-sqlite", "-json"):
+        assert rows[f"pairs{fmt}"]["excluded"] == 25 and rows[f"pairs{fmt}"]["samples"] == 1975
 
 
 def test_a_subset_of_a_subset_keeps_the_exclusion_recorded_beside_its_index(data, tmp_path):

@@ -13,13 +13,14 @@ records and applies its rule to them.
 
 A shard table (``*.widx``) answers from its URL column (offsets and one byte blob) with a few
 vectorised passes per distinct length of the names, in bounded chunks; an SQLite index with
-one query per distinct length (:func:`sql_candidates`). Neither makes a Python object per
-shard.
+one scan of its shards inside SQLite (:func:`sql_candidates`). Neither makes a Python object
+per shard.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+from itertools import groupby
 from typing import Any
 
 import numpy as np
@@ -138,10 +139,10 @@ def sql_candidates(
 ) -> np.ndarray:
     """Rows of an SQLite index's ``shards`` whose stored URL may end in one of ``names``.
 
-    One query per distinct length of the names (a scan of ``shards`` inside SQLite), at most
-    500 names a query: the URL's last bytes (``substr`` of it as a blob: SQLite's text
-    functions count characters and stop at a NUL) against ``/NAME``, and the rows of
-    :data:`UNSURE_SQL`.
+    One scan of ``shards`` inside SQLite: the URL's last bytes (``substr`` of it as a blob:
+    SQLite's text functions count characters and stop at a NUL) against ``/NAME``, or a row
+    of :data:`UNSURE_SQL`. The names are written into the statement as hex blob literals
+    (made here from their bytes: no parameter limit, nothing of them is SQL).
 
     Args:
         query: Runs one SQL statement with its parameters, returning the rows.
@@ -150,18 +151,15 @@ def sql_candidates(
     Returns:
         Sorted ids (int64).
     """
-    by_length: dict[int, list[bytes]] = {}
+    wanted: list[bytes] = []
     for name in names:
         try:
-            raw = b"/" + name.encode("utf-8")
+            wanted.append(b"/" + name.encode("utf-8"))
         except UnicodeEncodeError:  # SQLite's text is UTF-8: no URL there ends in it
             continue
-        by_length.setdefault(len(raw), []).append(raw)
-    ids: set[int] = {int(r[0]) for r in query(f"SELECT id FROM shards WHERE {UNSURE_SQL}", ())}
-    for length, wanted in by_length.items():
-        for lo in range(0, len(wanted), 500):
-            part = wanted[lo : lo + 500]
-            marks = ", ".join("?" * len(part))
-            sql = f"SELECT id FROM shards WHERE substr(CAST('/' || url AS BLOB), ?) IN ({marks})"
-            ids.update(int(r[0]) for r in query(sql, (-length, *part)))
-    return np.asarray(sorted(ids), dtype=np.int64)
+    clauses = [UNSURE_SQL]
+    for length, group in groupby(sorted(wanted, key=len), key=len):
+        blobs = ", ".join(f"X'{raw.hex()}'" for raw in group)
+        clauses.append(f"substr(CAST('/' || url AS BLOB), {-length}) IN ({blobs})")
+    rows = query(f"SELECT id FROM shards WHERE {' OR '.join(clauses)} ORDER BY id", ())
+    return np.asarray([r[0] for r in rows], dtype=np.int64)
