@@ -11,8 +11,10 @@ array of the exclusions (``O(log E)``), so memory and open time grow with the ex
 What resolving costs, by form:
 
 - sample numbers: a sort of the numbers; no member table is read;
-- ``shard/key`` pairs: one pass over the shard names, and the member tables of the shards
-  named (only those);
+- ``shard/key`` pairs: the shards whose URL may end in a name, as the index finds them
+  without a record per shard (``shards_ending``: a ``.widx``'s URL column, an SQLite query;
+  :func:`resolve_described`), else a pass over every shard's record (a JSON index holds them
+  already); then the member tables of the shards named (only those);
 - bare keys: every shard's member table (a key may be in any shard): the cost of reading the
   whole index once. Prefer pairs or numbers for large datasets.
 
