@@ -261,7 +261,9 @@ class ReaderPool:
         ahead = self._ahead(merge_gap) if plan is not None else None
         prefetched = None
         if ahead is not None and plan is not None:
-            prefetched = ahead.observe(plan[0], plan[1], len(located))
+            size = len(located)
+            exact = plan[0].batch(plan[1], size) == [i for i, _, _ in located]
+            prefetched = ahead.observe(plan[0], plan[1], size, exact)
             ahead.settle(shard for _, shard, _ in located)
         # the next batches are planned once this one's reads are out: before, the first
         # batch's own requests queued behind a round of prefetches in the window
