@@ -431,3 +431,25 @@ def test_pairs_over_many_shards_read_only_the_named_shards_records(tmp_path, bac
     assert got == [f"{j:06d}" for j in range(PER) if j != 3]
     with pytest.raises(IndexFormatError, match="shard 4|shards row 4"):  # a named one is read
         len(ShardListDataset(index, exclude=["s-0000004.tar/000003"]))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pairs_name_shards_as_a_url_map_renames_them(named, backend, tmp_path):
+    d, indexes, keys = named
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    for k in range(4):  # the mirror names part/s-K.tar t-K.tar
+        (mirror / f"t-{k}.tar").write_bytes((d / "part" / f"s-{k}.tar").read_bytes())
+    renaming = {str(d / "part" / "s-"): str(mirror / "t-")}  # a prefix not ending in '/'
+    entries = ["t-0.tar/000001", ("t-2.tar", "000021"), "s-3.tar/000031", "mirror/t-3.tar/000032"]
+    with pytest.warns(UserWarning, match="1 of 4 entries"):  # s-3.tar: no shard is named so
+        ds = ShardListDataset(
+            indexes[backend], transformations=[], url_map=renaming, exclude=entries
+        )
+        assert ds.lengths == [9, 10, 10, 9, 9]
+    assert ds[0]["__shard__"] == str(mirror / "t-0.tar")
+    assert {"000001", "000021", "000032"}.isdisjoint(_keys(ds))
+    keeps = {str(d / "part") + "/": str(mirror) + "/"}  # no renaming: ends in '/'
+    with pytest.warns(UserWarning, match="3 of 4 entries"):  # s-3.tar (now mirror/s-3.tar) only
+        ds = ShardListDataset(indexes[backend], transformations=[], url_map=keeps, exclude=entries)
+        assert ds.lengths == [10, 10, 10, 10, 9]

@@ -107,3 +107,14 @@ def test_sqlite_rows_that_are_not_text_are_candidates_and_refused_when_read(tmp_
     assert shards_ending(reader, {"a.tar"}).tolist() == [0, 1]  # type: ignore[union-attr]
     with pytest.raises(IndexFormatError, match="shards row 1"):
         reader.shard(1)
+
+
+def test_malformed_url_offsets_are_candidates_so_reading_them_raises():
+    from wids.index.lastpart import blob_candidates
+
+    blob = np.frombuffer(b"x/a.tarb.tar", dtype=np.uint8)
+    # shard 0: x/a.tar; 1: past the blob's end; 2: backwards; 3: ".tar"; 4: b.tar, a bare name
+    offsets = np.array([0, 7, 100, 3, 7, 12], dtype=np.int64)
+    assert blob_candidates(blob, offsets, {"a.tar"}).tolist() == [0, 1, 2]
+    assert blob_candidates(blob, offsets, {"b.tar"}).tolist() == [1, 2, 4]
+    assert blob_candidates(blob, offsets, {"c.tar", "\ud800"}).tolist() == [1, 2]
