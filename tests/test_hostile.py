@@ -19,6 +19,7 @@ from tarfixtures import make_samples, write_shard
 from wids import build_index, open_index
 from wids.cli import main as wids_main
 from wids.errors import IndexFormatError, TarFormatError, UntrustedLocationError
+from wids.storage import redact_url
 from wids.tar import iter_members_fetch, iter_members_stream, scan_local
 
 # -------------------------------------------------------------------------------------------
@@ -444,6 +445,9 @@ def _remote_index(http_server, tmp_path: Path, name: str, urls: list[str], suffi
         "memory://x/secret.tar",
         "simplecache::file:///etc/passwd",
         "tar://passwd::/etc/passwd.tar",
+        "asynclocal:///etc/passwd",  # the local disk (morefs): was taken as remote
+        "git:///home/me/repo:main@secrets.tar",  # a local git repository (pygit2)
+        "dvc://data/a.tar",  # a local DVC repository
     ],
 )
 @pytest.mark.parametrize("suffix", ["json", "sqlite"])
@@ -466,6 +470,26 @@ def test_remote_index_cannot_name_local_files(
     dest = tmp_path / "subset"
     assert wids_main(["subset", url, "--to", str(dest), "--shards", "0:2"]) != 0
     assert "not a remote location" in capsys.readouterr().err and not dest.exists()
+
+
+@pytest.mark.parametrize(
+    "bad", ["bogus://host/a.tar", " https://host/a.tar", "htps://u:pw@h/a.tar"]
+)
+def test_a_shard_url_of_no_known_protocol_is_an_index_error_naming_it(
+    http_server, tmp_path: Path, bad: str
+) -> None:
+    """fsspec's bare ``ValueError: Protocol not known`` named no shard; now a typed error does."""
+    from wids import ShardListDataset
+
+    name = f"unknown-{abs(hash(bad))}"
+    url, _ = _remote_index(http_server, tmp_path, name, [bad], "json")
+    for ds in (
+        ShardListDataset(url, transformations=[]),
+        ShardListDataset([{"url": bad, "nsamples": 2}], transformations=[]),
+    ):
+        with pytest.raises(IndexFormatError, match="no storage backend is known") as err:
+            ds[len(ds) - 1]
+        assert err.value.shard == redact_url(bad) and "pw" not in str(err.value)
 
 
 def test_remote_index_with_a_local_base_or_source_url(http_server, tmp_path: Path) -> None:

@@ -159,7 +159,10 @@ def apply_url_map(shards: list[ShardInfo], url_map: UrlMap) -> list[ShardInfo]:
 
 # fsspec protocols that reach local files or this process's memory (or, like ``reference``
 # and ``dir``, wherever their own configuration points): never where a remote index may send us.
-LOCAL_SCHEMES = frozenset(("file", "local", "memory", "reference", "dir"))
+# ``asynclocal`` (morefs) is the local disk; ``git`` and ``dvc`` read local repositories.
+LOCAL_SCHEMES = frozenset(
+    ("file", "local", "memory", "reference", "dir", "asynclocal", "git", "dvc")
+)
 
 
 def is_remote_url(url: str) -> bool:

@@ -26,6 +26,8 @@ from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from ..errors import IndexFormatError
+from .redact import redact_url
 from .retry import RetryPolicy
 from .stats import FileStat
 
@@ -46,6 +48,9 @@ def url_to_fs(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
 
     Raises:
         ImportError: The backend of ``url``'s protocol (s3fs, gcsfs, aiohttp) is not installed.
+        IndexFormatError: No fsspec backend has ``url``'s protocol (a misspelt or made-up
+            scheme, from the caller or from an index): fsspec's bare ``ValueError`` named no
+            file.
     """
     import fsspec
 
@@ -56,6 +61,13 @@ def url_to_fs(url: str, options: Mapping[str, Any]) -> tuple[Any, str]:
         fs, path = fsspec.core.url_to_fs(url, **options)
     except ImportError as e:
         raise missing_backend(url, e) from None
+    except ValueError as e:
+        if not str(e).startswith("Protocol not known"):
+            raise
+        raise IndexFormatError(
+            f"no storage backend is known for this URL's protocol ({e}): a misspelt scheme?",
+            shard=redact_url(url),
+        ) from None
     return fs, path
 
 
