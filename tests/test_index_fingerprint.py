@@ -228,6 +228,30 @@ def test_verify_catches_a_swap_with_restored_mtime(tmp_path, capsys):
     assert code == 1 and f"CHANGED {paths[2]}: " in text and "the header names 's0-0002.a'" in text
 
 
+def test_deep_verify_reads_a_rewrite_whose_mtime_was_set_back(tmp_path, capsys):
+    """Same size, same member layout, other bytes, the recorded mtime: only the bytes tell.
+
+    Plain ``verify`` accepts it (its fingerprint is the recorded one); before, ``--deep``
+    (rescan and compare offsets) did too. A copy (new mtime, same bytes) stays OK.
+    """
+    import os
+    import shutil
+
+    paths, out = _indexed(tmp_path)
+    st = os.stat(paths[1])
+    data = paths[1].read_bytes()
+    paths[1].write_bytes(data.replace(b"v" * 300, b"w" * 300, 1))
+    os.utime(paths[1], ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert _verify(capsys, out)[0] == 0  # the documented limit of a cheap check
+    code, text = _verify(capsys, out, "--deep")
+    assert code == 1 and f"CHANGED {paths[1]}: " in text and "found by reading it" in text
+    paths[1].write_bytes(data)
+    shutil.copy(paths[2], tmp_path / "copy.tar")
+    os.replace(tmp_path / "copy.tar", paths[2])  # a copy: new mtime, same bytes
+    code, text = _verify(capsys, out, "--deep")
+    assert code == 0 and "3 of 3 shards match" in text
+
+
 @pytest.mark.parametrize("suffix", [".json", ".sqlite"])
 def test_verify_loads_every_member_table(tmp_path, capsys, suffix):
     import json

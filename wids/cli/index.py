@@ -129,7 +129,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "  wids index verify train.json --url-map https://old.example/data/=s3://new-bucket/data/\n",
     )
     v.add_argument("index")
-    v.add_argument("--deep", action="store_true", help="rescan shards and compare offsets")
+    v.add_argument(
+        "--deep",
+        action="store_true",
+        help="rescan shards and compare offsets; read local shards whole to compare their md5",
+    )
     v.add_argument(
         "--cache-dir",
         help="also report cached copies in this shard cache that are not the indexed version "

@@ -15,9 +15,9 @@ from typing import Any
 
 from ..compress import tar_reader
 from ..errors import RangeNotSupportedError, ShortReadError, WidsError
-from ..storage import RangeFallbackWarning, Source, Store, named_by, redact_url
+from ..storage import FileStat, RangeFallbackWarning, Source, Store, named_by, redact_url
 from .access import count_shards, shard_getter
-from .contents import ContentMemo, index_digests_dir, settle
+from .contents import ContentMemo, file_md5, index_digests_dir, settle
 from .fingerprint import header_mismatch_at_spot
 from .members import ShardMembers
 from .model import ShardInfo
@@ -76,7 +76,8 @@ def check_shard(
         info: The shard's entry.
         members: Its member table, if the index has one.
         store: Storage options for the shard.
-        deep: Rescan the shard and compare every offset.
+        deep: Rescan the shard and compare every offset; a local shard whose MD5 the index
+            records is also read whole and its MD5 compared.
         memo: Where MD5s read before are remembered (default: nowhere).
     """
     src = store.source(info.url)
@@ -100,11 +101,29 @@ def check_shard(
                 problem = "its member offsets differ from the index (found by rescanning)"
             elif len(now) != info.nsamples:
                 problem = f"it has {len(now)} samples where the index says {info.nsamples}"
+            elif not copied and info.md5sum and src.local_path is not None:
+                problem = _md5_problem(src.local_path, stat, info.md5sum)
     except WidsError as e:
         return e.message, None
     finally:
         src.close()
     return problem, (note if problem is None else None)
+
+
+def _md5_problem(path: str, stat: FileStat, recorded: str) -> str | None:
+    """What a local shard's bytes say against the MD5 the index records (a deep check).
+
+    Without it, a same-size rewrite whose modification time was set back (``touch -d``,
+    ``rsync -a`` of a rewritten source) matched every recorded value, and a rewrite that kept
+    the member layout passed the rescan too.
+    """
+    md5 = file_md5(path, stat)
+    if md5.lower() == recorded.lower():
+        return None
+    return (
+        f"its contents changed (same size, other bytes): its md5 is {md5} where the index "
+        f"says {recorded} (found by reading it)"
+    )
 
 
 def _spot_check(members: ShardMembers, read: Callable[[int, int], bytes]) -> str | None:
