@@ -275,3 +275,63 @@ def test_concatenation_like_a_torch_dataset(dataset_dir):
     ds = _ds(dataset_dir)
     both = ds + _ds(dataset_dir)
     assert len(both) == 20 and both[12]["__key__"] == ds[2]["__key__"]
+
+
+def _weighted(dataset_dir, tmp_path) -> str:
+    """A description with a weighted top level, a weighted ``source_url`` and an inline part."""
+    d, paths, lengths = dataset_dir
+    pairs = zip(paths, lengths, strict=True)
+    entry = [{"url": os.path.basename(p), "nsamples": n} for p, n in pairs]
+    sub = {"wids_version": 1, "name": "sub", "base": str(d), "shardlist": [entry[1]]}
+    (tmp_path / "sub.json").write_text(json.dumps(sub))
+    top = {
+        "wids_version": 1,
+        "name": "top",
+        "weight": 2,
+        "base": str(d),
+        "shardlist": [entry[0]],
+        "datasets": [
+            {"source_url": str(tmp_path / "sub.json"), "weight": 0.5},
+            {"name": "inline", "base": str(d), "shardlist": [entry[2]]},
+        ],
+    }
+    (tmp_path / "top.json").write_text(json.dumps(top))
+    return str(tmp_path / "top.json")
+
+
+def _listed(shards: list[dict]) -> list[tuple]:
+    return [(os.path.basename(s["url"]), s["nsamples"], s.get("weight")) for s in shards]
+
+
+def test_shards_carry_their_datasets_weight(dataset_dir, tmp_path):
+    """``ds.shards[i]["weight"]``: the weight of the shard's (sub-)dataset, as the reference."""
+    ds = ShardListDataset(_weighted(dataset_dir, tmp_path), transformations=[])
+    assert _listed(ds.shards) == [
+        ("shard-000000.tar", 3, 2),
+        ("shard-000001.tar", 5, 0.5),
+        ("shard-000002.tar", 2, None),
+    ]
+    assert [s["dataset"] for s in ds.shards] == ["top", "sub", "inline"]
+    assert [ds[i]["__dataset__"] for i in (0, 3, 8)] == ["top", "sub", "inline"]
+
+
+def test_shards_listed_as_the_reference_lists_them(dataset_dir, tmp_path):
+    script = (
+        "import json, sys; from wids import ShardListDataset\n"
+        "ds = ShardListDataset(sys.argv[1], cache_dir=sys.argv[2], transformations=[])\n"
+        "print(json.dumps(ds.shards))\n"
+    )
+    top = _weighted(dataset_dir, tmp_path)
+    proc = subprocess.run(
+        [reference_python(), "-I", "-c", script, top, str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ref = json.loads(proc.stdout.strip().splitlines()[-1])
+    ours = ShardListDataset(top, transformations=[]).shards
+    assert _listed(ours) == _listed(ref)
+    # the reference names sub-datasets only (None for the top level's shards: not collate-safe)
+    assert [s.get("dataset") for s in ref] == [None, "sub", "inline"]

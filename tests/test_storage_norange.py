@@ -24,7 +24,7 @@ import pytest
 from serverfixtures import python_http_server
 from tarfixtures import make_samples, write_shard
 
-from wids import RangeNotSupportedError, ShardListDataset, build_index
+from wids import NotAnIndexError, RangeNotSupportedError, ShardListDataset, build_index
 from wids.errors import PermanentRemoteError
 from wids.storage import RangeFallbackWarning, Store
 
@@ -334,3 +334,24 @@ def test_what_one_dataset_learned_of_a_server_does_not_steer_the_next(folder, tm
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_what_a_url_holds_is_recognised_without_range(tmp_path):
+    """A description under a name without ``.json`` opens; a picture or a directory page is
+    ``NotAnIndexError``, not a server fault (it was ``RangeNotSupportedError``)."""
+    members = make_samples(3)
+    write_shard(tmp_path / "a-0.tar", members)
+    desc = {"wids_version": 1, "shardlist": [{"url": "a-0.tar", "nsamples": 3}]}
+    (tmp_path / "train-index").write_text(json.dumps(desc))
+    (tmp_path / "notes.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 64)
+    with python_http_server(tmp_path) as base, warnings.catch_warnings():
+        warnings.simplefilter("ignore", RangeFallbackWarning)
+        ds = ShardListDataset(f"{base}/train-index", transformations=None)
+        assert len(ds) == 3
+        assert {k: v for k, v in ds[2].items() if k[0] == "."} == {
+            name[len("000002") :]: data for name, data in members if name.startswith("000002")
+        }
+        for url in (f"{base}/notes.png", f"{base}/"):
+            with pytest.raises(NotAnIndexError, match="not a wids or reference index") as e:
+                len(ShardListDataset(url))
+            assert e.value.shard == url

@@ -76,6 +76,7 @@ class _DatasetOf(Sequence[str]):
     def __init__(self, components: list[Component], name: str, n: int) -> None:
         self._stops = [c.stop_shard for c in components]
         self._names = [c.name or name or "" for c in components]
+        self._weights = [c.weight for c in components]
         self._n = n
 
     def __len__(self) -> int:
@@ -91,6 +92,11 @@ class _DatasetOf(Sequence[str]):
             raise IndexError(f"shard {i} out of range for {self._n} shards")
         c = bisect.bisect_right(self._stops, k)
         return self._names[c] if c < len(self._names) else ""
+
+    def weight(self, k: int) -> float | None:
+        """The weight of shard ``k``'s (sub-)dataset, if the description gives one."""
+        c = bisect.bisect_right(self._stops, k)
+        return self._weights[c] if c < len(self._weights) else None
 
 
 class Description:
@@ -136,7 +142,7 @@ class Description:
             )
             for c in components
         ]
-        self.dataset_of: Sequence[str] = _DatasetOf(components, name, n)
+        self.dataset_of = _DatasetOf(components, name, n)
         self.indexed = indexed
         self.extra: Callable[[int], dict[str, Any]] | None = None  # the index's shard_extra
         self.extra_remote = False  # each shard's extra is a request (a remote JSON index)
@@ -193,13 +199,19 @@ class Description:
         return int(np.searchsorted(self.cum, i, side="right"))
 
     def shard_dict(self, shard: int) -> dict[str, Any]:
-        """One shard as the reference lists it: ``url``, ``nsamples``, ..., ``dataset``."""
+        """One shard as the reference lists it: ``url``, ``nsamples``, ..., ``dataset``.
+
+        Also the ``weight`` of the shard's (sub-)dataset when the description gives one.
+        """
         info = self.infos[shard]
         d: dict[str, Any] = {"url": info.url, "nsamples": info.nsamples}
         for k, v in (("filesize", info.size), ("md5sum", info.md5sum), ("etag", info.etag)):
             if v is not None:
                 d[k] = v
         d["dataset"] = self.dataset_of[shard]
+        weight = self.dataset_of.weight(shard)
+        if weight is not None:
+            d["weight"] = weight
         return d
 
     def shard_dicts(self) -> list[dict[str, Any]]:

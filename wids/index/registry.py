@@ -150,23 +150,21 @@ def open_index(
         from .urls import check_url_map
 
         kwargs["url_map"] = check_url_map(url_map)  # before any I/O
-    from ..errors import ShortReadError
+    from ..errors import RangeNotSupportedError, ShortReadError
 
     store = Store.of(storage_options, named=named_by(url, kwargs.get("base"), url_map))
     if is_remote(url) and _name(url).endswith(".json"):
-        data = read_bytes(url, store)  # a JSON reader reads it whole anyway: one round trip
-        if data[:16] == SQLITE_MAGIC:
-            from .sqlitereader import SqliteIndex
-
-            return SqliteIndex(url, store, **kwargs)
-        if data[: len(TABLE_MAGIC)] == TABLE_MAGIC:
-            return TableIndex(url, store, **kwargs)
-        return JsonIndex(url, store, data=data, **kwargs)
+        return _opened_whole(url, store, kwargs)
     src = store.source(url)
     try:
         head = src.read_range(0, 16)
     except ShortReadError:  # under 16 bytes: not SQLite; the JSON reader says what it is
         head = b""
+    except RangeNotSupportedError:
+        # A server that ignores Range (``python -m http.server``): the file is read whole
+        # (bounded), as a remote ``.json`` is, so that a description under another name opens
+        # and anything else is said to be no index, not a server fault.
+        return _opened_whole(url, store, kwargs)
     finally:
         src.close()
     if head == SQLITE_MAGIC:
@@ -176,3 +174,15 @@ def open_index(
     if head[: len(TABLE_MAGIC)] == TABLE_MAGIC:
         return TableIndex(url, store, **kwargs)
     return JsonIndex(url, store, **kwargs)
+
+
+def _opened_whole(url: str, store: Store, kwargs: dict[str, Any]) -> IndexReader:
+    """The index at a remote ``url``, recognised from the whole file (one bounded request)."""
+    data = read_bytes(url, store)  # a JSON reader reads it whole anyway: one round trip
+    if data[:16] == SQLITE_MAGIC:
+        from .sqlitereader import SqliteIndex
+
+        return SqliteIndex(url, store, **kwargs)
+    if data[: len(TABLE_MAGIC)] == TABLE_MAGIC:
+        return TableIndex(url, store, **kwargs)
+    return JsonIndex(url, store, data=data, **kwargs)
