@@ -112,6 +112,24 @@ def test_cli_show_table_and_grid(index, tmp_path):
     assert os.path.getsize(grid) > 1000
 
 
+def test_cli_show_grid_replaces_a_link_and_never_writes_through_it(index, tmp_path):
+    """A symbolic link planted at the grid's name is replaced; the file it names is untouched.
+
+    Before, Pillow opened the link and wrote the PNG over the user's file it pointed at.
+    """
+    mine = tmp_path / "notes.txt"
+    mine.write_text("my notes")
+    link = tmp_path / "grid.png"
+    os.symlink(mine, link)
+    r = run("show", index, "--grid", str(link), "-n", "2")
+    assert r.returncode == 0, r.stderr
+    assert mine.read_text() == "my notes"
+    assert not os.path.islink(link) and link.read_bytes().startswith(b"\x89PNG")
+    r = run("show", index, "--grid", str(tmp_path / "grid.txt"), "-n", "2")
+    assert r.returncode != 0 and "unknown file extension" in r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["grid.png", "notes.txt"]  # no temporary left
+
+
 def test_cli_show_errors_are_one_line(index):
     r = run("show", index, "--start", "999")
     assert r.returncode == 2

@@ -163,6 +163,8 @@ def render_grid(
     Args:
         samples: Raw samples (fields as ``bytes``), e.g. from :func:`read_samples`.
         path: Output file; Pillow picks the format from the suffix (``.png``, ``.jpg``).
+            Published atomically: a symbolic link at ``path`` is replaced, never written
+            through.
         cell: Side of each image tile in pixels.
         columns: Tiles per row (default: about square).
 
@@ -170,7 +172,7 @@ def render_grid(
         The grid's ``(width, height)`` in pixels.
 
     Raises:
-        ValueError: No samples, or a bad ``cell``/``columns``.
+        ValueError: No samples, a bad ``cell``/``columns``, or a suffix Pillow does not know.
     """
     try:
         from PIL import Image, ImageDraw, ImageFont, ImageOps
@@ -213,5 +215,16 @@ def render_grid(
         label = _fit(escape_controls(sample_label(sample)) or "-", font, cell, draw)
         draw.text((x, y + cell + 2), key, fill=(0, 0, 0), font=font)
         draw.text((x, y + cell + font_size + 6), label, fill=(40, 40, 160), font=font)
-    grid.save(os.fspath(path))
+    out = os.fspath(path)
+    kind = Image.registered_extensions().get(os.path.splitext(out)[1].lower())
+    if kind is None:
+        raise ValueError(f"unknown file extension: {os.path.splitext(out)[1]!r} (use .png, .jpg)")
+    data = io.BytesIO()
+    grid.save(data, format=kind)
+    # published whole under a temporary name: a link at ``out`` is replaced, not written
+    # through (to whatever file it points at), and a failed save leaves ``out`` as it was
+    from .atomic import atomic_write
+
+    with atomic_write(out, "wb") as f:
+        f.write(data.getbuffer())
     return grid.size
