@@ -335,3 +335,72 @@ def test_shards_listed_as_the_reference_lists_them(dataset_dir, tmp_path):
     assert _listed(ours) == _listed(ref)
     # the reference names sub-datasets only (None for the top level's shards: not collate-safe)
     assert [s.get("dataset") for s in ref] == [None, "sub", "inline"]
+
+
+# The same sampler calls in the reference's process and in ours: each prints, per call, its
+# ranges and three passes. `FIXED` is the reference's cut of a dataset with shard lengths.
+_SAMPLERS = textwrap.dedent(
+    """
+    import json, sys, warnings
+    from unittest import mock
+    import torch.distributed as dist
+    from wids import ChunkedSampler, DistributedChunkedSampler, ShardedSampler
+    warnings.simplefilter("ignore")
+    FIXED = json.loads(sys.argv[1])
+
+    class Shards:
+        def __init__(self, lengths):
+            self.lengths = lengths
+        def __len__(self):
+            return sum(self.lengths)
+
+    ds = Shards([3, 7, 2, 6, 5, 1, 6])
+    out = []
+    def rec(s):
+        out.append([[list(r) for r in s.ranges], [[int(i) for i in s] for _ in range(3)]])
+    for kw in [{}, {"chunksize": 5, "seed": 3}, {"chunksize": 4, "shuffle": False},
+               {"chunksize": 4, "shufflefirst": True, "seed": 9},
+               {"num_samples": 11, "chunksize": 3}, {"num_samples": [4, 17], "chunksize": 5}]:
+        if isinstance(kw.get("num_samples"), list):
+            kw["num_samples"] = tuple(kw["num_samples"])
+        rec(ChunkedSampler(ds, **kw, **FIXED))
+        rec(ChunkedSampler(list(range(29)), **kw))
+    s = ChunkedSampler(ds, chunksize=6, seed=2, **FIXED)
+    s.set_epoch(5)
+    rec(s)
+    rec(ShardedSampler(ds))
+    rec(ShardedSampler(ds, seed=4, shufflefirst=True))
+    rec(ShardedSampler(ds, lengths=[4, 4, 2], seed=1))
+    for size in (2, 3):
+        for rank in range(size):
+            with mock.patch.object(dist, "is_initialized", lambda: True), \\
+                 mock.patch.object(dist, "get_world_size", lambda: size), \\
+                 mock.patch.object(dist, "get_rank", lambda: rank):
+                rec(DistributedChunkedSampler(Shards([6] * 5), chunksize=4, seed=7, **FIXED))
+    print(json.dumps(out))
+    """
+)
+
+
+def test_sampler_orders_equal_the_reference(tmp_path):
+    """Every order of the samplers, side by side: ours with ``chunking="fixed"`` where the
+    dataset has shard lengths (by default our chunks also end at shard boundaries)."""
+    ref = subprocess.run(
+        [reference_python(), "-I", "-c", _SAMPLERS, "{}"],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    ours = subprocess.run(
+        [sys.executable, "-c", _SAMPLERS, json.dumps({"chunking": "fixed"})],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert ours.returncode == 0, ours.stderr[-2000:]
+    expected, got = json.loads(ref.stdout), json.loads(ours.stdout)
+    assert len(got) == len(expected) == 21
+    for i, (g, e) in enumerate(zip(got, expected, strict=True)):
+        assert g == e, i
