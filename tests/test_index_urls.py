@@ -39,6 +39,19 @@ from wids.index.urls import (
         ("x{y}z", ["x{y}z"]),
         ("{a,}", ["a", ""]),
         ("s3://b/train-{000..001}.tar", ["s3://b/train-000.tar", "s3://b/train-001.tar"]),
+        # webdataset's "::" between patterns; not in a chained URL nor an IPv6 host
+        ("a-{0..1}.tar::b/c-{7..8}.tar", ["a-0.tar", "a-1.tar", "b/c-7.tar", "b/c-8.tar"]),
+        ("s3://b/x.tar::gs://c/y.tar::", ["s3://b/x.tar", "gs://c/y.tar"]),
+        (
+            "http://[::1]:8/a.tar::http://[::1]:8/b.tar",
+            ["http://[::1]:8/a.tar", "http://[::1]:8/b.tar"],
+        ),
+        ("http://[::1]:8/a-{0..1}.tar", ["http://[::1]:8/a-0.tar", "http://[::1]:8/a-1.tar"]),
+        (
+            "simplecache::s3://b/x-{0..1}.tar",
+            ["simplecache::s3://b/x-0.tar", "simplecache::s3://b/x-1.tar"],
+        ),
+        ("tar://m.tar::s3://b/x.tar", ["tar://m.tar::s3://b/x.tar"]),
     ],
 )
 def test_expand_braces(pattern: str, expected: list[str]) -> None:
@@ -296,3 +309,22 @@ def test_pipe_curl_description_reads_every_sample(http_server, tmp_path, fresh_w
     hostile = {**desc, "shardlist": [{"url": f"pipe:curl -s {urls[0]} | sh", "nsamples": 7}]}
     with pytest.raises(PipeCommandError, match="never runs shell commands"):
         len(ShardListDataset(hostile, cache_dir=tmp_path / "cache2"))
+
+
+def test_a_webdataset_list_of_patterns_reads_every_shard(tmp_path: Path, monkeypatch) -> None:
+    """``"a-{0..1}.tar::b-{0..1}.tar"`` (webdataset's form) is a's shards, then b's. It was read
+    as one fsspec chain per pair of shards: the b shards never read, a's samples twice."""
+    from tar_oracle import dataset_samples, strip_meta
+
+    from wids import ShardListDataset
+    from wids.synth import write_dataset
+
+    kw = {"shards": 2, "real_images": False, "prefix": "shard"}
+    a = write_dataset(str(tmp_path / "a"), samples_per_shard=3, **kw)  # type: ignore[arg-type]
+    b = write_dataset(str(tmp_path / "b"), samples_per_shard=5, **kw)  # type: ignore[arg-type]
+    pattern = "a/shard-{000000..000001}.tar::b/shard-{000000..000001}.tar"
+    monkeypatch.chdir(tmp_path)
+    assert [os.path.abspath(u) for u in expand_braces(pattern)] == a + b
+    ds = ShardListDataset(pattern, transformations=[])
+    assert ds.lengths == [3, 3, 5, 5]
+    assert [strip_meta(ds[i]) for i in range(len(ds))] == dataset_samples(a + b)

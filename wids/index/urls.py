@@ -231,6 +231,28 @@ def _alternatives(body: str) -> list[str] | None:
     return None
 
 
+# fsspec filesystems that wrap the next link of a chained URL (``simplecache::s3://b/x.tar``)
+_WRAPPERS = frozenset(
+    ("simplecache", "filecache", "blockcache", "cached", "tar", "zip", "libarchive", "dir")
+)
+_LIST_SEP = re.compile(r"::(?![^\[]*\])")  # not the "::" of an IPv6 host (``http://[::1]/``)
+_BARE_PROTOCOL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+
+
+def _shard_list(pattern: str) -> list[str]:
+    """Several patterns in one string, split at ``::`` (webdataset: ``a-{0..3}.tar::b.tar``).
+
+    Unless the first link is an fsspec filesystem that wraps the next (a chained URL, kept
+    whole): ``simplecache::s3://...``, ``tar://member::s3://...``.
+    """
+    parts = _LIST_SEP.split(pattern)
+    first = parts[0]
+    protocol = first if _BARE_PROTOCOL.fullmatch(first) else first.partition("://")[0]
+    if len(parts) == 1 or protocol in _WRAPPERS:
+        return [pattern]
+    return [p for p in parts if p]
+
+
 def expand_braces(pattern: str) -> list[str]:
     """Expand shell-style brace groups: ranges ``{000..099}`` and lists ``{a,b,c}``.
 
@@ -245,9 +267,16 @@ def expand_braces(pattern: str) -> list[str]:
         >>> expand_braces("{a,b}-{1..2}")
         ['a-1', 'a-2', 'b-1', 'b-2']
 
-    A ``pipe:`` pattern is first read by :func:`unpipe_url` (and refused if it is not a known
+    ``::`` separates several patterns, as in webdataset
+    (``"a-{0..3}.tar::b-{0..3}.tar"``: a's shards, then b's), except after an fsspec filesystem
+    that wraps the next link of a chained URL (``simplecache::s3://b/x-{0..3}.tar``). A
+    ``pipe:`` pattern is first read by :func:`unpipe_url` (and refused if it is not a known
     fetch).
     """
+    if "::" in pattern:
+        parts = _shard_list(pattern)
+        if len(parts) != 1 or parts[0] != pattern:
+            return [url for part in parts for url in expand_braces(part)]
     pattern = unpipe_url(pattern)
     pieces: list[list[str]] = []
     pos = 0
