@@ -248,6 +248,24 @@ def test_missing_shard(tmp_path):
         ds[0]
 
 
+@pytest.mark.skipif(os.sep != "/", reason="a backslash is a separator there")
+@pytest.mark.parametrize("name", ["C:\\data\\train.json", "C:/data/train.json", "data\\train.json"])
+def test_a_windows_path_is_named_so(tmp_path, monkeypatch, name):
+    """Typed as on Windows: the error says so, and a path of this system still only "no such
+    file" (the file named like that is read, as any other)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ShardNotFoundError, match="Windows-style path") as e:
+        len(ShardListDataset(name))
+    assert e.value.shard == str(tmp_path / name)
+    desc = {"wids_version": 1, "shardlist": [{"url": "shards\\a.tar", "nsamples": 1}]}
+    (tmp_path / "i.json").write_text(json.dumps(desc))
+    with pytest.raises(ShardNotFoundError, match="Windows-style path"):
+        ShardListDataset("i.json")[0]
+    with pytest.raises(ShardNotFoundError) as e:
+        len(ShardListDataset("data/train.json"))
+    assert "Windows" not in str(e.value)
+
+
 def test_offline(counting):
     ds = ShardListDataset(
         [{"url": u, "nsamples": NSAMPLES} for u in counting], transformations=[], offline=True

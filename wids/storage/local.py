@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat as stat_mod
 from typing import Any
 
@@ -18,12 +19,21 @@ from .stats import FileStat, IOStats
 __all__ = ["LocalFile", "no_such_file"]
 
 
+# A Windows path read on a system whose separator is "/": a backslash, or a drive ("C:/")
+_WINDOWS = re.compile(r"\\|(?:^|/)[A-Za-z]:/")
+
+
 def no_such_file(path: str) -> str:
-    """Say "no such file", and why when the name holds a wildcard the shell did not expand."""
+    """Say "no such file", and why: a wildcard the shell did not expand, a Windows path."""
     if any(c in path for c in "*?["):
         return (
             "no such file (a wildcard like * expands only in a list of shards, as given to "
             "wids index create or ShardListDataset; not in an index or a shard named by one)"
+        )
+    if os.sep == "/" and _WINDOWS.search(path):
+        return (
+            "no such file (a Windows-style path: here folders are separated by '/' and there "
+            "are no drive letters; give the path as this system names the file)"
         )
     return "no such file"
 
