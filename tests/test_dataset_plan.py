@@ -237,6 +237,41 @@ def test_a_second_sampler_over_the_same_dataset_keeps_its_own_plan(remote, ctx):
     assert _hits(got_train) > 0 and _hits(got_valid) > 0
 
 
+def test_two_loaders_taking_turns_in_one_process_keep_their_reads_ahead(remote, http_server):
+    """A training and a validation loader over one dataset, read in the main process
+    (``num_workers=0``), a batch of each in turn. On the old code the process's one lookahead
+    followed whichever iteration came last: each turn dropped the other's prefetches (2x the
+    bytes of reading the two one after the other). Each iteration now keeps its own."""
+    ds = ShardListDataset(remote["index"], access="range", transformations=[])
+    half = NS // 2 * NSAMPLES
+
+    def samplers():
+        train = ChunkedSampler(ds, num_samples=(0, half), chunksize=NSAMPLES, seed=13)
+        valid = ChunkedSampler(ds, num_samples=(half, len(ds)), chunksize=NSAMPLES, seed=14)
+        return train, valid
+
+    def loader(sampler):
+        return DataLoader(ds, sampler=sampler, batch_size=BATCH, collate_fn=list)
+
+    def run(turns):
+        train, valid = samplers()
+        http_server.reset_counts()
+        if turns:
+            pairs = zip(loader(train), loader(valid), strict=True)
+            got = [s for pair in pairs for b in pair for s in b]
+        else:
+            got = [s for b in [*loader(train), *loader(valid)] for s in b]
+        train.set_epoch(0)
+        valid.set_epoch(0)
+        assert sorted(s["__index__"] for s in got) == sorted([*map(int, train), *map(int, valid)])
+        for s in got:
+            assert strip_meta(s) == remote["oracle"][s["__index__"]]
+        return http_server.counts()[1]
+
+    apart, turns = run(False), run(True)
+    assert turns <= 1.1 * apart, (turns, apart)
+
+
 @pytest.mark.parametrize("ctx", CONTEXTS)
 def test_persistent_workers_follow_each_epoch(remote, ctx):
     ds = ShardListDataset(remote["index"], access="range", transformations=[])

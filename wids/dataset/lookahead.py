@@ -86,6 +86,8 @@ class Lookahead:
         stats: I/O counters the prefetches count into.
         urls: The dataset's shards: they name it among the claims of sibling processes
             (:mod:`.claims`).
+        token: The iteration it reads ahead for (``None``: whichever it is given; a new one
+            replaces the last).
     """
 
     def __init__(
@@ -101,6 +103,7 @@ class Lookahead:
         horizon: int = 4096,
         stats: Any = None,
         urls: Sequence[str] = (),
+        token: int | None = None,
     ) -> None:
         self._prepare, self._announce, self._locate = prepare, announce, locate
         self._lengths = lengths
@@ -109,6 +112,7 @@ class Lookahead:
         self.merge_gap = 0  # the dataset's, set before each batch
         self.announce_share = 0.5
         self._stats = stats
+        self.token = token
         # where this process stands: the plan of its last batch, its position, size, stride
         self.plan: Plan | None = None
         self.position = self.size = self.stride = 0

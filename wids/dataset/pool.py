@@ -59,12 +59,17 @@ if TYPE_CHECKING:
 
 Located = Sequence[tuple[int, int, int]]
 
-__all__ = ["ACCESS_MODES", "WARM_GRACE", "WARM_SHARDS", "ReaderPool"]
+__all__ = ["ACCESS_MODES", "LOOKAHEADS", "WARM_GRACE", "WARM_SHARDS", "ReaderPool"]
 
 log = logging.getLogger(__name__)
 
 ACCESS_MODES = ("auto", "range", "shard")
 
+LOOKAHEADS = 2
+"""Iterations a process reads ahead for at once, each with its own lookahead (the most recent
+ones): a training and a validation loader iterated alternately in one process (``num_workers=0``)
+each keep theirs. With one lookahead, each switch dropped the other's prefetches and stride (1.6x
+the bytes of the two read one after the other, batches of the two taking turns every 5)."""
 WARM_SHARDS = 8
 """At most this many shards are fetched by a warm-up (``ReaderPool.warm``): the first ones an
 iteration reads, while a DataLoader's workers start; the workers' own plans fetch the rest."""
@@ -124,7 +129,8 @@ class ReaderPool:
         self._promoter: Promoter | None = None
         self._reading = False  # marked a reader of the cache (get_promoter)
         self._warming: int | None = None  # the plan token of the warm-up under way (warm)
-        self._lookahead: Lookahead | None = None
+        self._lookahead: Lookahead | None = None  # the one of the last batch read ahead for
+        self._lookaheads: OrderedDict[int, Lookahead] = OrderedDict()  # by plan token
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -139,6 +145,7 @@ class ReaderPool:
             "_reading",
             "_warming",
             "_lookahead",
+            "_lookaheads",
         ):
             del state[k]
         return state
@@ -181,8 +188,10 @@ class ReaderPool:
         The pool stays usable: readers reopen (and promotion restarts) when needed.
         """
         self._warming = None  # a warm-up still waiting starts nothing
-        lookahead, self._lookahead = self._lookahead, None
-        if lookahead is not None:
+        with self._lock:
+            lookaheads, self._lookaheads = list(self._lookaheads.values()), OrderedDict()
+            self._lookahead = None
+        for lookahead in lookaheads:
             lookahead.close()  # first: its threads use the readers
         with self._lock:
             readers, self.readers = self.readers, OrderedDict()
@@ -258,7 +267,7 @@ class ReaderPool:
         if local_raws is not None:
             return local_raws
         self.catalog.prefetch_members(shard for _, shard, _ in located)
-        ahead = self._ahead(merge_gap) if plan is not None else None
+        ahead = self._ahead(merge_gap, plan[0].token) if plan is not None else None
         prefetched = None
         if ahead is not None and plan is not None:
             size = len(located)
@@ -624,18 +633,29 @@ class ReaderPool:
             "verify": download_check(members, info.url),
         }
 
-    def _ahead(self, merge_gap: int) -> Lookahead:
-        """This process's lookahead, made on the first batch that carries a plan."""
+    def _ahead(self, merge_gap: int, token: int) -> Lookahead:
+        """The lookahead of iteration ``token`` in this process, made on its first batch.
+
+        The :data:`LOOKAHEADS` most recently read iterations keep theirs; an older one is closed.
+        """
         ahead = self._lookahead
-        if ahead is None:
+        if ahead is None or ahead.token != token:
+            old = []
             with self._lock:
-                ahead = self._lookahead
+                ahead = self._lookaheads.get(token)
                 if ahead is None:
-                    ahead = self._lookahead = self._start_lookahead()
+                    ahead = self._lookaheads[token] = self._start_lookahead(token)
+                    while len(self._lookaheads) > LOOKAHEADS:
+                        old.append(self._lookaheads.popitem(last=False)[1])
+                else:
+                    self._lookaheads.move_to_end(token)
+                self._lookahead = ahead
+            for stale in old:
+                stale.close()
         ahead.merge_gap = merge_gap
         return ahead
 
-    def _start_lookahead(self) -> Lookahead:
+    def _start_lookahead(self, token: int) -> Lookahead:
         catalog = self.catalog
         loaded = catalog.load()
         ahead: Lookahead
@@ -661,6 +681,7 @@ class ReaderPool:
             lengths,
             stats=catalog.store.stats,
             urls=[info.url for info in loaded.infos],  # names it among siblings' claims
+            token=token,
             **self.lookahead_limits,
         )
         return ahead
