@@ -404,3 +404,77 @@ def test_sampler_orders_equal_the_reference(tmp_path):
     assert len(got) == len(expected) == 21
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):
         assert g == e, i
+
+
+# One sample of every extension either default decoder knows, as a shard holds it; each
+# process prints, per mode, what its default decoders made of each field (None: left raw).
+_DECODED = textwrap.dedent(
+    """
+    import gzip, io, json, sys, warnings
+    import numpy as np
+    from PIL import Image
+    warnings.simplefilter("ignore")
+    if sys.argv[1] == "ours":
+        from wids.decode import interpret_transformations
+    else:
+        from wids.wids import interpret_transformations
+
+    def image(fmt):
+        buf = io.BytesIO()
+        Image.new("RGB", (5, 3), (10, 20, 30)).save(buf, format=fmt)
+        return buf.getvalue()
+
+    npy = io.BytesIO()
+    np.save(npy, np.arange(6, dtype=np.int16).reshape(2, 3))
+    fields = {".txt": b"t", ".text": b"u", ".cls": b"7", ".cls2": b"8", ".index": b"12",
+              ".json": b'{"a": 1}', ".jsn": b'{"b": 2}', ".npy": npy.getvalue(),
+              ".mp": b"\\x81\\xa1a\\x01", ".msgpack": b"\\x81\\xa1b\\x02",
+              ".txt.gz": gzip.compress(b"hello"), ".bin": b"\\x00"}
+    fields.update({f".{e}": image(f) for e, f in [("jpg", "JPEG"), ("jpeg", "JPEG"),
+        ("png", "PNG"), ("webp", "WEBP"), ("tif", "TIFF"), ("tiff", "TIFF"), ("bmp", "BMP"),
+        ("gif", "GIF"), ("ppm", "PPM")]})
+
+    def shown(v):
+        if isinstance(v, (bytes, io.BytesIO)):
+            return None
+        if hasattr(v, "mode") and hasattr(v, "size"):
+            return f"PIL {v.mode} {v.size}"
+        if hasattr(v, "dtype"):
+            return f"{v.dtype} {v.shape} {v.tolist()}"
+        return repr(v)
+
+    out = {}
+    for mode in ("PIL", "numpy"):
+        sample = {"__key__": "k", **{k: io.BytesIO(v) for k, v in fields.items()}}
+        for t in interpret_transformations(mode):
+            sample = t(sample)
+        out[mode] = {k: shown(v) for k, v in sample.items() if k.startswith(".")}
+    print(json.dumps(out))
+    """
+)
+
+
+def test_default_decoders_next_to_the_reference(tmp_path):
+    """Every field the reference's default decoders decode, ours decode to the same value; the
+    ones it left raw and ours decode are exactly those docs/migrating.md lists."""
+    runs = {}
+    for who, python in (("reference", reference_python()), ("ours", sys.executable)):
+        r = subprocess.run(
+            [python, *(["-I"] if who == "reference" else []), "-c", _DECODED, who],
+            capture_output=True,
+            text=True,
+            cwd=str(tmp_path),
+            timeout=300,
+        )
+        assert r.returncode == 0, (who, r.stderr[-2000:])
+        runs[who] = json.loads(r.stdout.strip().splitlines()[-1])
+    for mode in ("PIL", "numpy"):
+        ref, ours = runs["reference"][mode], runs["ours"][mode]
+        assert {k: v for k, v in ours.items() if ref[k] is not None} == {
+            k: v for k, v in ref.items() if v is not None
+        }, mode
+        more = {k for k, v in ours.items() if v is not None and ref[k] is None}
+        assert more == {".jpeg", ".webp", ".tif", ".tiff", ".bmp", ".gif", ".index", ".jsn"} | {
+            ".msgpack"
+        }, mode
+        assert ours[".bin"] is None

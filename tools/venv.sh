@@ -21,7 +21,9 @@
 # (wids==0.1.11, the same code), whose test file tests/test_reference_tests.py runs against ours.
 
 WIDS_TORCH="torch==2.13.0"
-WIDS_REFERENCE_PACKAGES=("$WIDS_TORCH" "webdataset==0.2.111")
+# Pillow and msgpack: the reference's default decoders import them (images, .mp), and the
+# side-by-side tests compare decoded fields (tests/test_compat.py).
+WIDS_REFERENCE_PACKAGES=("$WIDS_TORCH" "webdataset==0.2.111" "pillow==13.0.0" "msgpack==1.2.4")
 WIDS_REFERENCE_SDIST="wids==0.1.11"
 
 _wids_log() { echo "$(basename "$0"): $*" >&2; }
