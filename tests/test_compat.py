@@ -149,6 +149,22 @@ def test_stream_input(dataset_dir):
     assert strip_meta(ds[7]) == dataset_samples(paths)[7]
 
 
+def test_a_stream_may_be_closed_once_the_dataset_is_made(dataset_dir):
+    """``with open(p) as f: ds = ShardListDataset(f)``, then ``ds`` used: the reference read
+    the stream in the constructor; ours read it on first use, from a closed file."""
+    import pickle
+
+    d, paths, _ = dataset_dir
+    with open(d / "desc.json") as f:
+        ds = ShardListDataset(f, transformations=[], base=str(d))
+        copy = pickle.loads(pickle.dumps(ds))  # a worker's copy, made before anything was read
+    assert len(ds) == 10 and strip_meta(ds[7]) == dataset_samples(paths)[7]
+    assert len(copy) == 10 and strip_meta(copy[9]) == dataset_samples(paths)[9]
+    with open(d / "desc.json", "rb") as f:
+        binary = ShardListDataset(f, transformations=[], base=str(d))
+    assert binary.lengths == [3, 5, 2]
+
+
 def test_list_of_dicts(dataset_dir):
     _, paths, lengths = dataset_dir
     ds = ShardListDataset(

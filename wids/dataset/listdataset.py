@@ -26,6 +26,7 @@ import numpy as np
 
 from ..decode import Decoder, interpret_transformations
 from ..index import check_url_map
+from ..index.spec import StreamContent
 from ..plan import Plan, plan_of
 from ..samples import DUPLICATE_POLICIES, DuplicatePolicy
 from ..storage import ReadLimits, RetryPolicy, Store, forks, is_local, named_by
@@ -255,6 +256,8 @@ class ShardListDataset(_DatasetBase[T_co]):
         self.merge_gap = merge_gap
         self.stream_over = stream_over
         self.allow_pickle = bool(allow_pickle)
+        if hasattr(shards, "read") and not isinstance(shards, (str, os.PathLike)):
+            shards = StreamContent(shards.read())  # now, as the reference: f may then close
         self._local = LocalCache(cache_dir, cache_size=cache_size, keep=keep, offline=offline)
         self._catalog = Catalog(
             shards,

@@ -53,7 +53,7 @@ from .urls import (
     url_dir,
 )
 
-__all__ = ["KIND", "Spec", "load_spec", "read_bytes"]
+__all__ = ["KIND", "Spec", "StreamContent", "load_spec", "read_bytes"]
 
 KIND = "wids-shard-index-v1"
 """The ``__kind__`` of a dataset description."""
@@ -62,6 +62,24 @@ _MAX_DEPTH = 32
 # A top-level description without any of these is not an index at all (NotAnIndexError).
 _INDEX_KEYS = frozenset(("__kind__", "wids_version", "shardlist", "datasets", "wids_index"))
 _MAX_FILES = 10_000  # descriptions loaded through source_url, in all (fan-out, not only depth)
+
+
+class StreamContent:
+    """What an open stream of a description held, read at once (the stream may then close).
+
+    A dataset given ``open(path)`` reads it when it is made, as the reference did, so that
+    ``with open(p) as f: ds = ShardListDataset(f)`` goes on working, and pickles to workers.
+    :func:`load_spec` takes it as the stream it was (``read()`` gives the whole text).
+    """
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: str | bytes) -> None:
+        self.data = data
+
+    def read(self) -> str | bytes:
+        """The stream's whole content."""
+        return self.data
 
 
 @dataclass(frozen=True)
