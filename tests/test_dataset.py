@@ -266,6 +266,14 @@ def test_a_windows_path_is_named_so(tmp_path, monkeypatch, name):
     assert "Windows" not in str(e.value)
 
 
+@pytest.mark.parametrize("name", ["s3:/bucket/train.json", "https:/host/data/train-0.tar"])
+def test_a_url_missing_a_slash_is_named_so(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ShardNotFoundError, match="URL missing a slash after its scheme") as e:
+        len(ShardListDataset(name))
+    assert e.value.shard == str(tmp_path / name)
+
+
 def test_offline(counting):
     ds = ShardListDataset(
         [{"url": u, "nsamples": NSAMPLES} for u in counting], transformations=[], offline=True

@@ -21,10 +21,12 @@ __all__ = ["LocalFile", "no_such_file"]
 
 # A Windows path read on a system whose separator is "/": a backslash, or a drive ("C:/")
 _WINDOWS = re.compile(r"\\|(?:^|/)[A-Za-z]:/")
+# "s3:/bucket/x" or "https:/host/x", made absolute ("/cwd/s3:/bucket/x"): a URL typed wrong
+_SCHEME_ONE_SLASH = re.compile(r"(?:^|/)[A-Za-z][A-Za-z0-9+.-]+:/(?!/)")
 
 
 def no_such_file(path: str) -> str:
-    """Say "no such file", and why: a wildcard the shell did not expand, a Windows path."""
+    """Say "no such file", and why: an unexpanded wildcard, a Windows path, a mistyped URL."""
     if any(c in path for c in "*?["):
         return (
             "no such file (a wildcard like * expands only in a list of shards, as given to "
@@ -34,6 +36,11 @@ def no_such_file(path: str) -> str:
         return (
             "no such file (a Windows-style path: here folders are separated by '/' and there "
             "are no drive letters; give the path as this system names the file)"
+        )
+    if _SCHEME_ONE_SLASH.search(path):
+        return (
+            "no such file (it looks like a URL missing a slash after its scheme, such as "
+            "s3:/bucket/x: write s3://bucket/x)"
         )
     return "no such file"
 
