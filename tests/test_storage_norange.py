@@ -355,3 +355,9 @@ def test_what_a_url_holds_is_recognised_without_range(tmp_path):
             with pytest.raises(NotAnIndexError, match="not a wids or reference index") as e:
                 len(ShardListDataset(url))
             assert e.value.shard == url
+        # an SQLite index is read whole too; a shard table is read by range: refused
+        for name in ("i.sqlite", "i.widx"):
+            build_index([f"{base}/a-0.tar"], str(tmp_path / name))
+        assert len(ShardListDataset(f"{base}/i.sqlite", transformations=None)) == 3
+        with pytest.raises(RangeNotSupportedError, match="ignores Range"):
+            len(ShardListDataset(f"{base}/i.widx"))
