@@ -163,3 +163,40 @@ def test_the_readme_quickstart_runs_as_written(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
     result = r.stdout.split("RESULT", 1)[1].split()
     assert result == ["(64,", "3,", "16,", "16)", "128", "000030000003"]
+
+
+def test_the_pages_read_samples_blocks_run_as_written(tmp_path: Path) -> None:
+    """The quickstart's and the dataset page's first block, pasted as they are, on the data the
+    quickstart indexes: each value is of the type its comment says."""
+    from wids.synth import write_dataset
+
+    write_dataset(
+        str(tmp_path / "data"), shards=32, samples_per_shard=4, image_size=16, prefix="train"
+    )
+    r = subprocess.run(
+        [sys.executable, "-m", "wids", "index", "create", "data/train-{000000..000031}.tar"]
+        + ["-o", "data/train.json", "-q"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    check = (
+        "\nfrom PIL.Image import Image\n"
+        "assert isinstance(s['__key__'], str) and isinstance(s['.jpg'], Image)\n"
+        "assert type(s['.cls']) is int and len(ds) == 128 and s['__index__'] == 123\n"
+        "assert ds[-1]['__key__'] == '000031000003'\n"
+        "print('OK')\n"
+    )
+    for page in ("quickstart.md", "dataset.md"):
+        block = re.findall(r"```python\n(.*?)```", (ROOT / "docs" / page).read_text(), re.S)[0]
+        assert block.startswith("from wids import ShardListDataset\n"), page
+        r = subprocess.run(
+            [sys.executable, "-c", block + check],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert r.returncode == 0 and r.stdout.split()[-1] == "OK", (page, r.stderr[-2000:])
