@@ -152,3 +152,36 @@ def test_gcs_reads_are_pinned_to_the_object_s_generation(fake_gcs):
     # a new store (another process) reads the new generation, pinned to it
     again = Store(options, FAST).source(f"gs://{bucket}/x.bin", size=100_000)
     assert again.read_range(100, 200) == b"B" * 100
+
+
+def test_a_server_compressing_its_answers_is_named_as_the_reason_there_is_no_size(tmp_path):
+    """``Content-Encoding: gzip`` on every answer: the stat says why it has no size.
+
+    Before, ``access="shard"`` said only "storage reports no size".
+    """
+    from hostileserver import HostileServer
+    from tarfixtures import make_samples, write_shard
+
+    from wids.errors import PermanentRemoteError
+
+    root = tmp_path / "www"
+    root.mkdir()
+    write_shard(root / "a.tar", make_samples(3, prefix="a", fields=(".txt",)))
+
+    def gzipped(path: str, status: int, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
+        return status, {**headers, "Content-Encoding": "gzip"}
+
+    server = HostileServer(root, gzipped)
+    try:
+        ds = ShardListDataset(
+            [{"url": f"{server.base}/a.tar", "nsamples": 3}],
+            transformations=[],
+            access="shard",
+            cache_dir=str(tmp_path / "cache"),
+        )
+        with pytest.raises(PermanentRemoteError, match="Content-Encoding") as e:
+            ds[0]
+        assert e.value.shard == f"{server.base}/a.tar"
+        ds.close()
+    finally:
+        server.stop()

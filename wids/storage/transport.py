@@ -140,7 +140,11 @@ class Transport:
             raise ShardNotFoundError("is a directory", shard=redact_url(self.url))
         size = info.get("size")
         if size is None:
-            raise PermanentRemoteError("storage reports no size", shard=redact_url(self.url))
+            raise PermanentRemoteError(
+                "storage reports no size (over HTTP: an answer without Content-Length, or "
+                "compressed with a Content-Encoding, which wids does not read)",
+                shard=redact_url(self.url),
+            )
         return file_stat(info, int(size))
 
 
