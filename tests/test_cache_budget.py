@@ -341,6 +341,36 @@ def test_chunked_order_fetches_each_shard_once_with_half_the_dataset(
     assert ShardCache(str(tmp_path / "cache")).total_bytes() <= total // 2
 
 
+def test_a_look_at_one_sample_first_does_not_count_the_main_process_a_reader(
+    http_server, shards, tmp_path
+):
+    """``ds[0]`` in the main process (a look at a sample) before a DataLoader with 2 workers,
+    over a budget of 5 of the 12 shards: 2.5 per worker, 1.7 if the main process counts. On
+    the old code its reader mark stayed for the dataset's life: the workers promoted too little
+    and read the rest by range (1.2-1.6x the dataset). An iteration beginning in the main
+    process drops its mark (reading its batches itself marks it again): 1.0x."""
+    import torch.utils.data as tud
+
+    from wids.sampler import ChunkedSampler
+
+    total = sum(os.path.getsize(p) for p in shards["paths"])
+    ds = ShardListDataset(
+        shards["index"],
+        access="auto",
+        cache_dir=str(tmp_path / "cache"),
+        cache_size=total * 5 // 12,
+        transformations=[],
+    )
+    assert strip_meta(ds[0]) == shards["oracle"][0]
+    per = len(ds) // len(ds.lengths)
+    sampler = ChunkedSampler(ds, chunksize=per, seed=2)
+    http_server.reset_counts()
+    loader = tud.DataLoader(ds, batch_size=5, sampler=sampler, num_workers=2, collate_fn=_count)
+    assert sum(loader) == len(ds)
+    assert _shard_bytes(http_server) <= 1.05 * total
+    ds.close()
+
+
 def _rank_epoch(index, cache_dir, budget, rank, out) -> None:
     from wids.sampler import DistributedChunkedSampler
 

@@ -591,6 +591,11 @@ class ShardCache:
         self._prepare()
         self._readers.hold()
 
+    def unmark_reader(self) -> None:
+        """This process stops counting as a reader; counting with :attr:`reader` marks it again."""
+        self.reader = False
+        self._readers.close()
+
     def wait_fetches(self) -> None:
         """Wait for the background fetches (:meth:`prefetch`) started so far."""
         self._background.wait()

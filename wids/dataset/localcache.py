@@ -101,6 +101,11 @@ class LocalCache:
         cache.mark_reader()
         return cache
 
+    def stop_reading(self) -> None:
+        """This process no longer reads through the cache (until :meth:`reading_cache` again)."""
+        if self._cache is not None and self._pid == os.getpid():
+            self._cache.unmark_reader()
+
     def open_whole(
         self,
         source: Source,

@@ -578,8 +578,12 @@ class ReaderPool:
         ``access="range"`` or offline, nothing happens.
         """
         local = self.local
-        if local.cache_dir is None or local.offline or self.access == "range" or self._reading:
-            return  # this process reads: its own batches' plans fetch what they need
+        if local.cache_dir is None or local.offline or self.access == "range":
+            return
+        if self._reading:  # it read here before (a look at ds[0]): now it hands out batches
+            with self._lock:  # and counts no more against the budget's share per reader; if
+                self._reading = False  # it reads them itself, its first read marks it again
+                local.stop_reading()
         self._warming = plan.token
         thread = threading.Thread(target=self._warm, args=(plan,), name="wids-warm", daemon=True)
         thread.start()
