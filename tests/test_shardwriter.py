@@ -422,3 +422,27 @@ def test_resume_refuses_an_index_it_cannot_read(tmp_path):
     assert index.read_bytes() == damaged
     write_all(pattern, 0, maxcount=10, resume=True, overwrite=True)  # on purpose: scanned again
     assert len(ShardListDataset(str(index))) == 30
+
+
+def test_another_programs_temporary_files_beside_the_shards_are_left_alone(tmp_path):
+    """A writer removes the temporary files a killed writer of its own names left, no others.
+
+    Before, opening a ShardWriter deleted every unlocked ``.*.tmp`` in the output folder: a
+    user's ``.notes.tmp``, another program's download in progress.
+    """
+    from wids.atomic import TempFile
+
+    theirs = {".notes.tmp": b"mine", ".other.tar.0123456789ab.tmp": b"theirs", "a.tmp": b"x"}
+    for name, data in theirs.items():
+        (tmp_path / name).write_bytes(data)
+    for stem in ("train-000007.tar", "train.json"):  # as a killed writer leaves them: unlocked
+        tmp = TempFile(tmp_path, stem)
+        assert tmp.fd is not None
+        os.close(tmp.fd)
+        tmp.fd = None
+    assert len(os.listdir(tmp_path)) == 5
+    with ShardWriter(str(tmp_path / "train-%06d.tar"), maxcount=10) as w:
+        w.write(sample(0))
+    left = sorted(n for n in os.listdir(tmp_path) if n.endswith(".tmp"))
+    assert left == sorted(theirs)
+    assert all((tmp_path / n).read_bytes() == d for n, d in theirs.items())

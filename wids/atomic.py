@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,6 +37,9 @@ __all__ = [
 
 TEMP_SUFFIX = ".tmp"
 """Suffix of every temporary file this module creates (``.<name>.<random>.tmp``)."""
+
+_TEMP_NAME = re.compile(r"\.(?P<stem>.+)\.[0-9a-f]{12}" + re.escape(TEMP_SUFFIX))
+"""The name :class:`TempFile` gives: ``.<stem>.<12 hex digits>.tmp``."""
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -156,13 +160,25 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool
         f.write(data)
 
 
-def remove_stale_temps(directory: str | os.PathLike[str], *, min_age: float = 10.0) -> list[str]:
+def remove_stale_temps(
+    directory: str | os.PathLike[str],
+    *,
+    min_age: float = 10.0,
+    stems: re.Pattern[str] | None = None,
+) -> list[str]:
     """Delete temporary files whose writer is gone (their lock is free).
+
+    Only names :class:`TempFile` gives are candidates (``.<stem>.<12 hex digits>.tmp``), and
+    with ``stems`` only those whose stem it matches whole: the directory may be the user's
+    (a :class:`~wids.ShardWriter`'s output), where another program's ``.notes.tmp`` is not
+    ours to delete.
 
     Args:
         directory: Directory to scan (not recursive).
         min_age: Leave files younger than this many seconds alone; covers the instant
             between creating a temporary file and locking it.
+        stems: The destinations' names whose temporary files may be removed (all, if
+            ``None``: a directory only wids writes).
 
     Returns:
         The paths removed.
@@ -175,7 +191,8 @@ def remove_stale_temps(directory: str | os.PathLike[str], *, min_age: float = 10
         return removed
     now = time.time()
     for name in names:
-        if not (name.startswith(".") and name.endswith(TEMP_SUFFIX)):
+        ours = _TEMP_NAME.fullmatch(name)
+        if ours is None or (stems is not None and stems.fullmatch(ours["stem"]) is None):
             continue
         path = os.path.join(directory, name)
         if _remove_if_unlocked(path, now - min_age):

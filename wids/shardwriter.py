@@ -46,6 +46,26 @@ logger = logging.getLogger(__name__)
 _FORMAT = re.compile(r"%[-#0 +]*\d*[diouxX]")
 
 
+def _file_names(pattern: str, index: str | None) -> re.Pattern[str]:
+    """The names a writer of ``pattern`` (and ``index``) publishes in the first shard's folder.
+
+    Its shards' names (the number field as any number: a killed writer may have reached any
+    shard) and its index's, where the index goes in that folder too.
+    """
+    name = os.path.basename(pattern)
+    field = _FORMAT.search(name)
+    shards = re.escape(os.path.basename(pattern % 0))
+    if field is not None:
+        head, tail = name[: field.start()], name[field.end() :]
+        shards = re.escape(head % ()) + "[-+ 0-9a-fA-F]+" + re.escape(tail % ())
+    names = [shards]
+    if index is not None and os.path.dirname(os.path.abspath(index)) == os.path.dirname(
+        os.path.abspath(pattern % 0)
+    ):
+        names.append(re.escape(os.path.basename(index)))
+    return re.compile("|".join(f"(?:{n})" for n in names))
+
+
 def default_index(pattern: str) -> str:
     """The index a pattern's shards get by default: ``out/train-%06d.tar`` -> ``out/train.json``.
 
@@ -181,6 +201,13 @@ class ShardWriter:
         self._uploads: deque[tuple[str, TarWriter, cf.Future[None]]] = deque()
         self._state = "new"
 
+    def _names(self) -> re.Pattern[str]:
+        """The file names this writer publishes beside its shards (:func:`_file_names`)."""
+        from .storage import is_remote, local_path
+
+        index = None if self.index is None or is_remote(self.index) else local_path(self.index)
+        return _file_names(local_path(self.pattern), index)
+
     def __repr__(self) -> str:
         return f"ShardWriter({self.pattern!r}, shard={self.shard}, total={self.total})"
 
@@ -214,8 +241,8 @@ class ShardWriter:
         try:
             if not is_remote(self.pattern):
                 directory = os.path.dirname(os.path.abspath(local_path(self.pattern % 0)))
-                if os.path.isdir(directory):
-                    remove_stale_temps(directory, min_age=0.0)  # left by a killed writer
+                if os.path.isdir(directory):  # left by a killed writer; only ours
+                    remove_stale_temps(directory, min_age=0.0, stems=self._names())
             if is_remote(self.pattern):
                 self._pool = cf.ThreadPoolExecutor(self.max_uploads, "wids-upload")
             if self.index is not None:
