@@ -165,6 +165,25 @@ def test_a_stream_may_be_closed_once_the_dataset_is_made(dataset_dir):
     assert binary.lengths == [3, 5, 2]
 
 
+def test_a_relative_path_names_what_it_named_when_made(dataset_dir, tmp_path, monkeypatch):
+    """The reference read its description when made: an ``os.chdir`` after that (or a copy
+    unpickled elsewhere) read ours from the new directory (ShardNotFoundError)."""
+    import pickle
+
+    d, paths, _ = dataset_dir
+    monkeypatch.chdir(d.parent)
+    made = [
+        ShardListDataset(f"{d.name}/desc.json", transformations=[]),
+        ShardListDataset(f"{d.name}/shard-{{000000..000002}}.tar", transformations=[]),
+        ShardListDataset([f"{d.name}/shard-000001.tar"], transformations=[]),
+    ]
+    copies = [pickle.dumps(ds) for ds in made]
+    monkeypatch.chdir(tmp_path)
+    oracle = dataset_samples(paths)
+    for ds in made + [pickle.loads(c) for c in copies]:
+        assert strip_meta(ds[-1]) == oracle[-1 if len(ds) == 10 else 7]
+
+
 def test_list_of_dicts(dataset_dir):
     _, paths, lengths = dataset_dir
     ds = ShardListDataset(

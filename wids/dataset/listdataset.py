@@ -30,6 +30,7 @@ from ..index.spec import StreamContent
 from ..plan import Plan, plan_of
 from ..samples import DUPLICATE_POLICIES, DuplicatePolicy
 from ..storage import ReadLimits, RetryPolicy, Store, forks, is_local, named_by
+from ..storage.urls import anchored
 from .catalog import MAX_SAMPLE_BYTES, Catalog, display_url
 from .description import DatasetComponent
 from .exclusions import parse_exclude
@@ -258,6 +259,7 @@ class ShardListDataset(_DatasetBase[T_co]):
         self.allow_pickle = bool(allow_pickle)
         if hasattr(shards, "read") and not isinstance(shards, (str, os.PathLike)):
             shards = StreamContent(shards.read())  # now, as the reference: f may then close
+        shards, base = anchored(shards), anchored(base)  # an os.chdir later changes nothing
         self._local = LocalCache(cache_dir, cache_size=cache_size, keep=keep, offline=offline)
         self._catalog = Catalog(
             shards,

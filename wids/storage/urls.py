@@ -16,10 +16,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from typing import Any
 
 from .redact import file_identity, strip_credentials
 
 __all__ = [
+    "anchored",
     "is_local",
     "is_remote",
     "local_file",
@@ -48,6 +50,26 @@ def local_file(url: str) -> str:
     """The absolute path of a local ``url`` (``file://`` removed, ``~`` expanded)."""
     path = url[len("file://") :] if url.startswith("file://") else url
     return os.path.abspath(os.path.expanduser(path))
+
+
+def anchored(src: Any) -> Any:
+    """``src`` with a relative local path, or each of a list of them, made absolute now.
+
+    A dataset names its shards when it is made, as the reference did: an ``os.chdir`` after
+    that (or a worker started in another directory) must not change what a relative path
+    names. URLs, ``pipe:`` commands and anything that is not a path come back unchanged.
+    """
+    if isinstance(src, os.PathLike):
+        src = os.fspath(src)
+    if isinstance(src, str):
+        return local_file(src) if _relative_local(src) else src
+    if isinstance(src, (list, tuple)) and src and all(isinstance(s, str) for s in src):
+        return type(src)(local_file(s) if _relative_local(s) else s for s in src)
+    return src
+
+
+def _relative_local(path: str) -> bool:
+    return is_local(path) and not path.startswith(("pipe:", "file://")) and not os.path.isabs(path)
 
 
 def local_path(url: str) -> str:
