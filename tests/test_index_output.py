@@ -38,6 +38,24 @@ def test_outputs_that_must_not_be_written(tmp_path: Path) -> None:
             check_output(str(tmp_path / name), [str(shard)])
 
 
+def test_a_file_where_the_member_tables_go_is_refused_and_kept(tmp_path: Path) -> None:
+    """``train.members`` is a user's file: a typed error before any work, the file untouched.
+
+    Before, the build failed deep in ``os.makedirs`` with a bare ``FileExistsError``.
+    """
+    from tarfixtures import make_samples, write_shard
+
+    from wids import build_index
+
+    write_shard(tmp_path / "a.tar", make_samples(2, prefix="a", fields=(".txt",)))
+    (tmp_path / "train.members").write_bytes(b"mine")
+    with pytest.raises(OutputExistsError, match="train.members/, which exists and is not a dir"):
+        build_index([str(tmp_path / "a.tar")], str(tmp_path / "train.json"))
+    assert (tmp_path / "train.members").read_bytes() == b"mine"
+    assert not (tmp_path / "train.json").exists()
+    build_index([str(tmp_path / "a.tar")], str(tmp_path / "train.sqlite"))  # no member folder
+
+
 def test_an_existing_index_even_a_damaged_one_may_be_rewritten(tmp_path: Path) -> None:
     json_index, sqlite_index = tmp_path / "i.json", tmp_path / "i.sqlite"
     with JsonIndexWriter(json_index), SqliteIndexWriter(sqlite_index):

@@ -77,6 +77,15 @@ def check_output(output: str, shards: Sequence[str], store: Store | None = None)
             )
     if not is_remote(output) and os.path.isdir(local_path(output)):
         raise OutputExistsError("is a directory; name the index file: train.json", shard=where)
+    sidecars = members_dir(local_path(output))
+    if not (is_remote(output) or is_sqlite_name(output) or is_table_name(output)) and (
+        os.path.lexists(sidecars) and not os.path.isdir(sidecars)
+    ):
+        raise OutputExistsError(
+            f"its member tables go in {os.path.basename(sidecars)}/, which exists and is not a "
+            "directory; not touching it (move it away, or name the index otherwise)",
+            shard=where,
+        )
     head = read_head(output, store)
     table = is_table_name(output)
     if head is not None and not _looks_like_index(head, is_sqlite_name(output), table):
