@@ -513,3 +513,26 @@ def test_default_decoders_next_to_the_reference(tmp_path):
             ".msgpack"
         }, mode
         assert ours[".bin"] is None
+
+
+def test_a_subclass_getitem_makes_the_dataloader_batches(dataset_dir):
+    """Reference code subclasses the dataset to shape its samples; the DataLoader's batched
+    read (``__getitems__``) went around that ``__getitem__`` and batched the raw dicts."""
+    from torch.utils.data import DataLoader
+
+    class Pairs(ShardListDataset):
+        def __getitem__(self, i):
+            s = super().__getitem__(i)
+            return s["__key__"], s[".cls"]
+
+    d, _, _ = dataset_dir
+    ds = Pairs(str(d / "desc.json"))
+    keys, labels = next(iter(DataLoader(ds, batch_size=4)))
+    assert (
+        list(keys)
+        == [ds[i][0] for i in range(4)]
+        == [ShardListDataset(ds.shards)[i]["__key__"] for i in range(4)]
+    )
+    assert labels.tolist() == [0, 1, 2, 0]
+    both = next(iter(DataLoader(ds + ds, batch_size=12, collate_fn=list)))
+    assert both[10:] == [ds[0], ds[1]]

@@ -353,8 +353,11 @@ class ShardListDataset(_DatasetBase[T_co]):
         """Many samples at once (torch's DataLoader calls this for a batch).
 
         Samples of one shard whose spans are adjacent or within ``merge_gap`` bytes are read
-        with one request; all requests are issued concurrently.
+        with one request; all requests are issued concurrently. A subclass that overrides
+        ``__getitem__`` gets its samples from it, one at a time.
         """
+        if type(self).__getitem__ is not ShardListDataset.__getitem__:
+            return [self[i] for i in indices]  # a subclass's own __getitem__ makes each sample
         self._check_process()
         located = [self._catalog.locate(x) for x in indices]
         if self.stream_over is not None:
