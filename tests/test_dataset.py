@@ -266,6 +266,25 @@ def test_a_windows_path_is_named_so(tmp_path, monkeypatch, name):
     assert "Windows" not in str(e.value)
 
 
+def test_a_mistyped_path_says_what_is_there(tmp_path, monkeypatch):
+    """A typo'd name: the one close name in its folder, or that the folder is missing too;
+    no guess among many alike (shards of one pattern)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.json").write_text("{}")
+    for i in range(3):
+        (tmp_path / "data" / f"train-{i:06d}.tar").write_bytes(b"")
+    cases = {
+        "data/trian.json": "no such file (did you mean train.json?)",
+        "dta/train.json": f"no such file (nor its folder {tmp_path / 'dta'})",
+        "data/train-00000.tar": "no such file",
+    }
+    for name, message in cases.items():
+        with pytest.raises(ShardNotFoundError) as e:
+            len(ShardListDataset(name))
+        assert str(e.value) == f"{tmp_path / name}: {message}"
+
+
 @pytest.mark.parametrize("name", ["s3:/bucket/train.json", "https:/host/data/train-0.tar"])
 def test_a_url_missing_a_slash_is_named_so(tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)

@@ -42,7 +42,27 @@ def no_such_file(path: str) -> str:
             "no such file (it looks like a URL missing a slash after its scheme, such as "
             "s3:/bucket/x: write s3://bucket/x)"
         )
-    return "no such file"
+    return "no such file" + _nearby(path)
+
+
+_LISTED = 4096  # names of a folder compared with a missing file's (a bound on the work)
+
+
+def _nearby(path: str) -> str:
+    """What is there instead of a missing ``path``: its folder is missing, or a close name."""
+    import difflib
+    import itertools
+
+    folder, name = os.path.split(path)
+    if folder and not os.path.isdir(folder):
+        return f" (nor its folder {folder})"
+    try:
+        with os.scandir(folder or ".") as entries:
+            names = [e.name for e in itertools.islice(entries, _LISTED)]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(name, names, n=2, cutoff=0.8)
+    return f" (did you mean {close[0]}?)" if len(close) == 1 else ""  # one, or it is a guess
 
 
 class LocalFile:
