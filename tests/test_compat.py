@@ -536,3 +536,19 @@ def test_a_subclass_getitem_makes_the_dataloader_batches(dataset_dir):
     assert labels.tolist() == [0, 1, 2, 0]
     both = next(iter(DataLoader(ds + ds, batch_size=12, collate_fn=list)))
     assert both[10:] == [ds[0], ds[1]]
+
+
+def test_localname_warns_with_the_way_to_read_local_copies(dataset_dir):
+    """The reference's ``localname`` pointed remote shard URLs at local files; its warning
+    names ``url_map``, which does that: every sample from the local copies."""
+    from serverfixtures import python_http_server
+
+    d, paths, _ = dataset_dir
+    with python_http_server(d) as base:
+        with pytest.warns(UserWarning, match=r"url_map=\{'https://host/dir/': '/local/dir/'\}"):
+            ShardListDataset(f"{base}/desc.json", localname=lambda url: url)
+        ds = ShardListDataset(
+            f"{base}/desc.json", url_map={f"{base}/": f"{d}/"}, transformations=[]
+        )
+        assert [s["__shard__"] for s in ds.__getitems__([0, 9])] == [paths[0], paths[2]]
+        assert [strip_meta(ds[i]) for i in range(len(ds))] == dataset_samples(paths)

@@ -232,7 +232,8 @@ class ShardListDataset(_DatasetBase[T_co]):
         if localname is not None:
             warnings.warn(
                 "localname is not supported: the shard cache names its files itself "
-                "(collision-free); pass cache_dir",
+                "(collision-free); pass cache_dir, or read shards from copies of yours with "
+                "url_map={'https://host/dir/': '/local/dir/'}",
                 stacklevel=2,
             )
         if (access == "range" or cache_dir is None) and (cache_size is not None or keep):
