@@ -82,6 +82,16 @@ def test_nothing_matching_is_a_shard_not_found_error(folder):
     assert isinstance(e.value, FileNotFoundError) and e.value.shard.endswith("nothing-*.tar")
 
 
+@pytest.mark.skipif(os.sep != "/", reason="a backslash is a separator there")
+def test_a_windows_style_pattern_that_matches_nothing_says_so(folder, monkeypatch):
+    monkeypatch.chdir(folder.parent)
+    for pattern in (f"{folder.name}\\part-*.tar", "C:/data/part-*.tar"):
+        with pytest.raises(ShardNotFoundError, match="Windows-style path"):
+            expand_glob(pattern)
+    with pytest.raises(ShardNotFoundError, match="matches this pattern$"):
+        expand_glob(f"{folder.name}/nothing-*.tar")
+
+
 def test_build_index_and_dataset_take_local_globs(folder, tmp_path):
     out = tmp_path / "g.json"
     report = build_index([str(folder / "part-*.tar")], str(out), progress=False)

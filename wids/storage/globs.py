@@ -20,6 +20,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ShardNotFoundError
+from .local import windows_style
 from .redact import redact_url
 from .urls import is_local
 
@@ -82,7 +83,10 @@ def expand_glob(pattern: str, store: Store | None = None) -> list[str]:
         return [pattern]  # an existing file named "a[1].tar" is that file
     matches = _local_matches(pattern) if is_local(pattern) else _remote_matches(pattern, store)
     if not matches:
-        raise ShardNotFoundError("no file matches this pattern", shard=redact_url(pattern))
+        why = "no file matches this pattern"
+        if is_local(pattern) and windows_style(pattern):
+            why += " (a Windows-style path: here folders are separated by '/')"
+        raise ShardNotFoundError(why, shard=redact_url(pattern))
     return sorted(matches, key=natural_key)
 
 

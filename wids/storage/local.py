@@ -16,13 +16,18 @@ from typing import Any
 from ..errors import PermanentRemoteError, ShardNotFoundError, ShortReadError
 from .stats import FileStat, IOStats
 
-__all__ = ["LocalFile", "no_such_file"]
+__all__ = ["LocalFile", "no_such_file", "windows_style"]
 
 
 # A Windows path read on a system whose separator is "/": a backslash, or a drive ("C:/")
 _WINDOWS = re.compile(r"\\|(?:^|/)[A-Za-z]:/")
 # "s3:/bucket/x" or "https:/host/x", made absolute ("/cwd/s3:/bucket/x"): a URL typed wrong
 _SCHEME_ONE_SLASH = re.compile(r"(?:^|/)[A-Za-z][A-Za-z0-9+.-]+:/(?!/)")
+
+
+def windows_style(path: str) -> bool:
+    """Whether ``path`` is written as on Windows, on a system whose separator is ``/``."""
+    return os.sep == "/" and _WINDOWS.search(path) is not None
 
 
 def no_such_file(path: str) -> str:
@@ -32,7 +37,7 @@ def no_such_file(path: str) -> str:
             "no such file (a wildcard like * expands only in a list of shards, as given to "
             "wids index create or ShardListDataset; not in an index or a shard named by one)"
         )
-    if os.sep == "/" and _WINDOWS.search(path):
+    if windows_style(path):
         return (
             "no such file (a Windows-style path: here folders are separated by '/' and there "
             "are no drive letters; give the path as this system names the file)"
