@@ -92,6 +92,15 @@ def test_local_reads_equal_tarfile_and_the_writer_index_is_index_create_s(
         assert seek is not None and len(seek) == len(a.members(s)) + 1  # a frame each + the end
 
 
+def test_one_shard_named_on_its_own_is_a_shard(written: tuple[Path, list[dict]]) -> None:
+    """``ShardListDataset("train-000.tar.zst")``, as a ``.tar`` or ``.tar.gz`` is: it was taken
+    for an index (NotAnIndexError: not valid JSON)."""
+    d, oracle = written
+    for shards in (str(d / "train-000.tar.zst"), d / "train-000.tar.zst"):
+        ds = ShardListDataset(shards, transformations=[])
+        assert [_raw(ds[i]) for i in range(len(ds))] == oracle[:30]
+
+
 def _upload(server, d: Path) -> str:  # type: ignore[no-untyped-def]
     prefix = f"z{uuid.uuid4().hex[:8]}"
     for p in sorted(d.rglob("*")):

@@ -75,7 +75,7 @@ def _is_shard_pattern(src: Any) -> bool:
     if not isinstance(src, (str, os.PathLike)):
         return False
     s = os.fspath(src)
-    return ("{" in s and "}" in s) or s.endswith((".tar", ".tgz", ".tar.gz"))
+    return ("{" in s and "}" in s) or s.endswith((".tar", ".tgz", ".tar.gz", ".tar.zst"))
 
 
 def display_url(src: Any) -> str | None:

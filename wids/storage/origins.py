@@ -130,7 +130,7 @@ def _local_names(path: str) -> list[str] | None:
     recognised from its first bytes and never read whole here.
     """
     path = path.removeprefix("file://")
-    if path.endswith((".tar", ".tgz", ".tar.gz")):  # a shard, not a description
+    if path.endswith((".tar", ".tgz", ".tar.gz", ".tar.zst")):  # a shard, not a description
         return []
     texts: list[str] = []
     remote = False
