@@ -326,6 +326,7 @@ def test_a_directory_or_a_glob_matching_nothing_is_named_and_explained(shards, t
     with pytest.raises(ShardNotFoundError, match="is a directory") as e:
         len(ShardListDataset(d))
     assert e.value.shard == d and isinstance(e.value, FileNotFoundError)
+    assert f"name them, as in '{d}/*.tar', or give their index" in str(e.value)  # what to do
     assert len(ShardListDataset(os.path.join(d, "synth-*.tar"))) == 60  # quoted globs expand
     glob = os.path.join(d, "nothing-*.tar")
     with pytest.raises(ShardNotFoundError, match="no file matches"):

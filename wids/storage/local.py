@@ -123,7 +123,11 @@ class LocalFile:
             try:
                 data = os.pread(fd, n, start)
             except IsADirectoryError:  # os.open() opens a directory; reading it fails
-                raise ShardNotFoundError("is a directory, not a file", shard=self.path) from None
+                raise ShardNotFoundError(
+                    f"is a directory, not a file (to read the shards in it, name them, as in "
+                    f"'{self.path.rstrip('/')}/*.tar', or give their index)",
+                    shard=self.path,
+                ) from None
             while 0 < len(data) < n:
                 more = os.pread(fd, n - len(data), start + len(data))
                 if not more:
