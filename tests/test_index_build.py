@@ -126,6 +126,36 @@ def test_brace_patterns_and_listfiles(shards, tmp_path):
     assert expand_shard_args([f"@{listfile}", shards[3]]) == [*shards[:2], shards[3]]
 
 
+def test_an_index_among_the_arguments_stands_for_its_shards(shards, tmp_path):
+    """``wids index create old.json -o train.json``: a reference description (relative URLs,
+    no member offsets) gets its member tables; it was scanned as a tar (TarFormatError)."""
+    import subprocess
+    import sys
+
+    d = os.path.dirname(shards[0])
+    ref = {
+        "__kind__": "wids-shard-index-v1",
+        "wids_version": 1,
+        "shardlist": [{"url": os.path.basename(p), "nsamples": 30} for p in shards[1:3]],
+    }
+    (tmp_path / "old.json").write_text(json.dumps({**ref, "base": d}))
+    assert expand_shard_args([str(tmp_path / "old.json"), shards[0]]) == [*shards[1:3], shards[0]]
+    r = subprocess.run(
+        [sys.executable, "-m", "wids", "index", "create", "old.json", "-o", "new.json", "-q"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 0, r.stderr
+    idx = open_index(str(tmp_path / "new.json"))
+    try:
+        assert [s.url for s in idx.shards] == shards[1:3]
+        assert [idx.members(k) for k in range(2)] == [tarfile_table(p) for p in shards[1:3]]
+    finally:
+        idx.close()
+
+
 def test_remote_build_streams_each_shard_once(shards, tmp_path):
     import fsspec
 

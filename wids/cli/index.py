@@ -38,7 +38,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "  wids index create s3://bucket/train-{000000..000999}.tar -o s3://bucket/train.json\n"
         "  wids index create data/*.tar -o train.json --column json:width --column size:.jpg\n",
     )
-    c.add_argument("shards", nargs="+", help="paths/URLs, brace patterns, or @listfile")
+    c.add_argument(
+        "shards", nargs="+", help="paths/URLs, brace patterns, @listfile, or an index (its shards)"
+    )
     c.add_argument(
         "-o",
         "--output",

@@ -88,11 +88,13 @@ class BuildReport:
 def expand_shard_args(
     args: Iterable[str], storage_options: Store | Mapping[str, Any] | None = None
 ) -> list[str]:
-    """Expand shard arguments: brace patterns, wildcards, and ``@listfile`` (one per line).
+    """Expand shard arguments: brace patterns, wildcards, ``@listfile`` (one per line), indexes.
 
     Braces expand first, then each result's wildcards (``*``, ``?``, ``[...]``, on any
     filesystem: ``s3://bucket/train-*.tar``), whose matches come in natural order
-    (``train-2`` before ``train-10``; :func:`wids.storage.expand_glob`).
+    (``train-2`` before ``train-10``; :func:`wids.storage.expand_glob`). A local index named
+    as it is (JSON, SQLite or ``.widx``, by its first bytes; a reference description too)
+    stands for the shards it lists.
 
     Args:
         args: Paths/URLs, patterns, ``@listfile`` names.
@@ -115,10 +117,42 @@ def expand_shard_args(
             with open(arg[1:], encoding="utf-8") as f:
                 lines = [ln.strip() for ln in f]
             out += expand_shard_args((ln for ln in lines if ln and not ln.startswith("#")), store)
+        elif _names_an_index(arg):  # named as it is: a wildcard matching one is no shard
+            out += _listed_shards(arg, store)
         else:
             for url in expand_braces(arg):
                 out += expand_glob(url, store)
     return out
+
+
+def _names_an_index(url: str) -> bool:
+    """Whether ``url`` is a local index: by its name, then its first bytes.
+
+    The bytes decide: a shard may be named ``*.json`` too.
+    """
+    from ..storage import is_local, local_file
+    from .recognise import HEAD_BYTES, is_index_head
+    from .registry import INDEX_SUFFIXES
+
+    if not url.lower().endswith(INDEX_SUFFIXES) or not is_local(url):
+        return False
+    if not os.path.isfile(local_file(url)):
+        return False
+    with open(local_file(url), "rb") as f:
+        head = f.read(HEAD_BYTES)
+    return any(is_index_head(head, kind) for kind in ("json", "sqlite", "table"))
+
+
+def _listed_shards(index: str, store: Store) -> list[str]:
+    """The shards an index lists, where it stands among shard arguments.
+
+    ``wids index create old.json -o train.json`` gives a reference description (no member
+    offsets) its member tables; a remote index naming local files is refused as anywhere.
+    Only the shards are taken, as one list: not the name, nor the sub-datasets.
+    """
+    from .registry import open_index
+
+    return [info.url for info in open_index(index, store).shards]
 
 
 def _open_existing(output: str, store: Store) -> IndexReader | None:
