@@ -302,6 +302,15 @@ def test_offline(counting):
     assert CountingMemFS.calls == []
 
 
+def test_a_list_of_paths_is_a_list_of_shards(shards, oracle):
+    """``sorted(Path("data").glob("*.tar"))``, as a list of str is; it was taken for a list of
+    shard dicts (IndexFormatError: expected a JSON object)."""
+    from pathlib import Path
+
+    ds = ShardListDataset([Path(p) for p in shards], transformations=[])
+    assert [strip_meta(ds[i]) for i in range(len(ds))] == oracle
+
+
 def test_stream_input(shards, oracle):
     desc = {"wids_version": 1, "shardlist": [{"url": p, "nsamples": NSAMPLES} for p in shards]}
     ds = ShardListDataset(io.StringIO(json.dumps(desc)), transformations=[])

@@ -71,7 +71,7 @@ spawn, the first batch 1.5x later. More go through a file (:mod:`wids.dataset.ha
 
 def _is_shard_pattern(src: Any) -> bool:
     if isinstance(src, (list, tuple)):
-        return len(src) > 0 and all(isinstance(s, str) for s in src)
+        return len(src) > 0 and all(isinstance(s, (str, os.PathLike)) for s in src)
     if not isinstance(src, (str, os.PathLike)):
         return False
     s = os.fspath(src)

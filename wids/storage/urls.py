@@ -63,8 +63,12 @@ def anchored(src: Any) -> Any:
         src = os.fspath(src)
     if isinstance(src, str):
         return local_file(src) if _relative_local(src) else src
-    if isinstance(src, (list, tuple)) and src and all(isinstance(s, str) for s in src):
-        return type(src)(local_file(s) if _relative_local(s) else s for s in src)
+    if (
+        isinstance(src, (list, tuple))
+        and src
+        and all(isinstance(s, (str, os.PathLike)) for s in src)
+    ):
+        return type(src)(anchored(s) for s in src)
     return src
 
 
