@@ -11,6 +11,7 @@ import random
 import shutil
 import subprocess
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -413,3 +414,19 @@ def test_a_single_frame_read_into_memory_takes_linear_time(tmp_path: Path) -> No
     took = time.perf_counter() - t0
     assert sample[".bin"] == random.Random(39).randbytes(1 << 20)
     assert took < 1.0 + 20 * t_ref, (took, t_ref)
+
+
+def test_a_shard_key_pair_names_a_tar_zst_shard(written: tuple[Path, list[dict]]) -> None:
+    """``exclude=["train-001.tar.zst/KEY"]`` leaves that sample out, as ``.tar``/``.tar.gz``
+    pairs do: it was taken for a bare key (the whole text) and excluded nothing."""
+    d, oracle = written
+    key = oracle[40]["__key__"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an unknown entry warns: it must name the sample
+        ds = ShardListDataset(
+            str(d / "train.json"), transformations=[], exclude=[f"train-001.tar.zst/{key}"]
+        )
+        assert len(ds) == len(oracle) - 1
+    assert [ds[i]["__key__"] for i in range(len(ds))] == [
+        s["__key__"] for s in oracle if s["__key__"] != key
+    ]

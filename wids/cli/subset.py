@@ -57,7 +57,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--exclude",
         metavar="FILE",
         help="leave these samples out of the subset's index (the shards are copied whole): one "
-        "entry per line, KEY, SHARD/KEY (SHARD ending in .tar, .tgz, .tar.gz) or SHARD<TAB>KEY; "
+        "entry per line, KEY, SHARD/KEY (SHARD ending in .tar, .tgz, .tar.gz, .tar.zst) or "
+        "SHARD<TAB>KEY; "
         "'#' comment lines and blank lines skipped. Written beside the index as "
         "<index>.exclude, which opening that index applies",
     )

@@ -60,7 +60,7 @@ EXCLUDE_HEADER = "# wids-exclude 1"
 """First line of the exclusion files wids writes (comments to a reader: any key file works)."""
 
 _SMALL = 1 << 16
-_PAIR = re.compile(r"^(.+?\.(?:tar|tgz|tar\.gz))/(.+)$")
+_PAIR = re.compile(r"^(.+?\.(?:tar|tgz|tar\.gz|tar\.zst))/(.+)$")
 
 
 @dataclass(frozen=True)
