@@ -403,6 +403,11 @@ _SAMPLERS = textwrap.dedent(
     s = ChunkedSampler(ds, chunksize=6, seed=2, **FIXED)
     s.set_epoch(5)
     rec(s)
+    for lo, hi, said in ((4, 17, 13), (8, 10, 4)):  # what len() says, as the reference's keyword
+        s = ChunkedSampler(list(range(29)), num_samples=(lo, hi), chunksize=5,
+                           dslength_per_replica=said)
+        rec(s)
+        out.append(len(s))
     rec(ShardedSampler(ds))
     rec(ShardedSampler(ds, seed=4, shufflefirst=True))
     rec(ShardedSampler(ds, lengths=[4, 4, 2], seed=1))
@@ -436,7 +441,7 @@ def test_sampler_orders_equal_the_reference(tmp_path):
     )
     assert ours.returncode == 0, ours.stderr[-2000:]
     expected, got = json.loads(ref.stdout), json.loads(ours.stdout)
-    assert len(got) == len(expected) == 21
+    assert len(got) == len(expected) == 25
     for i, (g, e) in enumerate(zip(got, expected, strict=True)):
         assert g == e, i
 

@@ -811,3 +811,16 @@ def test_memory_to_the_first_index_is_per_shard_not_per_sample(make):
         tracemalloc.stop()
     assert 0 <= first < 10**9 + 10**5
     assert peak < 12e6, f"{peak / 1e6:.1f} MB"
+
+
+def test_dslength_per_replica_is_what_len_says_as_in_the_reference() -> None:
+    """The reference's keyword runs unchanged: ``len()`` says it, an epoch yields the range;
+    a length that differs from the range warns (a DataLoader's len and batches differ)."""
+    same = ChunkedSampler(
+        list(range(29)), num_samples=(4, 17), chunksize=5, dslength_per_replica=13
+    )
+    assert len(same) == 13 and sorted(same) == list(range(4, 17))
+    with pytest.warns(UserWarning, match="dslength_per_replica=4 but an epoch yields 2"):
+        said = ChunkedSampler(list(range(10)), num_samples=(8, 10), dslength_per_replica=4)
+    assert len(said) == 4 and sorted(said) == [8, 9]
+    assert len(ChunkedSampler(list(range(10)), dslength_per_replica=-1)) == 10

@@ -7,6 +7,7 @@ import itertools
 import math
 import operator
 import random
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
@@ -156,6 +157,12 @@ class ChunkedSampler:
             still orders the indices so that each of ``num_workers`` workers taking turns
             reads its own chunks (0 or 1: plain order).
         batch_size: The DataLoader's ``batch_size`` (used only when ``num_workers > 1``).
+        dslength_per_replica: What ``len()`` says, as the reference's keyword of that name
+            did (``-1``, the default: the number of indices an epoch yields). An epoch still
+            yields the indices of ``num_samples``; a length that differs from their number
+            warns (``len(DataLoader)`` and the batches a loader yields then differ, and ranks
+            built this way step differently: :class:`DistributedChunkedSampler` gives every
+            rank the same length).
         auto_epoch: After a complete pass, advance the epoch by one. ``None`` (the default)
             or ``True``: always, as the reference does (a ``set_epoch`` call sets the epoch of
             the next pass; passes after it advance from there). ``False``: never (torch's
@@ -193,6 +200,7 @@ class ChunkedSampler:
         num_workers: int = 0,
         batch_size: int = 1,
         auto_epoch: bool | None = None,
+        dslength_per_replica: int = -1,
     ) -> None:
         if chunking not in ("shard", "fixed"):
             raise ValueError(f"chunking must be 'shard' or 'fixed', got {chunking!r}")
@@ -218,6 +226,7 @@ class ChunkedSampler:
         n = hi - lo
         replicas = self.num_replicas
         self._length = n // replicas if self.drop_last else -(-n // replicas)
+        self._said = self._said_length(dslength_per_replica)
         self._components = self._read_components(dataset) if mix else []
         self.ranges: Sequence[Range] = self._rank_ranges()
         self._position = 0  # indices handed out by the current iterator
@@ -232,6 +241,25 @@ class ChunkedSampler:
         # read, never configured: the dataset learns the plan from the indices handed out
         reads_plans = getattr(dataset, "_reads_plans", None)
         self._reader = dataset if callable(reads_plans) else None
+
+    def _said_length(self, length: int) -> int | None:
+        """The reference's ``dslength_per_replica``: what ``len()`` says, if given (> 0)."""
+        length = operator.index(length)
+        if length <= 0:
+            return None
+        if self.num_replicas != 1:
+            raise ValueError(
+                "dslength_per_replica is for one replica: a distributed sampler's length is its own"
+            )
+        if length != self._length:
+            warnings.warn(
+                f"ChunkedSampler: dslength_per_replica={length} but an epoch yields "
+                f"{self._length} indices: len() says {length}, as in the reference (a "
+                "DataLoader's len() and its batches then differ; DistributedChunkedSampler "
+                "gives every rank the same length)",
+                stacklevel=3,
+            )
+        return length
 
     def _rank_ranges(self) -> Sequence[Range]:
         """The chunks this rank's order is made of (block: its own; else the whole range's)."""
@@ -285,7 +313,7 @@ class ChunkedSampler:
         the batches already done before the state was saved (as torchdata's
         ``StatefulDistributedSampler`` does).
         """
-        return self._length
+        return self._length if self._said is None else self._said
 
     def set_epoch(self, epoch: int) -> None:
         """Use the order of ``epoch`` from the next iteration on.
