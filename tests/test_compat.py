@@ -557,3 +557,26 @@ def test_localname_warns_with_the_way_to_read_local_copies(dataset_dir):
         )
         assert [s["__shard__"] for s in ds.__getitems__([0, 9])] == [paths[0], paths[2]]
         assert [strip_meta(ds[i]) for i in range(len(ds))] == dataset_samples(paths)
+
+
+def test_dataset_name_is_the_index_name_as_the_reference_gives_it(dataset_dir, tmp_path):
+    """``ds.dataset_name`` of a description is its ``name``, side by side with the reference
+    (it was ``None`` unless given); a name given wins."""
+    top = _weighted(dataset_dir, tmp_path)
+    script = (
+        "import sys; from wids import ShardListDataset\n"
+        "print(ShardListDataset(sys.argv[1], cache_dir=sys.argv[2]).dataset_name)\n"
+    )
+    proc = subprocess.run(
+        [reference_python(), "-I", "-c", script, top, str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert ShardListDataset(top).dataset_name == proc.stdout.strip() == "top"
+    assert ShardListDataset(top, dataset_name="mine").dataset_name == "mine"
+    ds = ShardListDataset(top)
+    ds.dataset_name = "renamed"
+    assert ds.dataset_name == "renamed"

@@ -36,6 +36,8 @@ ONE_CONCEPT: dict[str, str] = {
     "wids.dataset.pool": "one typed per-process reader: its open readers, access mode, cache"
     " use (promotion, the warm-up of an iteration's first shards) and the one plan of a batch's"
     " reads, used by direct reads and the lookahead alike",
+    "wids.dataset.listdataset": "one public dataset: the reference's constructor, attributes and"
+    " methods (each a door to the catalog, the pool or the cache that does the work)",
     "wids.storage.viaobstore": "one transport: obstore's options translated exactly, its stores"
     " per process, its pinned reads and its errors sorted by type into wids'",
 }

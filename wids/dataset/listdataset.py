@@ -292,7 +292,6 @@ class ShardListDataset(_DatasetBase[T_co]):
     base = _Setting("_catalog")
     url_map = _Setting("_catalog")
     allow_local_shards = _Setting("_catalog")
-    dataset_name = _Setting("_catalog")
     storage_options = _Setting("_catalog")
     retry = _Setting("_catalog")
     duplicates = _Setting("_catalog")
@@ -300,6 +299,15 @@ class ShardListDataset(_DatasetBase[T_co]):
     lru_size = _Setting("_pool")
     access = _Setting("_pool")
     promote_share = _Setting("_pool")
+
+    @property
+    def dataset_name(self) -> str | None:
+        """The name given, else the index's ``name`` (as the reference's), else ``None``."""
+        return self._catalog.dataset_name or self.name or None
+
+    @dataset_name.setter
+    def dataset_name(self, value: str | None) -> None:
+        self._catalog.dataset_name = value
 
     # -- per-process state --------------------------------------------------------------------
 
