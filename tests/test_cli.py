@@ -419,3 +419,18 @@ def test_a_failed_index_create_leaves_no_member_tables(shards, tmp_path):
     tables = sorted(os.listdir(tmp_path / "x.members"))
     assert run("index", "create", *shards, str(bad), "-o", str(out)).returncode == 2
     assert sorted(os.listdir(tmp_path / "x.members")) == tables and out.exists()
+
+
+def test_verify_names_a_missing_shard_missing_and_says_how_to_repair(shards, tmp_path):
+    """A shard that is gone is MISSING, with what to do about it (put it back, or index the
+    shards there are); it was CHANGED, with a hint to rebuild from shards that are not there."""
+    import shutil
+
+    local = [shutil.copy(p, tmp_path) for p in shards]
+    out = str(tmp_path / "i.json")
+    assert main(["index", "create", *local, "-o", out, "-q"]) == 0
+    os.remove(local[1])
+    r = run("index", "verify", out)
+    assert r.returncode == 1
+    assert f"MISSING {local[1]}: " in r.stdout and "CHANGED" not in r.stdout
+    assert "put the missing shards back" in r.stdout and "--full" not in r.stdout

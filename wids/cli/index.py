@@ -297,7 +297,12 @@ def _cmd_index_verify(args: argparse.Namespace) -> int:
                 f"version ({escape_controls(why)}); a dataset fetches it again"
             )
         print(f"{len(stale)} cached copies in {args.cache_dir} are not the indexed version")
-    if problems:
+    if any(p.kind == "MISSING" for p in problems):
+        print(
+            "to repair, put the missing shards back where the index names them (--url-map: "
+            "a mirror), or index the shards there are: wids index create SHARDS... -o INDEX"
+        )
+    if any(p.kind != "MISSING" for p in problems):
         print(f"to repair, {REPAIR_HINT}")
     return 1 if problems else 0
 

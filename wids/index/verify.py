@@ -36,8 +36,9 @@ class ShardProblem:
 
     Attributes:
         url: The shard (credentials removed).
-        kind: ``"DAMAGED"`` (its member table cannot be read) or ``"CHANGED"`` (the shard);
-            for a note on a shard that matches, ``"COPY"``.
+        kind: ``"DAMAGED"`` (its member table cannot be read), ``"MISSING"`` (no shard where
+            the index says) or ``"CHANGED"`` (the shard); for a note on a shard that matches,
+            ``"COPY"``.
         message: What is wrong.
     """
 
@@ -66,8 +67,11 @@ def check_shard(
     store: Store,
     deep: bool = False,
     memo: ContentMemo | None = None,
-) -> tuple[str | None, str | None]:
-    """:func:`verify_shard`, and a note on a shard that matches: ``(problem, note)``.
+) -> tuple[str | None, str | None, str]:
+    """:func:`verify_shard`, and a note on a shard that matches: ``(problem, note, kind)``.
+
+    ``kind`` is the problem's (:class:`ShardProblem`): ``"MISSING"`` where no file answers,
+    else ``"CHANGED"``.
 
     A local shard of the recorded size and MD5 but another modification time is a copy (its
     bytes are read once to tell, see :mod:`wids.index.contents`): no problem, a note.
@@ -104,10 +108,10 @@ def check_shard(
             elif not copied and info.md5sum and src.local_path is not None:
                 problem = _md5_problem(src.local_path, stat, info.md5sum)
     except WidsError as e:
-        return e.message, None
+        return e.message, None, "MISSING" if isinstance(e, FileNotFoundError) else "CHANGED"
     finally:
         src.close()
-    return problem, (note if problem is None else None)
+    return problem, (note if problem is None else None), "CHANGED"
 
 
 def _md5_problem(path: str, stat: FileStat, recorded: str) -> str | None:
@@ -206,18 +210,18 @@ def verify_index(
     idx = open_index(index, store, url_map=url_map, allow_local_shards=allow_local_shards)
     problems: dict[int, ShardProblem] = {}
     remarks: dict[int, ShardProblem] = {}
-    futures: dict[cf.Future[tuple[str | None, str | None]], tuple[int, str]] = {}
+    futures: dict[cf.Future[tuple[str | None, str | None, str]], tuple[int, str]] = {}
     # remembered beside the index when checked here (an executor's workers may be elsewhere)
     memo = ContentMemo(index_digests_dir(index) if executor is None else None)
 
-    def record(k: int, url: str, result: tuple[str | None, str | None]) -> None:
-        problem, note = result
+    def record(k: int, url: str, result: tuple[str | None, str | None, str]) -> None:
+        problem, note, kind = result
         if problem:
-            problems[k] = ShardProblem(url, "CHANGED", problem)
+            problems[k] = ShardProblem(url, kind, problem)
         elif note:
             remarks[k] = ShardProblem(url, "COPY", note)
 
-    def collect(done: Iterable[cf.Future[tuple[str | None, str | None]]]) -> None:
+    def collect(done: Iterable[cf.Future[tuple[str | None, str | None, str]]]) -> None:
         for fut in done:
             k, url = futures.pop(fut)
             record(k, url, fut.result())
