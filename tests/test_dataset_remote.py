@@ -511,3 +511,23 @@ def test_close_closes_the_idle_plain_http_connections(http_server, local):
     assert not left & idle  # every idle plain connection closed
     assert others <= left  # aiohttp's are left
     assert strip_meta(ds[3]) == oracle[3]  # and the dataset reads on
+
+
+def test_a_subclass_getitem_is_given_the_batch_read_at_once(http_server, local):
+    """A subclass that shapes its samples in ``__getitem__`` (reference code does) gets them
+    from the DataLoader's batched read: adjacent samples in one request, not one each."""
+    from torch.utils.data import DataLoader
+
+    class Keys(ShardListDataset):
+        def __getitem__(self, i):
+            return super().__getitem__(i)["__key__"]
+
+    d, _, oracle = local
+    _, index = _upload(http_server, d)
+    ds = Keys(index, transformations=[], access="range")
+    ds.__getitems__([0])  # the shard's member table, opened and checked
+    http_server.reset_counts()
+    keys = next(iter(DataLoader(ds, batch_size=NSAMPLES, collate_fn=list)))
+    assert keys == [s["__key__"] for s in oracle[:NSAMPLES]]
+    assert http_server.request_count() == 1  # one shard's adjacent samples: one request
+    assert ds[3] == oracle[3]["__key__"]  # alone, after the batch: read by itself

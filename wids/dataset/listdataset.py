@@ -284,6 +284,8 @@ class ShardListDataset(_DatasetBase[T_co]):
         )
         self._made = forks.stamp()  # the process this copy reads in (see _check_process)
 
+    _batch: dict[int, Any] | None = None  # a batch read for a subclass's __getitem__
+
     # The settings of the dataset's parts, as attributes of the dataset (reference API).
     cache_dir = _Setting("_local")
     cache_size = _Setting("_local")
@@ -349,7 +351,10 @@ class ShardListDataset(_DatasetBase[T_co]):
             self._check_process()
         i, shard, j = self._catalog.locate(index)
         sample: Any = None
-        if self.stream_over is not None:
+        batch = self._batch  # a subclass's __getitem__ under __getitems__: read already
+        if batch is not None:
+            sample = batch.pop(i, None)
+        elif self.stream_over is not None:
             sample = streamed_sample(self._catalog, self._pool, i, shard, j, self.stream_over)
         if sample is None:
             fast = self._pool.fast.get(shard)
@@ -363,16 +368,23 @@ class ShardListDataset(_DatasetBase[T_co]):
 
         Samples of one shard whose spans are adjacent or within ``merge_gap`` bytes are read
         with one request; all requests are issued concurrently. A subclass that overrides
-        ``__getitem__`` gets its samples from it, one at a time.
+        ``__getitem__`` makes each sample with it, from the batch read so (its calls of
+        ``super().__getitem__(i)`` take sample ``i`` from it, once).
         """
-        if type(self).__getitem__ is not ShardListDataset.__getitem__:
-            return [self[i] for i in indices]  # a subclass's own __getitem__ makes each sample
         self._check_process()
         located = [self._catalog.locate(x) for x in indices]
+        own = type(self).__getitem__ is not ShardListDataset.__getitem__
         if self.stream_over is not None:
-            return self._streamed_batch(located)
+            return [self[i] for i in indices] if own else self._streamed_batch(located)
+        raws = self._pool.read_batch(located, self.merge_gap, plan_of(indices))
+        if own:  # the batch's reads as above, the samples from the subclass's __getitem__
+            self._batch = {i: raw for (i, _, _), raw in zip(located, raws, strict=True)}
+            try:
+                return [self[i] for i in indices]
+            finally:
+                self._batch = None
         out = []
-        for sample in self._pool.read_batch(located, self.merge_gap, plan_of(indices)):
+        for sample in raws:
             for t in self.transformations:
                 sample = t(sample)
             out.append(sample)
