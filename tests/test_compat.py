@@ -334,6 +334,19 @@ def _weighted(dataset_dir, tmp_path) -> str:
     return str(tmp_path / "top.json")
 
 
+def _in_reference(script: str, index: str, tmp_path) -> str:
+    """What ``script`` prints run by the reference on ``index`` (``sys.argv[2]``: a cache)."""
+    proc = subprocess.run(
+        [reference_python(), "-I", "-c", script, index, str(tmp_path / "cache")],
+        capture_output=True,
+        text=True,
+        cwd=str(tmp_path),
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
 def _listed(shards: list[dict]) -> list[tuple]:
     return [(os.path.basename(s["url"]), s["nsamples"], s.get("weight")) for s in shards]
 
@@ -357,15 +370,7 @@ def test_shards_listed_as_the_reference_lists_them(dataset_dir, tmp_path):
         "print(json.dumps(ds.shards))\n"
     )
     top = _weighted(dataset_dir, tmp_path)
-    proc = subprocess.run(
-        [reference_python(), "-I", "-c", script, top, str(tmp_path / "cache")],
-        capture_output=True,
-        text=True,
-        cwd=str(tmp_path),
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    ref = json.loads(proc.stdout.strip().splitlines()[-1])
+    ref = json.loads(_in_reference(script, top, tmp_path).strip().splitlines()[-1])
     ours = ShardListDataset(top, transformations=[]).shards
     assert _listed(ours) == _listed(ref)
     # the reference names sub-datasets only (None for the top level's shards: not collate-safe)
@@ -567,15 +572,8 @@ def test_dataset_name_is_the_index_name_as_the_reference_gives_it(dataset_dir, t
         "import sys; from wids import ShardListDataset\n"
         "print(ShardListDataset(sys.argv[1], cache_dir=sys.argv[2]).dataset_name)\n"
     )
-    proc = subprocess.run(
-        [reference_python(), "-I", "-c", script, top, str(tmp_path / "cache")],
-        capture_output=True,
-        text=True,
-        cwd=str(tmp_path),
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert ShardListDataset(top).dataset_name == proc.stdout.strip() == "top"
+    assert ShardListDataset(top).dataset_name == _in_reference(script, top, tmp_path).strip()
+    assert ShardListDataset(top).dataset_name == "top"
     assert ShardListDataset(top, dataset_name="mine").dataset_name == "mine"
     ds = ShardListDataset(top)
     ds.dataset_name = "renamed"
