@@ -31,6 +31,7 @@ Usage::
 
     python tools/bench_startmethods.py --quick                       # small, a few minutes
     python tools/bench_startmethods.py --contexts fork,forkserver,spawn --offpath fork
+    python tools/bench_startmethods.py --contexts forkserver --offpath '' --preload torch
 """
 
 from __future__ import annotations
@@ -55,6 +56,12 @@ from localservers import Nginx  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 CONTEXTS = ("fork", "forkserver", "spawn")
 OFFPATH = ("natural", "unordered", "second")
+
+PRELOAD = """
+if cfg["preload"] and cfg["ctx"] == "forkserver":  # imported once by the forkserver, not per worker
+    import multiprocessing
+    multiprocessing.get_context("forkserver").set_forkserver_preload(cfg["preload"])
+"""
 
 WEBDATASET = """
 import webdataset as wds
@@ -122,7 +129,7 @@ def run_one(name: str, args: argparse.Namespace, base: dict, proxy: Any) -> dict
         proxy.reset_counts()
         proxy_cpu = bench_latency._proc_cpu(proxy.proc.pid)
         proc = subprocess.run(
-            [python, "-c", scripts.MEASURE + script, json.dumps(cfg)],
+            [python, "-c", scripts.MEASURE + PRELOAD + script, json.dumps(cfg)],
             env=env,
             cwd=str(work),
             capture_output=True,
@@ -216,6 +223,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
     p.add_argument("--modes", default="auto,range")
     p.add_argument("--wds-venv", default="/tmp/venv-wds")
     p.add_argument("--before", help="another wids checkout: its contenders run too (+before)")
+    p.add_argument(
+        "--preload",
+        default="",
+        help="modules a forkserver imports once before it starts the workers, in every "
+        "contender (e.g. 'torch'; set_forkserver_preload); default none",
+    )
     p.add_argument("--data")
     p.add_argument("--timeout", type=float, default=600.0)
     args = p.parse_args(argv)
@@ -251,6 +264,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
                 "size": size,
                 "workers": args.workers,
                 "batch": args.batch,
+                "preload": [m for m in args.preload.split(",") if m],
             }
             _warm_up(base["urls"])
             for name in runs:
@@ -267,6 +281,7 @@ def main(argv: list[str] | None = None) -> dict[str, dict]:
         f"+{args.delay_ms:g} ms, {args.mbps:g} MB/s per connection; DataLoader {args.workers} "
         f"workers, batch {args.batch}; load {load[0]:.2f} at start, {os.getloadavg()[0]:.2f} at "
         f"end; {time.perf_counter() - started:.0f} s"
+        + (f"; forkserver preloads {args.preload}" if args.preload else "")
     )
     print(f"command: python tools/bench_startmethods.py {' '.join(argv or sys.argv[1:])}".rstrip())
     head = (
