@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from hostileserver import HostileServer
+from recordingserver import RecordingServer
 from tarfixtures import make_samples, write_shard
 
 from wids import RetryPolicy, ShardListDataset, build_index
@@ -89,7 +89,7 @@ def test_a_malformed_content_range_is_a_corrupt_read_naming_the_shard(
             headers["Content-Range"] = content_range.format(a=a, b=b, n=size)
         return status, headers
 
-    honest, hostile = HostileServer(root), HostileServer(root, lie)
+    honest, hostile = RecordingServer(root), RecordingServer(root, lie=lie)
     try:
         build_index([f"{honest.base}/a.tar"], str(tmp_path / "honest.json"))
         index = tmp_path / "i.json"

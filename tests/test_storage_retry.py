@@ -11,7 +11,7 @@ from typing import Any
 import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
-from hostileserver import HostileServer
+from recordingserver import RecordingServer
 from tarfixtures import make_samples, write_shard
 
 from wids import IOStats, RetryPolicy, ShardListDataset, build_index
@@ -172,8 +172,8 @@ def test_a_redirect_loop_is_a_permanent_error_naming_the_shard_without_its_signa
     root = tmp_path / "www"
     root.mkdir()
     write_shard(root / "a.tar", make_samples(3, prefix="a", fields=(".txt",)))
-    honest = HostileServer(root)
-    looping = HostileServer(root, lambda path, status, headers: (302, _to(path)))
+    honest = RecordingServer(root)
+    looping = RecordingServer(root, lie=lambda path, status, headers: (302, _to(path)))
     try:
         built = tmp_path / "honest.json"
         build_index([f"{honest.base}/a.tar"], str(built))

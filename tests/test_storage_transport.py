@@ -159,7 +159,7 @@ def test_a_server_compressing_its_answers_is_named_as_the_reason_there_is_no_siz
 
     Before, ``access="shard"`` said only "storage reports no size".
     """
-    from hostileserver import HostileServer
+    from recordingserver import RecordingServer
     from tarfixtures import make_samples, write_shard
 
     from wids.errors import PermanentRemoteError
@@ -171,7 +171,7 @@ def test_a_server_compressing_its_answers_is_named_as_the_reason_there_is_no_siz
     def gzipped(path: str, status: int, headers: dict[str, str]) -> tuple[int, dict[str, str]]:
         return status, {**headers, "Content-Encoding": "gzip"}
 
-    server = HostileServer(root, gzipped)
+    server = RecordingServer(root, lie=gzipped)
     try:
         ds = ShardListDataset(
             [{"url": f"{server.base}/a.tar", "nsamples": 3}],
